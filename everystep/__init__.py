@@ -1,0 +1,62 @@
+"""everystep: durable workflows for Python, recorded step by step in SQL.
+
+A run survives crashes, deploys and restarts by replaying its workflow from
+the top and skipping the steps already recorded.
+"""
+
+from __future__ import annotations
+
+from .api import (
+    StepFunction,
+    WorkflowFunction,
+    get_run,
+    get_steps,
+    parallel,
+    schedule,
+    step,
+    wait,
+    workflow,
+)
+from .errors import (
+    ClaimLost,
+    DrainOrphan,
+    EffectUncertain,
+    EverystepError,
+    RunNotFound,
+    SimulatedCrash,
+    StepFailure,
+    StepKilled,
+    StepTimeout,
+    StoreUnavailable,
+    Terminal,
+    WorkflowCodeError,
+)
+from .models import Run, StepRecord
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClaimLost",
+    "DrainOrphan",
+    "EffectUncertain",
+    "EverystepError",
+    "Run",
+    "RunNotFound",
+    "SimulatedCrash",
+    "StepFailure",
+    "StepFunction",
+    "StepKilled",
+    "StepRecord",
+    "StepTimeout",
+    "StoreUnavailable",
+    "Terminal",
+    "WorkflowCodeError",
+    "WorkflowFunction",
+    "get_run",
+    "get_steps",
+    "parallel",
+    "schedule",
+    "step",
+    "wait",
+    "workflow",
+]

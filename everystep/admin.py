@@ -1,0 +1,89 @@
+"""Operator actions on runs, shared by the ``everystep`` CLI and the
+supervisor's control socket.
+
+Each action checks the run's state inside a transaction that holds the
+run's row lock, and refuses with ``AdminError`` (a one-line explanation)
+anything that does not fit, so a mistyped command can never corrupt a run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import serde
+from .errors import EverystepError, StepFailure
+from .models import BLOCKED, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run
+from .store import Store
+
+_MISSING: Any = object()
+
+
+class AdminError(EverystepError):
+    """An operator request that does not fit the run's current state."""
+
+
+def resolve_step(
+    store: Store,
+    run_id: str,
+    step_id: str,
+    *,
+    result: Any = _MISSING,
+    error: str | None = None,
+    discard: bool = False,
+) -> Run:
+    """Resolve the uncertain step of a ``blocked`` run, then reschedule it.
+
+    Exactly one of: ``result`` (the effect happened; this value is recorded
+    as the step's result), ``error`` (the effect happened and failed; replay
+    raises ``StepFailure(error)`` at the call site, so durable cleanup runs),
+    ``discard=True`` (the effect did not happen; the step runs again).
+    """
+    chosen = [result is not _MISSING, error is not None, bool(discard)]
+    if sum(chosen) != 1:
+        raise AdminError("choose exactly one of --result, --error or --discard")
+    if result is not _MISSING:
+        result_json = serde.dumps(result, "--result value")
+    with store.locked_run(run_id) as (conn, run):
+        if run.status != BLOCKED:
+            raise AdminError(f"run {run.id} is {run.status}, not blocked: only blocked runs can be resolved")
+        step = store.locked_step(conn, run.id, step_id)
+        if step is None:
+            raise AdminError(f"run {run.id} has no step {step_id!r}{_started_hint(store, run.id)}")
+        if step.status != STEP_STARTED:
+            raise AdminError(
+                f"step {step_id} of run {run.id} is {step.status}, not started: only the started step "
+                f"of a blocked run can be resolved{_started_hint(store, run.id)}"
+            )
+        if discard:
+            store.execute_named(conn, "delete_step", run_id=run.id, step_id=step_id)
+        elif error is not None:
+            encoded = serde.encode_exception(StepFailure(error))
+            store.execute_named(
+                conn, "resolve_step_outcome", run_id=run.id, step_id=step_id, status=STEP_FAILED,
+                result=None, error=serde.dumps(encoded, "--error"),
+            )
+        else:
+            store.execute_named(
+                conn, "resolve_step_outcome", run_id=run.id, step_id=step_id, status=STEP_DONE,
+                result=result_json, error=None,
+            )
+        store.execute_named(conn, "reschedule", run_id=run.id, from_status=BLOCKED)
+    return store.get_run(run_id)
+
+
+def _started_hint(store: Store, run_id: str) -> str:
+    started = [step.step_id for step in store.get_steps(run_id) if step.status == STEP_STARTED]
+    return f" (its started step: {', '.join(started)})" if started else ""
+
+
+def requeue_run(store: Store, run_id: str) -> Run:
+    """Put a run parked ``running`` (its runner died) back to ``scheduled``.
+
+    If its runner is in fact alive, that runner's next write is refused and
+    it stops executing the run; the next claimant resumes from the records.
+    """
+    with store.locked_run(run_id) as (conn, run):
+        if run.status != RUNNING:
+            raise AdminError(f"run {run.id} is {run.status}, not running: only running runs can be requeued")
+        store.execute_named(conn, "reschedule", run_id=run.id, from_status=RUNNING)
+    return store.get_run(run_id)

@@ -1,0 +1,232 @@
+"""The ``everystep`` command: migrate, schedule, inspect, resolve, run a worker.
+
+Every command takes ``--database URL`` (else ``EVERYSTEP_DATABASE_URL``, else
+``sqlite:///everystep.db``) and ``--app MODULE[,MODULE]`` to import the
+user's workflows. Bad input prints one line on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import admin, registry, serde
+from .cliutil import OneLineParser, fail, format_table, print_json, setup_logging
+from .errors import EverystepError
+from .models import RUN_STATUSES, Run, StepRecord
+from .store import Store, connect
+from .worker import Worker
+
+MAX_COUNT = 1_000_000
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database", metavar="URL", help="database URL (default: $EVERYSTEP_DATABASE_URL or sqlite:///everystep.db)")
+    parser.add_argument("--app", metavar="MODULE[,MODULE]", help="import these modules to register workflows")
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="everystep", description="Durable workflows recorded step by step in SQL.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    commands.required = True
+
+    sub = commands.add_parser("migrate", help="create or upgrade the schema (idempotent)")
+    _common(sub)
+
+    sub = commands.add_parser("schedule", help="schedule runs of a workflow")
+    _common(sub)
+    sub.add_argument("workflow", help="registered workflow name (module.qualname)")
+    sub.add_argument(
+        "args", nargs="?", default="[]", metavar="ARGS_JSON",
+        help="a JSON array of positional arguments, or any other JSON value as the single argument (default: [])",
+    )
+    sub.add_argument("--idempotency-key", metavar="KEY")
+    sub.add_argument("--count", type=int, default=1, metavar="N", help="schedule N identical runs")
+
+    sub = commands.add_parser("runs", help="list runs, newest first")
+    _common(sub)
+    sub.add_argument("--status", choices=RUN_STATUSES)
+    sub.add_argument("--workflow", metavar="NAME")
+    sub.add_argument("--limit", type=int, default=50)
+    sub.add_argument("--json", action="store_true")
+
+    sub = commands.add_parser("show", help="show a run and its recorded steps")
+    _common(sub)
+    sub.add_argument("run_id", metavar="RUN")
+    sub.add_argument("--json", action="store_true")
+
+    sub = commands.add_parser("resolve-step", help="resolve the uncertain step of a blocked run")
+    _common(sub)
+    sub.add_argument("run_id", metavar="RUN")
+    sub.add_argument("step_id", metavar="STEP")
+    choice = sub.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--result", metavar="JSON", help="the effect happened; record this JSON value as its result")
+    choice.add_argument("--error", metavar="MESSAGE", help="the effect happened and failed; record this failure")
+    choice.add_argument("--discard", action="store_true", help="the effect did not happen; run the step again")
+
+    sub = commands.add_parser("requeue", help="put a run parked 'running' by a dead runner back in the queue")
+    _common(sub)
+    sub.add_argument("run_id", metavar="RUN")
+
+    sub = commands.add_parser("worker", help="run a threaded worker (embedded mode)")
+    _common(sub)
+    sub.add_argument("--pool", type=int, default=4, help="threads executing runs (default 4)")
+    sub.add_argument("--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)")
+    sub.add_argument("--name", help="runner name, stable across restarts (default: hostname)")
+    sub.add_argument("--drain", type=float, default=30.0, help="seconds to wait for runs on stop (default 30)")
+    sub.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub.add_argument("--log-format", default="text", choices=["text", "json"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        registry.import_apps(args.app)
+        return _dispatch(args)
+    except EverystepError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    store = connect(args.database)
+    handler = {
+        "migrate": cmd_migrate,
+        "schedule": cmd_schedule,
+        "runs": cmd_runs,
+        "show": cmd_show,
+        "resolve-step": cmd_resolve_step,
+        "requeue": cmd_requeue,
+        "worker": cmd_worker,
+    }[args.command]
+    return handler(store, args)
+
+
+def cmd_migrate(store: Store, args: argparse.Namespace) -> int:
+    applied = store.migrate()
+    print(f"applied {', '.join(applied)}" if applied else "schema is up to date")
+    return 0
+
+
+def parse_json(text: str, what: str) -> Any:
+    try:
+        return serde.from_jsonable(json.loads(text))
+    except (ValueError, EverystepError) as exc:
+        raise EverystepError(f"{what} is not valid JSON: {exc}") from None
+
+
+def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
+    if registry.get_workflow(args.workflow) is None:
+        known = ", ".join(registry.workflow_names()) or "none (pass --app MODULE)"
+        raise EverystepError(f"unknown workflow {args.workflow!r}; registered: {known}")
+    value = parse_json(args.args, "ARGS_JSON")
+    positional = value if isinstance(value, list) else [value]
+    if not 1 <= args.count <= MAX_COUNT:
+        raise EverystepError(f"--count must be between 1 and {MAX_COUNT}")
+    if args.count > 1 and args.idempotency_key:
+        raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
+    args_json = serde.dumps(positional, "ARGS_JSON")
+    runs = [store.schedule(args.workflow, args_json, args.idempotency_key) for _ in range(args.count)]
+    if len(runs) == 1:
+        print(runs[0].id)
+    else:
+        print(f"scheduled {len(runs)} runs of {args.workflow} ({runs[0].id} … {runs[-1].id})")
+    return 0
+
+
+def _age(run: Run) -> str:
+    return run.created_at.strftime("%Y-%m-%d %H:%M:%S") if run.created_at else ""
+
+
+def cmd_runs(store: Store, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise EverystepError("--limit must be at least 1")
+    runs = store.list_runs(status=args.status, name=args.workflow, limit=args.limit)
+    if args.json:
+        print_json([run.to_dict() for run in runs])
+        return 0
+    rows = [(run.id, run.status, run.name, run.claimed_by or "", _age(run)) for run in runs]
+    print(format_table(("RUN", "STATUS", "WORKFLOW", "CLAIMED BY", "CREATED (UTC)"), rows))
+    return 0
+
+
+def _describe_error(error: dict[str, Any] | None) -> str:
+    if not error:
+        return ""
+    return f"{error.get('type', '?')}: {error.get('message', '')}"
+
+
+def cmd_show(store: Store, args: argparse.Namespace) -> int:
+    run = store.get_run(args.run_id)
+    steps = store.get_steps(run.id)
+    if args.json:
+        print_json({"run": run.to_dict(), "steps": [step.to_dict() for step in steps]})
+        return 0
+    print(f"run        {run.id}")
+    print(f"workflow   {run.name}")
+    print(f"status     {run.status}")
+    print(f"args       {json.dumps(serde.to_jsonable(run.args))}")
+    if run.claimed_by:
+        print(f"claimed by {run.claimed_by}")
+    if run.result is not None:
+        print(f"result     {json.dumps(serde.to_jsonable(run.result))}")
+    if run.error:
+        print(f"error      {_describe_error(run.error)}")
+    print(f"created    {run.created_at}")
+    if run.completed_at:
+        print(f"completed  {run.completed_at}")
+    if steps:
+        print()
+        print(format_table(("STEP", "STATUS", "FUNCTION", "OUTCOME"), [_step_row(step) for step in steps]))
+    return 0
+
+
+def _step_row(step: StepRecord) -> tuple[str, str, str, str]:
+    if step.status == "done":
+        outcome = json.dumps(serde.to_jsonable(step.result))
+        outcome = outcome if len(outcome) <= 60 else outcome[:57] + "..."
+    else:
+        outcome = _describe_error(step.error)
+    return step.step_id, step.status, step.name, outcome
+
+
+def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
+    options: dict[str, Any] = {}
+    if args.result is not None:
+        options["result"] = parse_json(args.result, "--result")
+    elif args.error is not None:
+        options["error"] = args.error
+    else:
+        options["discard"] = True
+    run = admin.resolve_step(store, args.run_id, args.step_id, **options)
+    print(f"run {run.id} resolved at step {args.step_id}; now {run.status}")
+    return 0
+
+
+def cmd_requeue(store: Store, args: argparse.Namespace) -> int:
+    run = admin.requeue_run(store, args.run_id)
+    print(f"run {run.id} is {run.status}")
+    return 0
+
+
+def cmd_worker(store: Store, args: argparse.Namespace) -> int:
+    setup_logging(args.log_level, args.log_format)
+    worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store)
+    leftovers = worker.run()
+    if leftovers:
+        # Threads are still stuck in steps whose runs were requeued: exit
+        # now instead of joining them at interpreter shutdown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

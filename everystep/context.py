@@ -1,0 +1,199 @@
+"""Execution state of a run: step identities, recorded outcomes, interrupts.
+
+One ``Execution`` is shared by every scope of a run being executed (its body
+and each parallel branch); each scope has its own ``Context`` that hands out
+step ids. ``current()`` returns the running ``Context`` of this thread, or
+``None`` outside a workflow, which is how steps know whether to record.
+
+Step ids are dotpaths. Unnamed steps take the next position in their scope
+("1", "2"); a named step takes its name as the segment but still consumes a
+position, so naming one step never shifts the others. A branch of the fork
+at id F, index i, prefixes its steps with "F.i.".
+
+An *interrupt* is an exception that ends the whole run whatever the body does
+with it: a ``Terminal`` stop, an ``EffectUncertain`` block, a drain, a lost
+claim, a code error, a simulated crash. The first one raised is remembered
+(the more severe wins when branches race) and every later step call in any
+scope re-raises it, so no new step starts once the run is ending.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import (
+    ClaimLost,
+    DrainOrphan,
+    EffectUncertain,
+    EverystepError,
+    SimulatedCrash,
+    StoreUnavailable,
+    Terminal,
+)
+from .models import StepRecord
+
+if TYPE_CHECKING:
+    from .models import Run
+    from .observer import Observer
+    from .store import Store
+
+MAX_STEP_ID_LENGTH = 300
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_:@+-]*$")
+
+# Lower ranks win when several interrupts race (parallel branches).
+_INTERRUPT_RANKS: tuple[type[BaseException], ...] = (
+    SimulatedCrash,
+    StoreUnavailable,
+    ClaimLost,
+    Terminal,
+    EffectUncertain,
+    DrainOrphan,
+)
+
+
+NOT_AN_INTERRUPT = len(_INTERRUPT_RANKS)
+
+
+def interrupt_rank(exc: BaseException) -> int:
+    """Severity of ``exc`` as a run interrupt (lower wins);
+    ``NOT_AN_INTERRUPT`` for any other exception."""
+    for rank, kind in enumerate(_INTERRUPT_RANKS):
+        if isinstance(exc, kind):
+            return rank
+    return NOT_AN_INTERRUPT
+
+
+class Flag(Protocol):
+    """Anything with ``is_set()``: a ``threading.Event`` or a signal-safe flag."""
+
+    def is_set(self) -> bool: ...
+
+
+class SignalFlag:
+    """A flag a signal handler may set: no lock, unlike ``threading.Event``,
+    so setting it from a handler can never deadlock the thread it interrupts."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+@dataclass(eq=False)
+class Execution:
+    """State shared by every scope of one execution of one run."""
+
+    run: Run
+    store: Store
+    claimer: str
+    outcomes: dict[str, StepRecord]
+    observer: Observer
+    draining: Flag | None = None
+    interrupt: BaseException | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def interrupt_with(self, exc: BaseException) -> BaseException:
+        """Remember ``exc`` as the run's interrupt unless a more severe one is
+        already set; returns the interrupt now in force."""
+        with self._lock:
+            if self.interrupt is None or interrupt_rank(exc) < interrupt_rank(self.interrupt):
+                self.interrupt = exc
+            return self.interrupt
+
+    def check_interrupt(self) -> None:
+        if self.interrupt is not None:
+            raise self.interrupt
+
+
+class Context:
+    """The running scope: the whole body, or one branch of a parallel fork."""
+
+    def __init__(self, execution: Execution, prefix: str = "") -> None:
+        self.execution = execution
+        self.prefix = prefix
+        self._counter = itertools.count(1)
+        self._used: set[str] = set()
+
+    @property
+    def workflow_id(self) -> str:
+        return self.execution.run.id
+
+    @property
+    def workflow_name(self) -> str:
+        return self.execution.run.name
+
+    @property
+    def run(self) -> Run:
+        return self.execution.run
+
+    @property
+    def outcomes(self) -> Mapping[str, StepRecord]:
+        """Read-only view of recorded outcomes by step id, updated as steps
+        complete (a parallel sibling's results appear as they land)."""
+        return MappingProxyType(self.execution.outcomes)
+
+    def next_id(self, name: str | None = None) -> str:
+        """Allocate the id of the next step (or fork) in this scope."""
+        position = next(self._counter)
+        segment = str(position) if name is None else validate_name(name)
+        step_id = f"{self.prefix}{segment}"
+        if len(step_id) > MAX_STEP_ID_LENGTH:
+            raise EverystepError(
+                f"step id {step_id[:60]!r}… would be {len(step_id)} characters long; "
+                f"the limit is {MAX_STEP_ID_LENGTH}"
+            )
+        if step_id in self._used:
+            raise EverystepError(
+                f"everystep_id {segment!r} is already used in this scope (step id {step_id!r}); "
+                "names must be unique per body or branch"
+            )
+        self._used.add(step_id)
+        return step_id
+
+    def branch(self, fork_id: str, index: int) -> Context:
+        return Context(self.execution, prefix=f"{fork_id}.{index}.")
+
+
+def validate_name(name: Any) -> str:
+    """A step or fork name: letters, digits and ``_:@+-``, not all digits
+    (an all-digit name would collide with positional ids), no dots."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name.isdigit():
+        raise EverystepError(
+            f"invalid everystep_id {name!r}: use letters, digits and _ : @ + - "
+            "(no dots, not only digits)"
+        )
+    return name
+
+
+_current: contextvars.ContextVar[Context | None] = contextvars.ContextVar("everystep_context", default=None)
+_in_step: contextvars.ContextVar[bool] = contextvars.ContextVar("everystep_in_step", default=False)
+
+
+def current() -> Context | None:
+    """The running workflow's Context, or ``None`` outside a workflow.
+
+    Inside a step's own code it is the context of the step's scope, so the
+    step can read ``outcomes``; step calls made from there are plain calls.
+    """
+    return _current.get()
+
+
+def recording_context() -> Context | None:
+    """The Context a step call should record in: none outside a workflow or
+    inside another step."""
+    if _in_step.get():
+        return None
+    return _current.get()

@@ -1,0 +1,133 @@
+"""Exceptions raised by everystep.
+
+Every class here can be stored on a run or a step row and rebuilt by
+``everystep.serde.decode_exception``, so constructors keep their arguments
+in ``args`` (the encoder stores ``args`` and the decoder calls the class with
+them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EverystepError(Exception):
+    """Base class for everystep errors."""
+
+
+class WorkflowCodeError(EverystepError):
+    """The workflow body no longer matches what its run recorded.
+
+    Raised when the function now called at a step id differs from the one
+    recorded there, or when a run names a workflow this process does not
+    know. Replaying would execute the wrong work, so the run fails loudly;
+    deploy code that matches the recorded steps, or start a new run.
+    """
+
+
+class EffectUncertain(EverystepError):
+    """A step marked unsafe to repeat may already have performed its effect.
+
+    The step's ``started`` row has no outcome: a process died in the effect
+    window, or another claimant holds the step. The engine will not run the
+    effect a second time; it ends the run ``blocked``, a holding state that is
+    not a failure. Check the external system, then resolve the step with
+    ``everystep resolve-step RUN STEP --result JSON | --error MSG | --discard``,
+    which puts the run back to ``scheduled``.
+    """
+
+
+class StepFailure(EverystepError):
+    """A recorded step failure whose original exception type is unavailable.
+
+    ``type_name`` holds the dotted name that was recorded, so callers can
+    still branch on it.
+    """
+
+    def __init__(self, message: str = "", type_name: str | None = None) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+
+class SimulatedCrash(EverystepError):
+    """Raised by a test fault hook to simulate a process death mid-step.
+
+    The runner writes nothing more once it sees this, so the database holds
+    exactly what a killed process would have left behind.
+    """
+
+
+class DrainOrphan(EverystepError):
+    """Raised at a step boundary while the runner drains after a stop signal.
+
+    The step in flight finished and was recorded; no new step starts. The
+    runner requeues the run so any runner can resume it from its records.
+    """
+
+
+class ClaimLost(EverystepError):
+    """This process no longer owns the run it is executing.
+
+    Another runner requeued or re-claimed it (a drain deadline, an operator,
+    an expired lease). Nothing more is written for the run by this process;
+    its current owner carries on from the recorded steps.
+    """
+
+
+class RunNotFound(EverystepError, LookupError):
+    """No run has the given id."""
+
+
+class StoreUnavailable(EverystepError):
+    """The database could not be reached or refused the operation."""
+
+
+class StepTimeout(EverystepError):
+    """A step ran past its timeout and its process was killed.
+
+    Recorded as the step's failure, so the workflow body sees it at the call
+    site like any other step exception and durable cleanup runs.
+    """
+
+
+class StepKilled(EverystepError):
+    """An operator killed the step's process through the supervisor."""
+
+
+class ChildCrashed(EverystepError):
+    """The process executing a run died too many times while running it."""
+
+
+class Terminal(EverystepError):
+    """Raised from a step to stop its workflow deliberately.
+
+    The step is recorded as failed with this exception, no further step
+    starts and the run ends ``stopped``: not a failure, never reported as one.
+    The caller reads ``reason`` and ``payload`` back from ``run.error`` with
+    ``everystep.serde.decode_exception`` and takes over.
+    """
+
+    def __init__(self, reason: Any, payload: Any = None) -> None:
+        super().__init__(reason, payload)
+        self.reason = reason
+        self.payload = payload
+
+    def __str__(self) -> str:
+        return str(self.reason)
+
+
+__all__ = [
+    "ChildCrashed",
+    "ClaimLost",
+    "DrainOrphan",
+    "EffectUncertain",
+    "EverystepError",
+    "RunNotFound",
+    "SimulatedCrash",
+    "StepFailure",
+    "StepKilled",
+    "StepTimeout",
+    "StoreUnavailable",
+    "Terminal",
+    "WorkflowCodeError",
+]

@@ -1,0 +1,92 @@
+"""The observer hook: how the runner tells the world what it is doing.
+
+The runner calls these methods around each run, step and parallel fork.
+Metrics, tracing, error reporting and the supervisor's child (which reports
+step starts to its parent for timeouts and ``ctl status``) all plug in here,
+so the runner itself knows nothing about processes or telemetry.
+
+``*_started`` methods may return a token that the runner hands back to the
+matching ``*_finished`` call (a tracing span, a start time). Observers must
+not raise; ``Observers`` logs and swallows what they do raise, so a broken
+integration can never fail a run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import Context
+    from .models import Run
+
+logger = logging.getLogger("everystep")
+
+
+class Observer:
+    """No-op base class; override what you need."""
+
+    def run_started(self, run: Run, ctx: Context) -> Any:
+        return None
+
+    def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
+        """``status`` is a run status, or ``requeued``/``lost``/``crashed``."""
+
+    def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
+        return None
+
+    def step_finished(
+        self, ctx: Context, step_id: str, name: str, status: str, error: BaseException | None, token: Any
+    ) -> None:
+        """``status`` is ``done`` or ``failed`` (or ``crashed`` when the fault
+        hook simulated a process death before the record)."""
+
+    def fork_started(self, ctx: Context, fork_id: str, branches: int) -> Any:
+        return None
+
+    def fork_finished(self, ctx: Context, fork_id: str, error: BaseException | None, token: Any) -> None:
+        pass
+
+
+class Observers(Observer):
+    """Fan out to several observers, isolating their failures."""
+
+    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+        self.observers = [observer for observer in observers if observer is not None]
+
+    def _each(self, method: str, *args: Any) -> list[Any]:
+        tokens = []
+        for observer in self.observers:
+            try:
+                tokens.append(getattr(observer, method)(*args))
+            except Exception:
+                logger.exception("everystep: observer %r failed in %s", observer, method)
+                tokens.append(None)
+        return tokens
+
+    def _each_finished(self, method: str, tokens: Any, *args: Any) -> None:
+        tokens = tokens or [None] * len(self.observers)
+        for observer, token in zip(self.observers, tokens):
+            try:
+                getattr(observer, method)(*args, token)
+            except Exception:
+                logger.exception("everystep: observer %r failed in %s", observer, method)
+
+    def run_started(self, run, ctx):  # type: ignore[no-untyped-def]
+        return self._each("run_started", run, ctx)
+
+    def run_finished(self, run, ctx, status, error, token):  # type: ignore[no-untyped-def]
+        self._each_finished("run_finished", token, run, ctx, status, error)
+
+    def step_started(self, ctx, step_id, name, timeout, unsafe):  # type: ignore[no-untyped-def]
+        return self._each("step_started", ctx, step_id, name, timeout, unsafe)
+
+    def step_finished(self, ctx, step_id, name, status, error, token):  # type: ignore[no-untyped-def]
+        self._each_finished("step_finished", token, ctx, step_id, name, status, error)
+
+    def fork_started(self, ctx, fork_id, branches):  # type: ignore[no-untyped-def]
+        return self._each("fork_started", ctx, fork_id, branches)
+
+    def fork_finished(self, ctx, fork_id, error, token):  # type: ignore[no-untyped-def]
+        self._each_finished("fork_finished", token, ctx, fork_id, error)

@@ -1,0 +1,58 @@
+"""Registry of workflows by qualified name.
+
+A run stores its workflow's name (``module.qualname`` unless given
+explicitly) and is executed by looking the name up here, so a runner knows a
+workflow once the module defining it has been imported (``--app``).
+Re-importing a module replaces its entries, which is what a reload wants.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .errors import EverystepError
+
+_workflows: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def qualified_name(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def register_workflow(name: str, workflow: Any) -> None:
+    with _lock:
+        _workflows[name] = workflow
+
+
+def get_workflow(name: str) -> Any | None:
+    return _workflows.get(name)
+
+
+def workflow_names() -> list[str]:
+    with _lock:
+        return sorted(_workflows)
+
+
+def import_apps(spec: str | Iterable[str] | None) -> list[str]:
+    """Import the user's workflow modules (``"a.b,c"`` or a list).
+
+    Raises ``EverystepError`` with the module name when an import fails, so
+    the CLI can print one clear line.
+    """
+    if not spec:
+        return []
+    modules = [part.strip() for part in (spec.split(",") if isinstance(spec, str) else spec)]
+    imported = []
+    for module in modules:
+        if not module:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise EverystepError(f"cannot import app module {module!r}: {type(exc).__name__}: {exc}") from exc
+        imported.append(module)
+    return imported

@@ -1,0 +1,392 @@
+"""The replay engine: execute a claimed run, recording each step as it ends.
+
+Every execution re-runs the workflow body from the top. A step whose id is
+recorded returns its stored result (or re-raises its stored exception)
+without running; the first unrecorded step runs and is recorded; and so on to
+the end. The runner writes, for the run it was handed:
+
+- one row per executed step, only while the run is still ``running`` and
+  claimed by this runner (``Store.record_step``);
+- for an unsafe-to-repeat step, a ``started`` row *before* the effect, whose
+  insert is the atomic claim on the effect, then its outcome;
+- the terminal status, again guarded by status and claimer.
+
+Crash windows. A process that dies after a step's effect and before its
+record leaves no row: the step runs again on the next claim (at-least-once).
+For an unsafe step it leaves the ``started`` row: the next claim ends the run
+``blocked`` instead of repeating the effect. ``fault`` lets tests stop at that
+exact point with ``SimulatedCrash``, after which nothing more is written.
+
+A step write that fails because the database is unreachable interrupts the
+run without marking it failed (``StoreUnavailable``); the caller requeues it
+once the database is back, and replay redoes the unrecorded step.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import registry, serde
+from .context import (
+    NOT_AN_INTERRUPT,
+    Context,
+    Execution,
+    Flag,
+    _current,
+    _in_step,
+    interrupt_rank,
+    recording_context,
+)
+from .errors import (
+    ClaimLost,
+    DrainOrphan,
+    EffectUncertain,
+    EverystepError,
+    SimulatedCrash,
+    StepFailure,
+    StoreUnavailable,
+    Terminal,
+    WorkflowCodeError,
+)
+from .models import (
+    BLOCKED,
+    COMPLETED,
+    FAILED,
+    STEP_DONE,
+    STEP_FAILED,
+    STEP_STARTED,
+    STOPPED,
+    Run,
+    StepRecord,
+)
+from .observer import Observer, Observers
+from .store import LOST, Store, StepWrite, utcnow
+
+if TYPE_CHECKING:
+    from .api import StepFunction
+
+logger = logging.getLogger("everystep")
+
+#: Test hook, called ``(ctx, step_id)`` after a step's effect and before its
+#: record. Raising ``SimulatedCrash`` there leaves the database exactly as a
+#: process death would.
+fault: Callable[[Context, str], None] | None = None
+
+# Outcomes of ``execute`` besides the terminal run statuses.
+REQUEUED = "requeued"
+LOST_CLAIM = "lost"
+UNFINISHED = "unfinished"
+
+_NO_OBSERVER = Observers()
+
+
+# -- steps -----------------------------------------------------------------
+
+
+def call_step(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Entry point of every ``@step`` call."""
+    name = kwargs.pop("everystep_id", None)
+    ctx = recording_context()
+    if ctx is None:
+        return step.fn(*args, **kwargs)
+    return run_step(ctx, step, args, kwargs, name)
+
+
+def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
+    """Replay or execute one step call in ``ctx``."""
+    ex = ctx.execution
+    ex.check_interrupt()
+    step_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
+    recorded = ex.outcomes.get(step_id)
+    if recorded is not None:
+        if recorded.name != step.name:
+            raise ex.interrupt_with(
+                WorkflowCodeError(
+                    f"run {ex.run.id}: step {step_id} recorded {recorded.name!r} but the workflow now "
+                    f"calls {step.name!r}; the code diverged from the recorded run"
+                )
+            )
+        if recorded.status != STEP_STARTED:
+            return _replay(ex, recorded)
+        if step.unsafe_to_repeat:
+            raise ex.interrupt_with(_uncertain(ex.run, step_id, step.name))
+        # A started row without outcome, for a step no longer marked unsafe:
+        # current code says it may repeat, so it runs again.
+    if ex.draining is not None and ex.draining.is_set():
+        raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
+    args_json = _fatal_on_error(ex, lambda: serde.dumps(list(args), f"arguments of step {step_id}"))
+    kwargs_json = _fatal_on_error(ex, lambda: serde.dumps(kwargs, f"keyword arguments of step {step_id}"))
+    started_at = utcnow()
+    started: StepRecord | None = None
+    if step.unsafe_to_repeat:
+        write = _store_call(ex, lambda: ex.store.start_step(
+            ex.run.id, ex.claimer, step_id, step.name, args_json, kwargs_json, started_at
+        ))
+        if not write.ours:
+            if write.record.status == STEP_STARTED:
+                raise ex.interrupt_with(_uncertain(ex.run, step_id, step.name))
+            ex.outcomes[step_id] = write.record
+            return _replay(ex, write.record)
+        started = write.record
+        ex.outcomes[step_id] = started
+    token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
+    result, error = _invoke(step, args, kwargs)
+    if isinstance(error, SimulatedCrash):
+        ex.observer.step_finished(ctx, step_id, step.name, "crashed", error, token)
+        raise ex.interrupt_with(error)
+    if fault is not None:
+        try:
+            fault(ctx, step_id)
+        except SimulatedCrash as crash:
+            ex.observer.step_finished(ctx, step_id, step.name, "crashed", crash, token)
+            raise ex.interrupt_with(crash) from None
+    if error is None:
+        try:
+            result_json = serde.dumps(result, f"result of step {step_id} ({step.name})")
+        except EverystepError as exc:
+            # The effect happened but cannot be recorded: nothing is written,
+            # so the step runs again if the run is ever resumed.
+            ex.observer.step_finished(ctx, step_id, step.name, STEP_FAILED, exc, token)
+            raise ex.interrupt_with(exc) from None
+        status, error_json = STEP_DONE, None
+    else:
+        status, result_json = STEP_FAILED, None
+        error_json = serde.dumps(serde.encode_exception(error), f"exception of step {step_id}")
+    try:
+        if started is not None:
+            write = _store_call(ex, lambda: ex.store.finish_step(started, ex.claimer, status, result_json, error_json))
+        else:
+            write = _store_call(ex, lambda: ex.store.record_step(
+                ex.run.id, ex.claimer, step_id, step.name, args_json, kwargs_json,
+                status, result_json, error_json, started_at,
+            ))
+    except BaseException as exc:
+        ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
+        raise
+    ex.outcomes[step_id] = write.record
+    ex.observer.step_finished(ctx, step_id, step.name, status, error, token)
+    if not write.ours:
+        # A racing execution recorded this step first: its outcome is the
+        # one replays will see, so it is the one this execution goes on with.
+        return _replay(ex, write.record)
+    if error is not None:
+        if isinstance(error, Terminal):
+            ex.interrupt_with(error)
+        raise error
+    return result
+
+
+def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Exception | None]:
+    token = _in_step.set(True)
+    try:
+        return step.fn(*args, **kwargs), None
+    except Exception as exc:
+        return None, exc
+    finally:
+        _in_step.reset(token)
+
+
+def _replay(ex: Execution, recorded: StepRecord) -> Any:
+    if recorded.status == STEP_DONE:
+        return recorded.result
+    exc = serde.decode_exception(recorded.error) or StepFailure("step failed without a stored error")
+    if isinstance(exc, Terminal):
+        ex.interrupt_with(exc)
+    raise exc
+
+
+def _uncertain(run: Run, step_id: str, name: str) -> EffectUncertain:
+    return EffectUncertain(
+        f"run {run.id}: step {step_id} ({name}) is unsafe to repeat and started without a recorded "
+        f"outcome; check its effect, then: everystep resolve-step {run.id} {step_id} "
+        "--result JSON | --error MESSAGE | --discard"
+    )
+
+
+def _fatal_on_error(ex: Execution, action: Callable[[], Any]) -> Any:
+    """Engine misuse (bad step name, unstorable arguments) ends the run even
+    if the body catches it: carrying on would make replays diverge."""
+    try:
+        return action()
+    except EverystepError as exc:
+        raise ex.interrupt_with(exc) from None
+
+
+def _store_call(ex: Execution, action: Callable[[], StepWrite | None]) -> StepWrite:
+    try:
+        write = action()
+    except StoreUnavailable as exc:
+        raise ex.interrupt_with(exc) from None
+    if write is LOST:
+        raise ex.interrupt_with(
+            ClaimLost(f"run {ex.run.id} is no longer running under {ex.claimer!r}; stopping this execution")
+        )
+    return write
+
+
+# -- parallel ----------------------------------------------------------------
+
+
+def run_parallel(branches: tuple[Any, ...], name: str | None) -> tuple[Any, ...]:
+    """Run branches on threads; results in branch order. See ``api.parallel``."""
+    bodies = [_branch_body(branch, index) for index, branch in enumerate(branches)]
+    ctx = recording_context()
+    if ctx is None:
+        return _gather([(body, None) for body in bodies])
+    ex = ctx.execution
+    ex.check_interrupt()
+    fork_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
+    token = ex.observer.fork_started(ctx, fork_id, len(bodies))
+    error: BaseException | None = None
+    try:
+        return _gather([(body, ctx.branch(fork_id, index)) for index, body in enumerate(bodies)])
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        ex.observer.fork_finished(ctx, fork_id, error, token)
+
+
+def _branch_body(branch: Any, index: int) -> Callable[[], Any]:
+    if callable(branch):
+        return branch
+    if isinstance(branch, (list, tuple)) and all(callable(item) for item in branch):
+        return lambda: tuple(item() for item in branch)
+    raise EverystepError(
+        f"parallel branch {index} must be a zero-argument callable or a list of them, not {type(branch).__name__}"
+    )
+
+
+def _gather(jobs: list[tuple[Callable[[], Any], Context | None]]) -> tuple[Any, ...]:
+    results: list[Any] = [None] * len(jobs)
+    errors: list[BaseException | None] = [None] * len(jobs)
+
+    def run(index: int, body: Callable[[], Any], scope: Context | None) -> None:
+        _current.set(scope)
+        try:
+            results[index] = body()
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors[index] = exc
+
+    threads = []
+    for index, (body, scope) in enumerate(jobs):
+        # Each branch runs in a copy of the caller's contextvars, so tracing
+        # context follows it onto its thread.
+        context = contextvars.copy_context()
+        thread = threading.Thread(
+            target=context.run, args=(run, index, body, scope), name=f"everystep-branch-{index}", daemon=True
+        )
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    raise_branch_errors([error for error in errors if error is not None])
+    return tuple(results)
+
+
+def raise_branch_errors(errors: list[BaseException]) -> None:
+    """One failure re-raises as is, several as ``ExceptionGroup``; interrupts
+    (crash, lost claim, ``Terminal``, ``EffectUncertain``, drain) come first,
+    and anything that is not an ``Exception`` (KeyboardInterrupt) before all."""
+    if not errors:
+        return
+    for error in errors:
+        if not isinstance(error, Exception):
+            raise error
+    interrupts = [error for error in errors if interrupt_rank(error) < NOT_AN_INTERRUPT]
+    if interrupts:
+        raise min(interrupts, key=interrupt_rank)
+    if len(errors) == 1:
+        raise errors[0]
+    raise ExceptionGroup(f"{len(errors)} parallel branches failed", errors)  # type: ignore[type-var]
+
+
+# -- runs --------------------------------------------------------------------
+
+
+def execute(
+    store: Store,
+    run: Run,
+    *,
+    claimer: str,
+    draining: Flag | None = None,
+    observer: Observer | None = None,
+) -> str:
+    """Execute a run this ``claimer`` holds, from the top, to its next resting
+    point. Returns the run's new status (``completed``, ``failed``,
+    ``stopped``, ``blocked``), or ``requeued`` (drained at a step boundary),
+    ``lost`` (someone else holds the run now; nothing written) or
+    ``unfinished`` (the database failed mid-run; the caller should requeue).
+    ``SimulatedCrash`` propagates with nothing written.
+    """
+    observer = observer or _NO_OBSERVER
+    workflow = registry.get_workflow(run.name)
+    outcomes = store.load_outcomes(run.id) if workflow is not None else {}
+    ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=observer, draining=draining)
+    ctx = Context(ex)
+    token = observer.run_started(run, ctx)
+    raised: BaseException | None = None
+    value: Any = None
+    context_token = _current.set(ctx)
+    try:
+        if workflow is None:
+            raised = WorkflowCodeError(
+                f"workflow {run.name!r} is not registered in this process (is its module in --app?)"
+            )
+        else:
+            value = workflow.fn(*run.args)
+    except Exception as exc:
+        raised = exc
+    except BaseException as exc:
+        # KeyboardInterrupt, SystemExit: the process is going away; write
+        # nothing and let the claim be recovered like a crash.
+        observer.run_finished(run, ctx, "crashed", exc, token)
+        raise
+    finally:
+        _current.reset(context_token)
+    status, error = _settle(ex, value, raised)
+    observer.run_finished(run, ctx, status, error, token)
+    if status == "crashed":
+        assert error is not None
+        raise error
+    return status
+
+
+def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[str, BaseException | None]:
+    """Decide and write the run's outcome; returns (status, exception)."""
+    outcome = ex.interrupt or raised
+    if isinstance(outcome, SimulatedCrash):
+        return "crashed", outcome
+    if isinstance(outcome, (ClaimLost, StoreUnavailable)):
+        return (LOST_CLAIM if isinstance(outcome, ClaimLost) else UNFINISHED), outcome
+    if isinstance(outcome, DrainOrphan):
+        try:
+            requeued = ex.store.requeue(ex.run.id, ex.claimer)
+        except StoreUnavailable as exc:
+            return UNFINISHED, exc
+        return (REQUEUED if requeued else LOST_CLAIM), outcome
+    result_json = None
+    if isinstance(outcome, Terminal):
+        status = STOPPED
+    elif isinstance(outcome, EffectUncertain):
+        status = BLOCKED
+    elif outcome is not None:
+        status = FAILED
+    else:
+        try:
+            result_json = serde.dumps(value, f"result of run {ex.run.id}")
+            status = COMPLETED
+        except EverystepError as exc:
+            status, outcome = FAILED, exc
+    error_json = serde.dumps(serde.encode_exception(outcome), "run error") if outcome is not None else None
+    try:
+        written = ex.store.finish_run(ex.run.id, ex.claimer, status, result_json, error_json)
+    except StoreUnavailable as exc:
+        return UNFINISHED, exc
+    if not written:
+        return LOST_CLAIM, outcome
+    return status, outcome

@@ -1,0 +1,46 @@
+"""Named SQL, one file per backend.
+
+Each ``<backend>.sql`` holds blocks introduced by ``-- name: NAME``; this
+module parses them into a dict so call sites say ``queries["claim"]`` and
+every statement a backend runs can be read in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+RUN_COLUMNS = (
+    "id", "name", "args", "status", "idempotency_key", "claimed_by", "claimed_at",
+    "result", "error", "created_at", "completed_at",
+)
+STEP_COLUMNS = (
+    "workflow_id", "step_id", "name", "status", "result", "error", "args", "kwargs",
+    "started_at", "completed_at",
+)
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def _columns(columns: tuple[str, ...], alias: str | None = None) -> str:
+    if alias is None:
+        return ", ".join(columns)
+    return ", ".join(f"{alias}.{column}" for column in columns)
+
+
+@cache
+def load(backend: str) -> dict[str, str]:
+    """Parse ``<backend>.sql`` into ``{name: statement}``."""
+    text = resources.files(__package__).joinpath(f"{backend}.sql").read_text(encoding="utf-8")
+    parts = _NAME.split(text)
+    statements: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2]):
+        lines = [line for line in body.strip().splitlines() if not line.lstrip().startswith("--")]
+        statements[name] = "\n".join(lines).format(
+            run_columns=_columns(RUN_COLUMNS),
+            run_columns_w=_columns(RUN_COLUMNS, "w"),
+            step_columns=_columns(STEP_COLUMNS),
+            step_columns_s=_columns(STEP_COLUMNS, "s"),
+        )
+    return statements

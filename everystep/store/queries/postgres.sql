@@ -1,0 +1,159 @@
+-- Every SQL statement everystep runs on PostgreSQL, by name.
+-- Parameters use psycopg's %(name)s style. Runs are selected with the
+-- column list of `run_columns`; steps with `step_columns`.
+
+-- name: schedule
+-- Insert a run and wake LISTENing runners in the same transaction: the
+-- notification is delivered on commit, never for a rolled-back insert.
+WITH inserted AS (
+    INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at)
+    VALUES (%(id)s, %(name)s, %(args)s::json, %(idempotency_key)s, 'scheduled', clock_timestamp())
+    ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING {run_columns}
+)
+SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS notified FROM inserted
+
+-- name: get_run_by_key
+SELECT {run_columns} FROM everystep_workflow
+WHERE name = %(name)s AND idempotency_key = %(idempotency_key)s
+
+-- name: get_run
+SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s
+
+-- name: list_runs
+SELECT {run_columns} FROM everystep_workflow
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: get_steps
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
+-- name: claim
+-- Oldest first; SKIP LOCKED lets concurrent claimers take disjoint sets
+-- without waiting on each other. Only workflows this runner knows.
+WITH picked AS (
+    SELECT id FROM everystep_workflow
+    WHERE status = 'scheduled' AND name = ANY(%(names)s)
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE everystep_workflow AS w
+SET status = 'running', claimed_by = %(claimer)s, claimed_at = clock_timestamp()
+FROM picked WHERE w.id = picked.id
+RETURNING {run_columns_w}
+
+-- name: claim_own
+-- Startup catchup: runs a crashed process under this name left running.
+SELECT {run_columns} FROM everystep_workflow
+WHERE status = 'running' AND claimed_by = %(claimer)s AND name = ANY(%(names)s)
+  AND NOT (id = ANY(%(exclude)s::uuid[]))
+ORDER BY created_at
+LIMIT %(limit)s
+
+-- name: record_step
+-- Record a finished step, but only while this claimer still owns the run.
+-- A leftover `started` row (the step was unsafe in older code) is replaced.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
+       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp()
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+)
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+    status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at
+WHERE everystep_step.status = 'started'
+RETURNING completed_at
+
+-- name: start_step
+-- The atomic claim on an unsafe step's effect: exactly one insert wins.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, started_at)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, 'started',
+       %(started_at)s
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+)
+ON CONFLICT (workflow_id, step_id) DO NOTHING
+RETURNING started_at
+
+-- name: finish_step
+UPDATE everystep_step
+SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
+    completed_at = clock_timestamp()
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
+  AND EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  )
+RETURNING completed_at
+
+-- name: step_conflict
+-- After a refused step write: do we still own the run, and what is recorded?
+SELECT (SELECT count(*) FROM everystep_workflow
+        WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s),
+       {step_columns_s}
+FROM (SELECT 1) AS one
+LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(step_id)s
+
+-- name: finish_run
+UPDATE everystep_workflow
+SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
+    completed_at = clock_timestamp()
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+RETURNING id
+
+-- name: requeue
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+RETURNING id
+
+-- name: requeue_all
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
+WHERE status = 'running' AND claimed_by = %(claimer)s
+RETURNING id
+
+-- name: queue_stats
+SELECT
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled'),
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'running'),
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'blocked'),
+    (SELECT extract(epoch FROM clock_timestamp() - min(created_at))
+       FROM everystep_workflow WHERE status = 'scheduled')
+
+-- name: count_scheduled
+SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled' AND name = ANY(%(names)s)
+
+-- name: lock_run
+SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s FOR UPDATE
+
+-- name: lock_step
+SELECT {step_columns} FROM everystep_step
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s FOR UPDATE
+
+-- name: resolve_step_outcome
+UPDATE everystep_step
+SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
+    completed_at = clock_timestamp()
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
+
+-- name: delete_step
+DELETE FROM everystep_step
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
+
+-- name: reschedule
+-- Admin transitions back to the queue, guarded on the status seen.
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL,
+    error = NULL, result = NULL, completed_at = NULL
+WHERE id = %(run_id)s AND status = %(from_status)s
+RETURNING id

@@ -1,0 +1,115 @@
+"""SQLite backend (stdlib ``sqlite3``), the embedded default.
+
+The database runs in WAL mode so readers never block the writer, with a busy
+timeout so concurrent writers (threads, forked children) wait their turn
+instead of failing. Connections are in autocommit mode; claims and admin
+changes use ``BEGIN IMMEDIATE`` to take the write lock before reading, which
+is what makes two claimers take disjoint runs. A fresh database migrates
+itself on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .. import serde
+from ..errors import EverystepError
+from .base import Store
+
+BUSY_TIMEOUT_SECONDS = 30.0
+
+
+def path_from_url(url: str) -> str:
+    """``sqlite:///rel.db`` → ``rel.db``; ``sqlite:////abs.db`` → ``/abs.db``;
+    ``sqlite://`` or ``sqlite:///:memory:`` → in-memory (SQLAlchemy's rules)."""
+    if not url.startswith("sqlite:"):
+        raise EverystepError(f"not a SQLite URL: {url!r}")
+    rest = url[len("sqlite:"):]
+    if rest in ("", "//", "///:memory:", "//:memory:"):
+        return ":memory:"
+    if not rest.startswith("///"):
+        raise EverystepError(
+            f"bad SQLite URL {url!r}: use sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        )
+    path = rest[3:].split("?", 1)[0]
+    if not path:
+        raise EverystepError(f"bad SQLite URL {url!r}: no file path")
+    return path
+
+
+class SQLiteStore(Store):
+    backend = "sqlite"
+    _unavailable = (sqlite3.OperationalError,)
+    _driver_errors = (sqlite3.Error,)
+    _insert_migration_sql = (
+        "INSERT INTO everystep_migration (version, name, applied_at) VALUES (:version, :name, :now)"
+    )
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.path = path_from_url(url)
+        if self.path == ":memory:":
+            raise EverystepError(
+                "an in-memory SQLite database cannot be shared between connections; use a file"
+            )
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise EverystepError(f"cannot open SQLite database {self.path!r}: directory does not exist")
+        self.migrate()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    @contextlib.contextmanager
+    def _transaction(self, conn: Any) -> Iterator[Any]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    @classmethod
+    def _names(cls, names: Sequence[str]) -> str:
+        return json.dumps(list(names))
+
+    @classmethod
+    def _json(cls, value: Any) -> Any:
+        return serde.loads(value)
+
+    @classmethod
+    def _time(cls, value: Any) -> dt.datetime | None:
+        return dt.datetime.fromisoformat(value) if value else None
+
+    @classmethod
+    def _time_param(cls, value: dt.datetime) -> str:
+        return value.isoformat()
+
+    def _migrate_locked(self, conn: Any) -> list[str]:
+        with self._transaction(conn):
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS everystep_migration ("
+                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            applied = {row[0] for row in conn.execute("SELECT version FROM everystep_migration")}
+            return self._apply_pending(conn, applied)
+
+    def schema_version(self) -> int:
+        with self.connection() as conn:
+            row = conn.execute("SELECT coalesce(max(version), 0) FROM everystep_migration").fetchone()
+            return int(row[0])

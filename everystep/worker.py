@@ -1,0 +1,254 @@
+"""The threaded Worker: claim runs and execute them on a thread pool.
+
+This is the embedded mode (``everystep worker``, or ``Worker(...).run()``
+inside a host process); the prefork ``everystep-supervisor`` is the
+production runner for CPU-bound work.
+
+Name contract: every run this worker claims is ``running`` under its
+``name``. At startup it re-claims the runs a crashed process with the same
+name left behind (catchup), so give each worker a stable, unique name.
+
+Stopping (SIGTERM/SIGINT when standalone, or ``stop()``): no new claims;
+every run in flight stops at its next step boundary and is requeued with its
+finished steps recorded. Runs still executing a step when the ``drain``
+deadline passes are requeued anyway (their late writes are refused, since
+the claim is gone); ``run()`` returns their ids so a standalone process can
+exit without joining the stuck threads, while an embedding host just
+carries on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+
+from . import registry, runner
+from .context import SignalFlag
+from .errors import EverystepError, StoreUnavailable
+from .models import FAILED, Run
+from .observer import Observer
+from .store import Store, default_store
+from . import serde
+
+logger = logging.getLogger("everystep")
+
+RETRY_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class Worker:
+    """Claim scheduled runs and execute them on ``pool_size`` threads."""
+
+    def __init__(
+        self,
+        pool_size: int = 4,
+        poll: float = 0.2,
+        name: str | None = None,
+        drain: float = 30.0,
+        database: str | Store | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        if pool_size < 1:
+            raise EverystepError("pool_size must be at least 1")
+        if poll <= 0:
+            raise EverystepError("poll must be a positive number of seconds")
+        self.pool_size = pool_size
+        self.poll = poll
+        self.name = name or socket.gethostname()
+        self.drain = drain
+        self.store = database if isinstance(database, Store) else default_store(database)
+        self.observer = observer
+        self._stopping = SignalFlag()
+        self._draining = SignalFlag()
+        self._active: dict[Future[None], Run] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.claimed = 0
+        self.requeued = 0
+
+    # -- control ---------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Begin a drain (thread-safe, signal-safe)."""
+        self._stopping.set()
+        self._draining.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full or closed: the loop is awake anyway
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handle(signum: int, frame: object) -> None:
+            self.stop()
+
+        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    # -- main loop -------------------------------------------------------------
+
+    def run(self) -> list[str]:
+        """Work until stopped; returns the ids of runs requeued at the drain
+        deadline while their threads were still busy (empty after a clean
+        drain)."""
+        names = registry.workflow_names()
+        if not names:
+            logger.warning("everystep worker %s: no workflows registered (did you pass --app?)", self.name)
+        executor = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="everystep-worker")
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        logger.info("everystep worker %s: started, pool %d, %s", self.name, self.pool_size, self.store.describe())
+        leftovers: list[str] = []
+        try:
+            with self._signals():
+                self._submit(executor, self._catchup(names))
+                while not self._stopping.is_set():
+                    self._reap()
+                    self._submit(executor, self._claim(names))
+                    if selector.select(self.poll):
+                        self._drain_wake_pipe()
+        finally:
+            leftovers = self._shutdown(executor)
+            selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        logger.info("everystep worker %s: stopped", self.name)
+        return leftovers
+
+    def _catchup(self, names: list[str]) -> list[Run]:
+        """Re-claim what a crashed process under this name left running."""
+        try:
+            runs = self.store.claim_own(self.name, self.pool_size, names)
+        except StoreUnavailable as exc:
+            logger.warning("everystep worker %s: catchup skipped: %s", self.name, exc)
+            return []
+        if runs:
+            logger.info("everystep worker %s: resuming %d run(s) left running under this name", self.name, len(runs))
+        return runs
+
+    def _claim(self, names: list[str]) -> list[Run]:
+        capacity = self.pool_size - len(self._active)
+        if capacity <= 0 or not names:
+            return []
+        try:
+            return self.store.claim(self.name, capacity, names)
+        except StoreUnavailable as exc:
+            logger.warning("everystep worker %s: claim failed, will retry: %s", self.name, exc)
+            return []
+
+    def _submit(self, executor: ThreadPoolExecutor, runs: list[Run]) -> None:
+        for run in runs:
+            future = executor.submit(self._execute, run)
+            self._active[future] = run
+            future.add_done_callback(lambda _: self._wake())
+        self.claimed += len(runs)
+
+    def _reap(self) -> None:
+        for future in [future for future in self._active if future.done()]:
+            del self._active[future]
+
+    def _drain_wake_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    # -- executing one run -------------------------------------------------------
+
+    def _execute(self, run: Run) -> None:
+        try:
+            status = runner.execute(
+                self.store, run, claimer=self.name, draining=self._draining, observer=self.observer
+            )
+        except StoreUnavailable as exc:
+            logger.warning("everystep worker %s: run %s interrupted by the database: %s", self.name, run.id, exc)
+            status = runner.UNFINISHED
+        except Exception as exc:
+            logger.exception("everystep worker %s: run %s (%s) crashed outside the runner", self.name, run.id, run.name)
+            self._fail(run, exc)
+            return
+        if status == runner.UNFINISHED:
+            self._requeue(run, retry=True)
+        elif status == runner.REQUEUED:
+            self.requeued += 1
+            logger.info("everystep worker %s: run %s (%s) requeued at a step boundary", self.name, run.id, run.name)
+        elif status == runner.LOST_CLAIM:
+            logger.warning("everystep worker %s: run %s is no longer ours; stopped executing it", self.name, run.id)
+        else:
+            logger.info("everystep worker %s: run %s (%s) %s", self.name, run.id, run.name, status)
+
+    def _fail(self, run: Run, exc: BaseException) -> None:
+        try:
+            error = serde.dumps(serde.encode_exception(exc), "run error")
+            self.store.finish_run(run.id, self.name, FAILED, None, error)
+        except Exception:
+            logger.exception("everystep worker %s: could not mark run %s failed", self.name, run.id)
+
+    def _requeue(self, run: Run, retry: bool = False) -> bool:
+        """Give a run back to the queue; with ``retry``, ride out a database
+        outage (bounded), since a run must never stay claimed forever."""
+        attempts = RETRY_BACKOFF if retry else (0.0,)
+        for delay in attempts:
+            try:
+                if self.store.requeue(run.id, self.name):
+                    self.requeued += 1
+                    return True
+                return False
+            except StoreUnavailable as exc:
+                logger.warning("everystep worker %s: requeue of %s failed (%s); retrying", self.name, run.id, exc)
+                time.sleep(delay)
+        logger.error(
+            "everystep worker %s: run %s left running under this name; a restart under the same name resumes it",
+            self.name, run.id,
+        )
+        return False
+
+    # -- shutdown ----------------------------------------------------------------
+
+    def _shutdown(self, executor: ThreadPoolExecutor) -> list[str]:
+        self._draining.set()
+        executor.shutdown(wait=False, cancel_futures=True)
+        self._reap()
+        pending = list(self._active)
+        if pending:
+            logger.info("everystep worker %s: draining %d run(s)", self.name, len(pending))
+            timeout = self.drain if self.drain and self.drain > 0 else None
+            _, not_done = wait_futures(pending, timeout=timeout)
+        else:
+            not_done = set()
+        for future in [future for future in self._active if future.cancelled()]:
+            self._requeue(self._active[future])  # claimed but never started
+        leftovers = []
+        for future in not_done:
+            run = self._active[future]
+            if self._requeue(run):
+                leftovers.append(run.id)
+        if not_done:
+            logger.warning(
+                "everystep worker %s: drain deadline of %ss passed with %d run(s) mid-step; requeued %d",
+                self.name, self.drain, len(not_done), len(leftovers),
+            )
+        else:
+            executor.shutdown(wait=True)
+        return leftovers
