@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from .store import Store
 
 MAX_STEP_ID_LENGTH = 300
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_:@+-]*$")
+# fullmatch, not match with "$": "$" also matches before a trailing newline.
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_:@+-]*")
 
 # Lower ranks win when several interrupts race (parallel branches).
 _INTERRUPT_RANKS: tuple[type[BaseException], ...] = (
@@ -170,7 +171,7 @@ class Context:
 def validate_name(name: Any) -> str:
     """A step or fork name: letters, digits and ``_:@+-``, not all digits
     (an all-digit name would collide with positional ids), no dots."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name.isdigit():
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name.isdigit():
         raise EverystepError(
             f"invalid everystep_id {name!r}: use letters, digits and _ : @ + - "
             "(no dots, not only digits)"

@@ -9,6 +9,8 @@ Re-importing a module replaces its entries, which is what a reload wants.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -45,6 +47,10 @@ def import_apps(spec: str | Iterable[str] | None) -> list[str]:
     """
     if not spec:
         return []
+    # Like gunicorn: the working directory is importable, so `--app myapp`
+    # works from a console script whose sys.path[0] is its bin directory.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     modules = [part.strip() for part in (spec.split(",") if isinstance(spec, str) else spec)]
     imported = []
     for module in modules:

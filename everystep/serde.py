@@ -129,7 +129,14 @@ def to_jsonable(obj: Any, what: str = "value") -> Any:
 def dumps(obj: Any, what: str = "value") -> str:
     """Serialize ``obj`` to tagged JSON text, enforcing depth and size limits."""
     text = json.dumps(to_jsonable(obj, what), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    if len(text) > MAX_BYTES // 4 and len(text.encode("utf-8")) > MAX_BYTES:
+    try:
+        # isascii() is O(1) on CPython: only non-ASCII text pays for encoding.
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate: valid in a Python str, not in UTF-8, so no driver
+        # can store it. Refuse it here, before a step runs or a row is written.
+        raise EverystepError(f"{what} cannot be stored: it contains a lone surrogate (not valid UTF-8)") from None
+    if size > MAX_BYTES:
         raise EverystepError(f"{what} cannot be stored: larger than {MAX_BYTES} bytes once encoded")
     return text
 
@@ -216,11 +223,25 @@ def resolve_name(dotted: str) -> Any:
 
 def encode_exception(exc: BaseException) -> dict[str, Any]:
     """Describe ``exc`` as ``{"type", "message", "args"}`` (plus ``exceptions``
-    for exception groups and a trimmed ``traceback`` when one exists)."""
+    for exception groups and a trimmed ``traceback`` when one exists).
+
+    The result always fits in a stored row: a failure that could not be
+    recorded would leave its run ``running`` forever, so an oversized
+    description sheds its args and has its text trimmed instead.
+    """
+    payload = _describe_exception(exc)
+    try:
+        dumps(payload, "exception")
+    except EverystepError:
+        payload = _slim_exception(payload, max(MAX_BYTES // 64, 64))
+    return payload
+
+
+def _describe_exception(exc: BaseException) -> dict[str, Any]:
     payload: dict[str, Any] = {"type": _qualified_name(type(exc)), "message": str(exc)}
     if isinstance(exc, BaseExceptionGroup):
         payload["args"] = [exc.message]
-        payload["exceptions"] = [encode_exception(inner) for inner in exc.exceptions]
+        payload["exceptions"] = [_describe_exception(inner) for inner in exc.exceptions]
     else:
         try:
             to_jsonable(list(exc.args))
@@ -231,6 +252,24 @@ def encode_exception(exc: BaseException) -> dict[str, Any]:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         payload["traceback"] = text[-MAX_TRACEBACK_CHARS:]
     return payload
+
+
+def _slim_exception(payload: dict[str, Any], budget: int) -> dict[str, Any]:
+    """Type and trimmed text only (``budget`` characters per text field,
+    shared among a group's members), which always encodes."""
+    slim: dict[str, Any] = {"type": payload["type"], "message": _clip(payload["message"], budget), "args": []}
+    if "exceptions" in payload:
+        share = max(budget // (len(payload["exceptions"]) + 1), 16)
+        slim["args"] = [_clip(payload["args"][0] if payload["args"] else "", budget)]
+        slim["exceptions"] = [_slim_exception(inner, share) for inner in payload["exceptions"]]
+    if "traceback" in payload:
+        slim["traceback"] = _clip(payload["traceback"][-budget:], budget)
+    return slim
+
+
+def _clip(text: Any, limit: int) -> str:
+    text = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "… (truncated)"
 
 
 def decode_exception(payload: dict[str, Any] | str | None) -> BaseException | None:
@@ -247,12 +286,18 @@ def decode_exception(payload: dict[str, Any] | str | None) -> BaseException | No
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         return StepFailure(message, type_name)
     if issubclass(cls, BaseExceptionGroup):
+        # args[0] is the group's own message; ``message`` is str(group),
+        # which appends " (N sub-exceptions)" and would grow on each pass.
+        group_message = str(args[0]) if args else message
         inner = [decode_exception(item) for item in payload.get("exceptions", [])]
         try:
-            return cls(message, inner)
+            return cls(group_message, inner)
         except Exception:
             return StepFailure(message, type_name)
-    for attempt in (tuple(args), (message,)):
+    # No stored args but a message: the args were not serializable and were
+    # dropped, so the message is the best argument left (rather than losing it).
+    attempts = [tuple(args), (message,)] if args or not message else [(message,), ()]
+    for attempt in attempts:
         try:
             return cls(*attempt)
         except Exception:

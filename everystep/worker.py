@@ -26,7 +26,6 @@ import selectors
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -36,12 +35,11 @@ from .context import SignalFlag
 from .errors import EverystepError, StoreUnavailable
 from .models import FAILED, Run
 from .observer import Observer
+from .recovery import requeue_patiently
 from .store import Store, default_store
 from . import serde
 
 logger = logging.getLogger("everystep")
-
-RETRY_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 class Worker:
@@ -208,21 +206,17 @@ class Worker:
     def _requeue(self, run: Run, retry: bool = False) -> bool:
         """Give a run back to the queue; with ``retry``, ride out a database
         outage (bounded), since a run must never stay claimed forever."""
-        attempts = RETRY_BACKOFF if retry else (0.0,)
-        for delay in attempts:
+        if retry:
+            requeued = requeue_patiently(self.store, run.id, self.name)
+        else:
             try:
-                if self.store.requeue(run.id, self.name):
-                    self.requeued += 1
-                    return True
-                return False
+                requeued = self.store.requeue(run.id, self.name)
             except StoreUnavailable as exc:
-                logger.warning("everystep worker %s: requeue of %s failed (%s); retrying", self.name, run.id, exc)
-                time.sleep(delay)
-        logger.error(
-            "everystep worker %s: run %s left running under this name; a restart under the same name resumes it",
-            self.name, run.id,
-        )
-        return False
+                logger.warning("everystep worker %s: could not requeue run %s: %s", self.name, run.id, exc)
+                requeued = False
+        if requeued:
+            self.requeued += 1
+        return requeued
 
     # -- shutdown ----------------------------------------------------------------
 

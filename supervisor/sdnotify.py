@@ -284,6 +284,10 @@ class Notifier:
 
     # -- lifetime ------------------------------------------------------------
 
+    def fileno(self) -> int:
+        """The socket's descriptor, or -1 (a forked child closes it)."""
+        return self._sock.fileno() if self._sock is not None else -1
+
     def close(self) -> None:
         """Close the socket; later calls become no-ops.  Idempotent."""
         sock, self._sock = self._sock, None

@@ -1,0 +1,215 @@
+"""A supervisor child: execute the runs the parent hands over, one at a time.
+
+A child is forked from the parent after the app was imported (so workflow
+code is shared copy-on-write), opens its own database connection, and
+reports every step start and end to the parent, which enforces timeouts and
+answers ``ctl status`` from those reports.
+
+It leaves only through ``os._exit``, so the parent's atexit handlers and
+inherited finalizers never run twice. SIGTERM (from the parent's drain, or
+from the kernel when the parent dies: PR_SET_PDEATHSIG) sets the drain flag:
+the step in flight finishes and is recorded, the run is requeued at the
+next step boundary and the child exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import psutil
+
+from everystep import runner, serde
+from everystep.context import Context, SignalFlag
+from everystep.errors import StoreUnavailable
+from everystep.models import FAILED, RUNNING, Run
+from everystep.observer import Observer, Observers
+from everystep.store import Store, connect
+
+from . import titles
+from .protocol import Channel, ChannelClosed
+from everystep.recovery import requeue_patiently
+
+logger = logging.getLogger("everystep.supervisor")
+
+BOOT_ERROR = 3
+"""Exit code of a child that could not start; the parent stops respawning."""
+
+PR_SET_PDEATHSIG = 1
+IDLE_WAKEUP = 0.5
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    slot: int
+    name: str
+    database: str
+    parent_pid: int
+    max_runs: int = 0
+    max_memory_mb: int = 0
+    observers: tuple[Observer, ...] = ()
+
+
+def main(spec: ChildSpec, channel: Channel, inherited: list[int]) -> NoReturn:
+    """Entry point right after ``fork()``; never returns."""
+    code = 1
+    try:
+        code = _serve(spec, channel, inherited)
+    except BaseException:
+        logger.exception("everystep-supervisor child %d crashed", spec.slot)
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _detach(spec: ChildSpec, inherited: list[int], draining: SignalFlag) -> None:
+    """Own process group (so the parent can kill our grandchildren too),
+    die-with-parent, our own signal dispositions, none of the parent's fds."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    for fd in inherited:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, lambda signum, frame: draining.set())
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    for sig in (signal.SIGQUIT, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    _set_pdeathsig(signal.SIGTERM)
+    if os.getppid() != spec.parent_pid:
+        draining.set()  # the parent died before prctl took effect
+
+
+def _set_pdeathsig(sig: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except OSError:
+        pass
+
+
+class Reporter(Observer):
+    """Tells the parent what this child is doing (from any branch thread)."""
+
+    def __init__(self, channel: Channel, slot: int) -> None:
+        self.channel = channel
+        self.slot = slot
+        self._lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self._lock:
+            try:
+                self.channel.send(message)
+            except ChannelClosed:
+                pass  # the parent is gone; PDEATHSIG drains us
+
+    def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
+        titles.child_busy(self.slot, ctx.workflow_name, ctx.workflow_id, step_id)
+        self.send({"ev": "step", "run": ctx.workflow_id, "step": step_id, "name": name,
+                   "timeout": timeout, "unsafe": unsafe})
+
+    def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
+                      error: BaseException | None, token: Any) -> None:
+        self.send({"ev": "step_end", "run": ctx.workflow_id, "step": step_id, "status": status})
+
+
+def run_from_message(message: dict[str, Any], claimer: str) -> Run:
+    import datetime as dt
+
+    def when(value: str | None) -> dt.datetime | None:
+        return dt.datetime.fromisoformat(value) if value else None
+
+    return Run(
+        id=message["id"], name=message["name"], args=serde.from_jsonable(message["args"]),
+        status=RUNNING, claimed_by=claimer, claimed_at=when(message.get("claimed_at")),
+        created_at=when(message.get("created_at")),
+    )
+
+
+def run_to_message(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id, "name": run.name, "args": serde.to_jsonable(run.args),
+        "claimed_at": run.claimed_at.isoformat() if run.claimed_at else None,
+        "created_at": run.created_at.isoformat() if run.created_at else None,
+    }
+
+
+def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
+    draining = SignalFlag()
+    _detach(spec, inherited, draining)
+    titles.child_idle(spec.slot)
+    try:
+        store = connect(spec.database)
+    except Exception as exc:
+        logger.error("everystep-supervisor child %d cannot open the database: %s", spec.slot, exc)
+        return BOOT_ERROR
+    reporter = Reporter(channel, spec.slot)
+    observer = Observers([reporter, *spec.observers])
+    process = psutil.Process()
+    reporter.send({"ev": "ready", "pid": os.getpid()})
+    runs_done = 0
+    while True:
+        if draining.is_set() or os.getppid() != spec.parent_pid:
+            reporter.send({"ev": "bye", "reason": "drain"})
+            return 0
+        try:
+            message = channel.receive(IDLE_WAKEUP)
+        except (ChannelClosed, OSError):
+            return 0
+        if message is None:
+            continue
+        if message.get("op") == "exit":
+            reporter.send({"ev": "bye", "reason": message.get("reason", "exit")})
+            return 0
+        if message.get("op") != "run":
+            continue
+        run = run_from_message(message["run"], spec.name)
+        titles.child_busy(spec.slot, run.name, run.id)
+        status = execute(store, run, spec.name, draining, observer)
+        runs_done += 1
+        rss = process.memory_info().rss
+        reporter.send({"ev": "done", "run": run.id, "status": status, "rss": rss})
+        titles.child_idle(spec.slot)
+        if spec.max_runs and runs_done >= spec.max_runs:
+            reporter.send({"ev": "bye", "reason": "max-runs"})
+            return 0
+        if spec.max_memory_mb and rss > spec.max_memory_mb * 1024 * 1024:
+            reporter.send({"ev": "bye", "reason": "max-memory"})
+            return 0
+
+
+def execute(store: Store, run: Run, claimer: str, draining: SignalFlag, observer: Observer) -> str:
+    """Execute one run to its next resting point; never raises."""
+    try:
+        status = runner.execute(store, run, claimer=claimer, draining=draining, observer=observer)
+    except StoreUnavailable as exc:
+        logger.warning("everystep-supervisor: run %s interrupted by the database: %s", run.id, exc)
+        status = runner.UNFINISHED
+    except Exception as exc:
+        logger.exception("everystep-supervisor: run %s (%s) crashed outside the runner", run.id, run.name)
+        try:
+            store.finish_run(run.id, claimer, FAILED, None,
+                             serde.dumps(serde.encode_exception(exc), "run error"))
+        except Exception:
+            logger.exception("everystep-supervisor: could not mark run %s failed", run.id)
+        return FAILED
+    if status == runner.UNFINISHED:
+        return runner.REQUEUED if requeue_patiently(store, run.id, claimer) else runner.UNFINISHED
+    return status

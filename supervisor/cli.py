@@ -1,0 +1,156 @@
+"""``everystep-supervisor``: the prefork runner, and ``ctl`` to talk to it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from everystep import registry
+from everystep.cliutil import OneLineParser, fail, setup_logging
+from everystep.errors import EverystepError
+from everystep.store import connect
+
+from . import ctl
+from .config import MAX_PROCS, Config, default_socket_path
+
+PROG = "everystep-supervisor"
+logger = logging.getLogger("everystep.supervisor")
+
+
+def _positive(kind: type, minimum: float) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+def build_parser() -> OneLineParser:
+    defaults = Config()
+    parser = OneLineParser(
+        prog=PROG,
+        description="Run everystep workflows in forked child processes (one run per child at a time).",
+        epilog="Signals: TERM/INT drain, QUIT fast stop, HUP reload, TTIN/TTOU one child more/less. "
+        f"Control a running supervisor with '{PROG} ctl --help'.",
+    )
+    parser.add_argument("--app", metavar="MODULE[,MODULE]", default="",
+                        help="modules defining your workflows, imported once before forking")
+    parser.add_argument("--procs", type=_positive(int, 0), default=defaults.procs,
+                        help=f"child processes (default: CPU count, {defaults.procs} here; max {MAX_PROCS})")
+    parser.add_argument("--database", metavar="URL",
+                        help="database URL (default: $EVERYSTEP_DATABASE_URL or sqlite:///everystep.db)")
+    parser.add_argument("--name", default=defaults.name,
+                        help="runner name, stable across restarts: runs are claimed under it (default: hostname)")
+    parser.add_argument("--poll", type=_positive(float, 0.01), default=defaults.poll,
+                        help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL (default 0.5)")
+    parser.add_argument("--drain", type=_positive(float, 0), default=defaults.drain,
+                        help="seconds a stop waits for steps in flight before killing and requeueing (default 30; 0 waits forever)")
+    parser.add_argument("--step-timeout", type=_positive(float, 0), default=0.0, metavar="S",
+                        help="kill a step running longer than S seconds unless it sets its own timeout (default 0: none)")
+    parser.add_argument("--max-runs-per-child", type=_positive(int, 0), default=0, metavar="N",
+                        help="recycle a child after N runs (default 0: never)")
+    parser.add_argument("--max-memory-per-child", type=_positive(int, 0), default=0, metavar="MB",
+                        help="recycle a child whose RSS exceeds MB after a run (default 0: never)")
+    parser.add_argument("--max-crashes", type=_positive(int, 1), default=defaults.max_crashes, metavar="N",
+                        help="fail a run after its child died N times running it (default 3)")
+    parser.add_argument("--socket", default=None, metavar="PATH",
+                        help="control socket (default: $RUNTIME_DIRECTORY or the working directory, "
+                             "/everystep-supervisor.sock)")
+    parser.add_argument("--burst", action="store_true", help="exit once nothing is scheduled and every child is idle")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="log a progress line every 2 s and a summary at exit (default: on with --burst)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    return parser
+
+
+def build_ctl_parser() -> OneLineParser:
+    parser = OneLineParser(prog=f"{PROG} ctl", description="Inspect and control a running supervisor.")
+    parser.add_argument("--socket", default=None, metavar="PATH", help="control socket of the supervisor")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=OneLineParser)
+    actions.required = True
+    actions.add_parser("status", help="children, their runs and steps")
+    kill = actions.add_parser("kill", help="kill the child running RUN")
+    kill.add_argument("run_id", metavar="RUN")
+    kill.add_argument("--requeue", action="store_true",
+                      help="requeue the run instead of recording its step as failed (StepKilled)")
+    scale = actions.add_parser("scale", help="set the number of children")
+    scale.add_argument("procs", type=int, metavar="N")
+    actions.add_parser("reload", help="re-import the app and replace every child (like SIGHUP)")
+    actions.add_parser("drain", help="stop gracefully (like SIGTERM)")
+    for sub in actions.choices.values():
+        sub.add_argument("--socket", default=argparse.SUPPRESS, metavar="PATH")
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "ctl":
+        args = build_ctl_parser().parse_args(argv[1:])
+        args.socket = args.socket or default_socket_path()
+        return ctl.main(args)
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, args.log_format)
+    config = Config(
+        app=[module.strip() for module in args.app.split(",") if module.strip()],
+        procs=args.procs,
+        database=args.database,
+        name=args.name,
+        poll=args.poll,
+        drain=args.drain,
+        step_timeout=args.step_timeout or None,
+        max_runs_per_child=args.max_runs_per_child,
+        max_memory_per_child=args.max_memory_per_child,
+        max_crashes=args.max_crashes,
+        socket=os.path.abspath(args.socket or default_socket_path()),
+        burst=args.burst,
+        progress=args.progress,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
+    if config.procs > MAX_PROCS:
+        fail(f"--procs must be at most {MAX_PROCS}", prog=PROG)
+    return run(config)
+
+
+def run(config: Config) -> int:
+    from .arbiter import Arbiter
+    from .control import ControlSocketError
+    from .sdnotify import Notifier
+
+    try:
+        registry.import_apps(config.app)
+        store = connect(config.database)
+        _check_database(store)
+    except EverystepError as exc:
+        fail(str(exc), prog=PROG)
+    notifier = Notifier.from_env(unset=True)
+    arbiter = Arbiter(config, store, notifier)
+    try:
+        return arbiter.run()
+    except ControlSocketError as exc:
+        fail(str(exc), prog=PROG)
+
+
+def _check_database(store: object) -> None:
+    """Fail fast, in one line, on an unreachable or unmigrated database."""
+    version = store.schema_version()  # type: ignore[attr-defined]
+    if version == 0:
+        raise EverystepError(
+            f"database {store.describe()} has no everystep schema; run: everystep migrate --database URL"  # type: ignore[attr-defined]
+        )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

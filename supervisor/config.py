@@ -1,0 +1,39 @@
+"""Supervisor settings, as parsed from the command line."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+SOCKET_NAME = "everystep-supervisor.sock"
+MAX_PROCS = 256
+
+
+def default_socket_path() -> str:
+    """``$RUNTIME_DIRECTORY`` (systemd's RuntimeDirectory=) or the working directory."""
+    directory = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or os.getcwd()
+    return os.path.join(directory, SOCKET_NAME)
+
+
+@dataclass
+class Config:
+    app: list[str] = field(default_factory=list)
+    procs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    database: str | None = None
+    name: str = field(default_factory=socket.gethostname)
+    poll: float = 0.5
+    drain: float = 30.0
+    step_timeout: float | None = None
+    max_runs_per_child: int = 0
+    max_memory_per_child: int = 0  # MB
+    max_crashes: int = 3
+    socket: str = field(default_factory=default_socket_path)
+    burst: bool = False
+    progress: bool | None = None  # None: on in burst mode
+    log_level: str = "info"
+    log_format: str = "text"
+
+    @property
+    def show_progress(self) -> bool:
+        return self.burst if self.progress is None else self.progress
