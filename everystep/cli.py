@@ -78,6 +78,9 @@ def build_parser() -> OneLineParser:
     sub.add_argument("--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)")
     sub.add_argument("--name", help="runner name, stable across restarts (default: hostname)")
     sub.add_argument("--drain", type=float, default=30.0, help="seconds to wait for runs on stop (default 30)")
+    sub.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                     help="serve /metrics and /healthz on this port (default: off)")
+    sub.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
     sub.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub.add_argument("--log-format", default="text", choices=["text", "json"])
     return parser
@@ -216,8 +219,13 @@ def cmd_requeue(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
+    worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
+                    metrics_port=args.metrics_port, metrics_bind=args.metrics_bind)
+    # Touch the database once before working: a wrong URL or an unmigrated
+    # database is a bad command line (one line, exit 2), whereas the claim
+    # loop would log and retry it forever as if it were a passing outage.
+    store.count_scheduled(registry.workflow_names())
     setup_logging(args.log_level, args.log_format)
-    worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store)
     leftovers = worker.run()
     if leftovers:
         # Threads are still stuck in steps whose runs were requeued: exit

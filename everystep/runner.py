@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import registry, serde
+from . import registry, serde, telemetry
 from .context import (
     NOT_AN_INTERRUPT,
     Context,
@@ -80,8 +80,6 @@ fault: Callable[[Context, str], None] | None = None
 REQUEUED = "requeued"
 LOST_CLAIM = "lost"
 UNFINISHED = "unfinished"
-
-_NO_OBSERVER = Observers()
 
 
 # -- steps -----------------------------------------------------------------
@@ -135,6 +133,10 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         ex.outcomes[step_id] = started
     token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
     result, error = _invoke(step, args, kwargs)
+    if isinstance(error, Terminal):
+        # The run stops now, not once this step's record is written: a
+        # sibling branch must not start a new step during that write.
+        ex.interrupt_with(error)
     if isinstance(error, SimulatedCrash):
         ex.observer.step_finished(ctx, step_id, step.name, "crashed", error, token)
         raise ex.interrupt_with(error)
@@ -174,8 +176,6 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         # one replays will see, so it is the one this execution goes on with.
         return _replay(ex, write.record)
     if error is not None:
-        if isinstance(error, Terminal):
-            ex.interrupt_with(error)
         raise error
     return result
 
@@ -323,7 +323,7 @@ def execute(
     ``unfinished`` (the database failed mid-run; the caller should requeue).
     ``SimulatedCrash`` propagates with nothing written.
     """
-    observer = observer or _NO_OBSERVER
+    observer = Observers([*telemetry.default_observers(), *([observer] if observer else [])])
     workflow = registry.get_workflow(run.name)
     outcomes = store.load_outcomes(run.id) if workflow is not None else {}
     ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=observer, draining=draining)

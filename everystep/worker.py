@@ -26,14 +26,15 @@ import selectors
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
-from . import registry, runner
+from . import metrics, registry, runner
 from .context import SignalFlag
 from .errors import EverystepError, StoreUnavailable
 from .models import FAILED, Run
+from .exposition import ThreadedMetricsServer
 from .observer import Observer
 from .recovery import requeue_patiently
 from .store import Store, default_store
@@ -53,6 +54,8 @@ class Worker:
         drain: float = 30.0,
         database: str | Store | None = None,
         observer: Observer | None = None,
+        metrics_port: int = 0,
+        metrics_bind: str = "0.0.0.0",
     ) -> None:
         if pool_size < 1:
             raise EverystepError("pool_size must be at least 1")
@@ -64,6 +67,9 @@ class Worker:
         self.drain = drain
         self.store = database if isinstance(database, Store) else default_store(database)
         self.observer = observer
+        self.metrics_port = metrics_port
+        self.metrics_bind = metrics_bind
+        self.metrics_server: ThreadedMetricsServer | None = None
         self._stopping = SignalFlag()
         self._draining = SignalFlag()
         self._active: dict[Future[None], Run] = {}
@@ -112,6 +118,16 @@ class Worker:
         names = registry.workflow_names()
         if not names:
             logger.warning("everystep worker %s: no workflows registered (did you pass --app?)", self.name)
+        metrics.runner_started(self.name, self.pool_size)
+        if self.metrics_port:
+            try:
+                self.metrics_server = ThreadedMetricsServer(self.metrics_port, self.metrics_bind, self.store).start()
+            except OSError as exc:
+                raise EverystepError(
+                    f"cannot serve metrics on {self.metrics_bind}:{self.metrics_port}: {exc.strerror or exc}"
+                ) from None
+            logger.info("everystep worker %s: metrics on http://%s:%d/metrics", self.name, self.metrics_bind,
+                        self.metrics_server.port)
         executor = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="everystep-worker")
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ)
@@ -127,6 +143,9 @@ class Worker:
                         self._drain_wake_pipe()
         finally:
             leftovers = self._shutdown(executor)
+            self._count_inflight()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
             selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -160,10 +179,24 @@ class Worker:
             self._active[future] = run
             future.add_done_callback(lambda _: self._wake())
         self.claimed += len(runs)
+        if runs:
+            self._count(lambda m: m.claims.labels(self.name).inc(len(runs)))
+        self._count_inflight()
 
     def _reap(self) -> None:
         for future in [future for future in self._active if future.done()]:
             del self._active[future]
+        self._count_inflight()
+
+    @staticmethod
+    def _count(update: Callable[[metrics.Metrics], None]) -> None:
+        registry_ = metrics.get()
+        if registry_ is not None:
+            update(registry_)
+
+    def _count_inflight(self) -> None:
+        inflight = sum(1 for future in self._active if not future.done())
+        self._count(lambda m: m.inflight.labels(self.name).set(inflight))
 
     def _drain_wake_pipe(self) -> None:
         try:
@@ -190,6 +223,7 @@ class Worker:
             self._requeue(run, retry=True)
         elif status == runner.REQUEUED:
             self.requeued += 1
+            self._count(lambda m: m.requeued.labels(self.name).inc())
             logger.info("everystep worker %s: run %s (%s) requeued at a step boundary", self.name, run.id, run.name)
         elif status == runner.LOST_CLAIM:
             logger.warning("everystep worker %s: run %s is no longer ours; stopped executing it", self.name, run.id)
@@ -216,6 +250,7 @@ class Worker:
                 requeued = False
         if requeued:
             self.requeued += 1
+            self._count(lambda m: m.requeued.labels(self.name).inc())
         return requeued
 
     # -- shutdown ----------------------------------------------------------------

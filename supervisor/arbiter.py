@@ -37,9 +37,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-from everystep import registry, serde
+from everystep import exposition, metrics, registry, sentry, serde, traces
 from everystep.errors import ChildCrashed, EverystepError, StepKilled, StepTimeout, StoreUnavailable
 from everystep.models import FAILED, STEP_FAILED, TERMINAL_STATUSES, Run
 from everystep.store import Store, close_default_stores, utcnow
@@ -48,7 +49,8 @@ from . import child as child_process
 from . import titles
 from .children import BOOTING, BUSY, IDLE, KILLED, RETIRING, STOPPING, Child, StepInFlight, describe_exit
 from .config import MAX_PROCS, Config
-from .control import ControlServer
+from .control import ControlServer, ControlSocketError
+from .http import LoopHTTPServer
 from .protocol import Channel, ChannelClosed
 from .sdnotify import Notifier
 
@@ -96,7 +98,9 @@ class Arbiter:
         self._last_status = 0.0
         self._last_sweep = 0.0
         self._names: list[str] = registry.workflow_names()
-        self.control = ControlServer(config.socket, self.handle_request, self.selector)
+        self.control = ControlServer(config.socket, self.handle_request, self.selector,
+                                     on_request=self._count_request)
+        self.http: LoopHTTPServer | None = None
 
     # -- setup / teardown -----------------------------------------------------------
 
@@ -106,6 +110,7 @@ class Arbiter:
         self._install_signals()
         self.control.open()
         try:
+            self._open_metrics()
             self._open_listen()
             self._catchup()
             self._spawn_missing()
@@ -121,6 +126,35 @@ class Arbiter:
         finally:
             self._teardown()
         return self.exit_code
+
+    def _open_metrics(self) -> None:
+        metrics.runner_started(self.name, self.procs)
+        if not self.config.metrics_port:
+            return
+        try:
+            self.http = LoopHTTPServer(self.config.metrics_bind, self.config.metrics_port, self.selector,
+                                       lambda path: exposition.respond(path, self.store))
+        except OSError as exc:
+            raise ControlSocketError(
+                f"cannot serve metrics on {self.config.metrics_bind}:{self.config.metrics_port}: {exc.strerror or exc}"
+            ) from None
+        logger.info("everystep-supervisor %s: metrics on http://%s:%d/metrics", self.name,
+                    self.config.metrics_bind, self.http.port)
+
+    def _metric(self, update: Callable[[metrics.Metrics], None]) -> None:
+        registry_ = metrics.get()
+        if registry_ is not None:
+            update(registry_)
+
+    def _count_request(self, command: str) -> None:
+        label = metrics.control_command_label(command)
+        self._metric(lambda m: m.control_requests.labels(self.name, label).inc())
+
+    def _gauge_children(self) -> None:
+        alive = len(self.children)
+        busy = sum(1 for kid in self.children.values() if kid.run is not None)
+        self._metric(lambda m: (m.children.labels(self.name).set(alive), m.inflight.labels(self.name).set(busy),
+                                m.pool_size.labels(self.name).set(self.procs)))
 
     def _install_signals(self) -> None:
         self._wake_r, self._wake_w = os.pipe()
@@ -156,6 +190,8 @@ class Arbiter:
                 logger.warning("everystep-supervisor %s: requeued %d run(s) still claimed at exit", self.name, len(leftover))
         self._close_listen()
         self.control.close()
+        if self.http is not None:
+            self.http.close()
         signal.set_wakeup_fd(-1)
         for sig in _HANDLED_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
@@ -225,6 +261,9 @@ class Arbiter:
         if now - self._last_sweep >= CONTROL_SWEEP_EVERY:
             self._last_sweep = now
             self.control.sweep(now)
+            if self.http is not None:
+                self.http.sweep(now)
+            self._gauge_children()
         if now - self._last_status >= STATUS_EVERY:
             self._last_status = now
             self.notifier.status(self._status_line())
@@ -303,6 +342,8 @@ class Arbiter:
         if isinstance(self.selector, selectors.EpollSelector):
             fds.append(self.selector.fileno())
         fds += self.control.fds()
+        if self.http is not None:
+            fds += self.http.fds()
         fds += [kid.channel.fileno() for kid in self.children.values() if kid.channel_open]
         return [fd for fd in fds if fd >= 0]
 
@@ -401,7 +442,9 @@ class Arbiter:
                 return
             kid = self.children.pop(pid, None)
             if kid is not None:
+                metrics.mark_process_dead(pid)
                 self._on_exit(kid, status)
+                self._gauge_children()
 
     def _on_exit(self, kid: Child, status: int) -> None:
         if kid.channel_open:
@@ -420,6 +463,7 @@ class Arbiter:
         reason = self._restart_reason(kid, run)
         if not self.stopping:
             self.restarts[reason] += 1  # a replacement is spawned
+            self._metric(lambda m: m.child_restarts.labels(self.name, reason).inc())
         level = logging.WARNING if reason == "crash" else logging.INFO
         logger.log(level, "everystep-supervisor %s: child %d (pid %d) %s%s", self.name, kid.slot, kid.pid, how,
                    f" while running {run.id} ({run.name})" if run else "",
@@ -487,6 +531,7 @@ class Arbiter:
         try:
             if self.store.requeue(run.id, self.name):
                 self.counts["requeued"] += 1
+                self._metric(lambda m: m.requeued.labels(self.name).inc())
         except StoreUnavailable as exc:
             logger.error("everystep-supervisor %s: could not requeue run %s: %s", self.name, run.id, exc)
 
@@ -499,6 +544,8 @@ class Arbiter:
         error = serde.dumps(serde.encode_exception(exc), "run error")
         if self.store.finish_run(run.id, self.name, FAILED, None, error):
             self.counts[FAILED] += 1
+            self._metric(lambda m: m.workflow_runs.labels(run.name, FAILED).inc())
+            sentry.report_failure(exc, run.id, run.name, runner=self.name)
             logger.error("everystep-supervisor %s: run %s (%s) failed: %s", self.name, run.id, run.name, exc,
                          extra={"run_id": run.id, "workflow": run.name, "event": "run_failed"})
 
@@ -514,6 +561,7 @@ class Arbiter:
                 logger.warning("everystep-supervisor %s: step %s of run %s exceeded its timeout; killing child %d (pid %d)",
                                self.name, overdue[0].step_id, kid.run.id if kid.run else "?", kid.slot, kid.pid)
                 kid.kill("timeout")
+                self._metric(lambda m: m.step_timeouts.labels(self.name).inc(len(overdue)))
         if self.drain_deadline is not None and now >= self.drain_deadline:
             self.drain_deadline = None
             left = [kid for kid in self.children.values() if kid.state != KILLED]
@@ -559,12 +607,15 @@ class Arbiter:
         self._claim_due = len(runs) == len(idle)
         self._next_poll = now + self.config.poll
         self.counts["claimed"] += len(runs)
+        if runs:
+            self._metric(lambda m: m.claims.labels(self.name).inc(len(runs)))
         for run in runs:
             self._give(idle.pop(), run)
 
     def _give(self, kid: Child, run: Run) -> None:
         try:
-            kid.channel.send({"op": "run", "run": child_process.run_to_message(run)})
+            with traces.dispatch_span(run):
+                kid.channel.send({"op": "run", "run": child_process.run_to_message(run), "trace": traces.inject()})
         except ChannelClosed:
             self.ready.appendleft(run)
             kid.kill("unreachable")
@@ -573,6 +624,7 @@ class Arbiter:
         kid.run = run
         kid.run_started = time.monotonic()
         kid.steps.clear()
+        self._gauge_children()
 
     # -- PostgreSQL LISTEN ---------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 import psutil
 
-from everystep import runner, serde
+from everystep import runner, serde, traces
 from everystep.context import Context, SignalFlag
 from everystep.errors import StoreUnavailable
 from everystep.models import FAILED, RUNNING, Run
@@ -182,7 +182,11 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
             continue
         run = run_from_message(message["run"], spec.name)
         titles.child_busy(spec.slot, run.name, run.id)
-        status = execute(store, run, spec.name, draining, observer)
+        trace_token = traces.attach_remote(message.get("trace"))
+        try:
+            status = execute(store, run, spec.name, draining, observer)
+        finally:
+            traces.detach(trace_token)
         runs_done += 1
         rss = process.memory_info().rss
         reporter.send({"ev": "done", "run": run.id, "status": status, "rss": rss})

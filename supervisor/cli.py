@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 
-from everystep import registry
+from everystep import metrics, registry
 from everystep.cliutil import OneLineParser, fail, setup_logging
 from everystep.errors import EverystepError
 from everystep.store import connect
@@ -67,6 +69,9 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--burst", action="store_true", help="exit once nothing is scheduled and every child is idle")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="log a progress line every 2 s and a summary at exit (default: on with --burst)")
+    parser.add_argument("--metrics-port", type=_positive(int, 0), default=0, metavar="PORT",
+                        help="serve /metrics (all processes aggregated) and /healthz on this port (default: off)")
+    parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
     return parser
@@ -116,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         socket=os.path.abspath(args.socket or default_socket_path()),
         burst=args.burst,
         progress=args.progress,
+        metrics_port=args.metrics_port,
+        metrics_bind=args.metrics_bind,
         log_level=args.log_level,
         log_format=args.log_format,
     )
@@ -125,6 +132,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(config: Config) -> int:
+    metrics_dir = _private_metrics_dir() if config.metrics_port else None
+    try:
+        return _run(config)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _private_metrics_dir() -> str:
+    """prometheus_client's multiprocess mode is chosen when it is first
+    imported: point it at a fresh private directory before the app (or
+    anything else) imports it, so every child's values are aggregated."""
+    if "prometheus_client" in sys.modules:
+        logger.warning("prometheus_client was imported before the supervisor configured it; "
+                       "metrics from children may be missing")
+    path = tempfile.mkdtemp(prefix="everystep-metrics-")
+    os.environ[metrics.MULTIPROC_ENV] = path
+    return path
+
+
+def _run(config: Config) -> int:
     from .arbiter import Arbiter
     from .control import ControlSocketError
     from .sdnotify import Notifier

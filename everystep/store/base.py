@@ -310,6 +310,11 @@ class Store:
             "oldest_pending_age_seconds": max(float(oldest or 0.0), 0.0),
         }
 
+    def ping(self) -> None:
+        """Round-trip to the database (health checks); raises if unreachable."""
+        with self.connection() as conn:
+            conn.execute("SELECT 1").fetchone()
+
     def count_scheduled(self, names: Sequence[str]) -> int:
         return int(self._fetchone("count_scheduled", {"names": self._names(names)})[0])
 

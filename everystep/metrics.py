@@ -1,0 +1,186 @@
+"""Prometheus metrics (prometheus_client, default registry); no-ops without it.
+
+prometheus_client is imported on first use, not at import time, because its
+multiprocess mode is chosen by ``PROMETHEUS_MULTIPROC_DIR`` when it is first
+imported: the supervisor sets that variable (to a private directory) before
+anything touches the library, so the children's values land in files the
+parent aggregates.
+
+Labels never carry run ids: ``workflow`` and ``step`` are function names,
+bounded by the code base.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from .models import TERMINAL_STATUSES
+from .observer import Observer
+from .store import utcnow
+
+if TYPE_CHECKING:
+    from .context import Context
+    from .models import Run
+    from .store import Store
+
+logger = logging.getLogger("everystep")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+SUPERVISOR_COMMANDS = ("status", "kill", "scale", "reload", "drain")
+RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill")
+
+
+@dataclass(frozen=True)
+class Metrics:
+    workflow_runs: Any
+    workflow_duration: Any
+    step_runs: Any
+    step_duration: Any
+    pool_size: Any
+    inflight: Any
+    claims: Any
+    requeued: Any
+    started_at: Any
+    pending: Any
+    running: Any
+    blocked: Any
+    oldest_pending_age: Any
+    children: Any
+    child_restarts: Any
+    step_timeouts: Any
+    control_requests: Any
+
+
+@cache
+def get() -> Metrics | None:
+    """The metric objects, created once per process; None without prometheus_client."""
+    try:
+        from prometheus_client import Counter, Gauge, Histogram
+    except ImportError:
+        return None
+    live = {"multiprocess_mode": "livesum"}
+    latest = {"multiprocess_mode": "livemax"}
+    return Metrics(
+        workflow_runs=Counter("everystep_workflow_runs_total", "Runs that reached a terminal status",
+                              ["workflow", "status"]),
+        workflow_duration=Histogram("everystep_workflow_duration_seconds", "From claim to terminal status",
+                                    ["workflow", "status"],
+                                    buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, float("inf"))),
+        step_runs=Counter("everystep_step_runs_total", "Executed steps by outcome", ["workflow", "step", "status"]),
+        step_duration=Histogram("everystep_step_duration_seconds", "Step execution time", ["workflow", "step"]),
+        pool_size=Gauge("everystep_worker_pool_size", "Threads or child processes executing runs", ["runner"], **live),
+        inflight=Gauge("everystep_worker_inflight", "Runs being executed", ["runner"], **live),
+        claims=Counter("everystep_worker_claims_total", "Runs claimed", ["runner"]),
+        requeued=Counter("everystep_worker_requeued_total", "Runs given back to the queue", ["runner"]),
+        started_at=Gauge("everystep_worker_started_at_seconds", "Runner start time (unix seconds)", ["runner"],
+                         **latest),
+        pending=Gauge("everystep_workflows_pending", "Scheduled runs waiting to be claimed", **latest),
+        running=Gauge("everystep_workflows_running", "Claimed runs", **latest),
+        blocked=Gauge("everystep_workflows_blocked", "Runs blocked on an uncertain effect", **latest),
+        oldest_pending_age=Gauge("everystep_workflows_oldest_pending_age_seconds",
+                                 "Age of the oldest scheduled run", **latest),
+        children=Gauge("everystep_supervisor_children", "Child processes alive", ["runner"], **live),
+        child_restarts=Counter("everystep_supervisor_child_restarts_total", "Children replaced, by reason",
+                               ["runner", "reason"]),
+        step_timeouts=Counter("everystep_supervisor_step_timeouts_total", "Steps killed past their timeout",
+                              ["runner"]),
+        control_requests=Counter("everystep_supervisor_control_requests_total", "Control-socket requests",
+                                 ["runner", "command"]),
+    )
+
+
+def refresh_queue_gauges(store: Store) -> None:
+    """Set the queue gauges from the database. Call it before rendering
+    ``/metrics`` in a host application; the supervisor and the worker do it
+    on every scrape."""
+    metrics = get()
+    if metrics is None:
+        return
+    stats = store.queue_stats()
+    metrics.pending.set(stats["pending"])
+    metrics.running.set(stats["running"])
+    metrics.blocked.set(stats["blocked"])
+    metrics.oldest_pending_age.set(stats["oldest_pending_age_seconds"])
+
+
+def control_command_label(command: object) -> str:
+    """Hostile clients choose the command string: keep the label bounded."""
+    return command if command in SUPERVISOR_COMMANDS else "invalid"  # type: ignore[return-value]
+
+
+class MetricsObserver(Observer):
+    """Counts runs and steps as the runner reports them."""
+
+    def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
+        metrics = get()
+        if metrics is None or status not in TERMINAL_STATUSES:
+            return
+        metrics.workflow_runs.labels(run.name, status).inc()
+        claimed = run.claimed_at or utcnow()
+        metrics.workflow_duration.labels(run.name, status).observe(max((utcnow() - claimed).total_seconds(), 0.0))
+
+    def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
+        return time.perf_counter()
+
+    def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
+                      error: BaseException | None, token: Any) -> None:
+        metrics = get()
+        if metrics is None or status not in ("done", "failed"):
+            return
+        metrics.step_runs.labels(ctx.workflow_name, name, status).inc()
+        if token is not None:
+            metrics.step_duration.labels(ctx.workflow_name, name).observe(time.perf_counter() - token)
+
+
+# -- exposition ------------------------------------------------------------------
+
+
+def render(store: Store | None) -> tuple[bytes, str]:
+    """The text exposition: this process's registry, or the aggregate of
+    every process when ``PROMETHEUS_MULTIPROC_DIR`` is set."""
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+    if store is not None:
+        try:
+            refresh_queue_gauges(store)
+        except Exception as exc:
+            logger.warning("everystep: queue gauges not refreshed: %s", exc)
+    path = os.environ.get(MULTIPROC_ENV)
+    if path:
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=path)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def health(store: Store) -> tuple[bool, str]:
+    """(ok, one-line reason) for ``/healthz``: can we reach the database?"""
+    try:
+        store.ping()
+    except Exception as exc:
+        return False, f"database unreachable: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    return True, "ok"
+
+
+def mark_process_dead(pid: int) -> None:
+    """Drop a dead child's live gauges from the aggregate."""
+    path = os.environ.get(MULTIPROC_ENV)
+    if not path:
+        return
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, path)
+
+
+def runner_started(runner: str, pool_size: int) -> None:
+    metrics = get()
+    if metrics is not None:
+        metrics.pool_size.labels(runner).set(pool_size)
+        metrics.started_at.labels(runner).set(time.time())
