@@ -19,6 +19,7 @@ from .cliutil import OneLineParser, fail, format_table, print_json, setup_loggin
 from .errors import EverystepError
 from .models import RUN_STATUSES, Run, StepRecord
 from .store import Store, connect
+from .lease import DEFAULT_LEASE
 from .worker import Worker
 
 MAX_COUNT = 1_000_000
@@ -72,12 +73,18 @@ def build_parser() -> OneLineParser:
     _common(sub)
     sub.add_argument("run_id", metavar="RUN")
 
+    sub = commands.add_parser("runners", help="list live runners, their heartbeats and what they hold")
+    _common(sub)
+    sub.add_argument("--json", action="store_true")
+
     sub = commands.add_parser("worker", help="run a threaded worker (embedded mode)")
     _common(sub)
     sub.add_argument("--pool", type=int, default=4, help="threads executing runs (default 4)")
     sub.add_argument("--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)")
     sub.add_argument("--name", help="runner name, stable across restarts (default: hostname)")
     sub.add_argument("--drain", type=float, default=30.0, help="seconds to wait for runs on stop (default 30)")
+    sub.add_argument("--lease", type=float, default=DEFAULT_LEASE, metavar="S",
+                     help="heartbeat lease: runners silent longer than S seconds have their runs requeued (default 60)")
     sub.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                      help="serve /metrics and /healthz on this port (default: off)")
     sub.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
@@ -95,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(str(exc))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -106,6 +117,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "show": cmd_show,
         "resolve-step": cmd_resolve_step,
         "requeue": cmd_requeue,
+        "runners": cmd_runners,
         "worker": cmd_worker,
     }[args.command]
     return handler(store, args)
@@ -218,9 +230,23 @@ def cmd_requeue(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runners(store: Store, args: argparse.Namespace) -> int:
+    runners = store.list_runners()
+    if args.json:
+        print_json([{**vars(runner), "expired": runner.expired} for runner in runners])
+        return 0
+    rows = [
+        (runner.name, runner.kind, runner.host, runner.pid, f"{runner.silent_seconds:.1f}s ago",
+         f"{runner.lease_seconds:g}s", "EXPIRED" if runner.expired else "alive", runner.running)
+        for runner in runners
+    ]
+    print(format_table(("NAME", "KIND", "HOST", "PID", "HEARTBEAT", "LEASE", "STATE", "RUNNING"), rows))
+    return 0
+
+
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
-                    metrics_port=args.metrics_port, metrics_bind=args.metrics_bind)
+                    metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease)
     # Touch the database once before working: a wrong URL or an unmigrated
     # database is a bad command line (one line, exit 2), whereas the claim
     # loop would log and retry it forever as if it were a passing outage.
@@ -228,8 +254,9 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     leftovers = worker.run()
     if leftovers:
-        # Threads are still stuck in steps whose runs were requeued: exit
-        # now instead of joining them at interpreter shutdown.
+        # Threads are still stuck in steps whose runs were given up at the
+        # drain deadline: exit now instead of joining them at interpreter
+        # shutdown.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -69,6 +69,9 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--burst", action="store_true", help="exit once nothing is scheduled and every child is idle")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="log a progress line every 2 s and a summary at exit (default: on with --burst)")
+    parser.add_argument("--lease", type=_positive(float, 1), default=defaults.lease, metavar="S",
+                        help="heartbeat lease: runners silent longer than S seconds have their runs requeued "
+                             "by any live runner (default 60)")
     parser.add_argument("--metrics-port", type=_positive(int, 0), default=0, metavar="PORT",
                         help="serve /metrics (all processes aggregated) and /healthz on this port (default: off)")
     parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
@@ -121,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         socket=os.path.abspath(args.socket or default_socket_path()),
         burst=args.burst,
         progress=args.progress,
+        lease=args.lease,
         metrics_port=args.metrics_port,
         metrics_bind=args.metrics_bind,
         log_level=args.log_level,

@@ -31,6 +31,7 @@ class Config:
     socket: str = field(default_factory=default_socket_path)
     burst: bool = False
     progress: bool | None = None  # None: on in burst mode
+    lease: float = 60.0
     metrics_port: int = 0
     metrics_bind: str = "0.0.0.0"
     log_level: str = "info"

@@ -22,6 +22,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .. import serde
@@ -57,6 +58,25 @@ def new_run_id() -> str:
     value |= 0b10 << 62  # variant
     value |= rand & ((1 << 62) - 1)
     return str(uuid.UUID(int=value))
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """A row of ``everystep_runner`` plus what it holds."""
+
+    name: str
+    kind: str
+    host: str
+    pid: int
+    lease_seconds: float
+    started_at: dt.datetime | None
+    heartbeat_at: dt.datetime | None
+    silent_seconds: float
+    running: int
+
+    @property
+    def expired(self) -> bool:
+        return self.silent_seconds > self.lease_seconds
 
 
 class StepWrite:
@@ -192,7 +212,9 @@ class Store:
 
     @classmethod
     def _params(cls, **params: Any) -> dict[str, Any]:
-        params["now"] = cls._time_param(utcnow())
+        now = utcnow()
+        params["now"] = cls._time_param(now)
+        params["epoch"] = now.timestamp()
         return params
 
     # -- row mapping ---------------------------------------------------------
@@ -461,6 +483,56 @@ class Store:
             # the run is replayed from what is recorded.
             return LOST
         return StepWrite(self._step(row[1:]), ours=False)
+
+    # -- runners and leases ----------------------------------------------------
+
+    def register_runner(
+        self, name: str, instance: str, kind: str, host: str, pid: int, lease: float
+    ) -> tuple[str | None, float | None]:
+        """Announce a live runner under ``name`` (replacing a previous holder).
+        Returns the previous holder's instance id and how long it had been
+        silent, or (None, None)."""
+        params = self._params(name=name, instance=instance, kind=kind, host=host, pid=pid, lease=lease)
+        with self.connection() as conn, self._transaction(conn):
+            return self._register_locked(conn, params)
+
+    def _register_locked(self, conn: Any, params: dict[str, Any]) -> tuple[str | None, float | None]:
+        row = conn.execute(self.sql["register_runner"], params).fetchone()
+        return (row[0], float(row[1]) if row[1] is not None else None) if row else (None, None)
+
+    def heartbeat(self, name: str, instance: str) -> bool:
+        """Refresh our lease; False if the row is gone (expired and recovered
+        by another runner) or taken over by another instance."""
+        return self._fetchone("heartbeat", self._params(name=name, instance=instance)) is not None
+
+    def unregister_runner(self, name: str, instance: str) -> None:
+        with self.connection() as conn:
+            conn.execute(self.sql["unregister_runner"], {"name": name, "instance": instance})
+
+    def recover_expired(self, me: str) -> dict[str, list[str]]:
+        """Forget runners silent past their lease and requeue their runs,
+        atomically: each dead runner's runs are requeued exactly once.
+        Returns ``{dead runner: [requeued run ids]}`` (runs only)."""
+        with self.connection() as conn, self._transaction(conn):
+            pairs = self._recover_locked(conn, self._params(me=me))
+        recovered: dict[str, list[str]] = {}
+        for run_id, runner in pairs:
+            recovered.setdefault(runner, []).append(run_id)
+        return recovered
+
+    def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(str(row[0]), row[1]) for row in conn.execute(self.sql["recover_expired"], params).fetchall()]
+
+    def list_runners(self) -> list[RunnerInfo]:
+        rows = self._fetchall("list_runners", self._params())
+        return [
+            RunnerInfo(
+                name=row[0], kind=row[1], host=row[2], pid=int(row[3]), lease_seconds=float(row[4]),
+                started_at=self._time(row[5]), heartbeat_at=self._time(row[6]),
+                silent_seconds=max(float(row[7]), 0.0), running=int(row[8]),
+            )
+            for row in rows
+        ]
 
     # -- administration ------------------------------------------------------
 

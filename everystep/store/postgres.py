@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg.types.json import set_json_loads
 
 from .. import serde
@@ -28,7 +29,13 @@ NOTIFY_CHANNEL = "everystep_scheduled"
 
 class PostgresStore(Store):
     backend = "postgres"
-    _unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
+    # Connection loss, shutdowns, failovers (a demoted primary refuses writes)
+    # and cancelled statements are transient: the run is retried, never failed.
+    _unavailable = (
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        psycopg.errors.ReadOnlySqlTransaction,
+    )
     _driver_errors = (psycopg.Error,)
     _insert_migration_sql = (
         "INSERT INTO everystep_migration (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s)"

@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -23,6 +24,29 @@ from ..errors import EverystepError
 from .base import Store
 
 BUSY_TIMEOUT_SECONDS = 30.0
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Put the database file in WAL mode (persistent, so usually a no-op).
+
+    Switching the journal mode needs an exclusive lock and SQLite reports
+    "database is locked" at once, without its busy handler, when another
+    connection is opening the same fresh file: so retry until the busy
+    timeout, re-reading the mode, which the other opener may have set.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    delay = 0.001
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 def path_from_url(url: str) -> str:
@@ -68,7 +92,7 @@ class SQLiteStore(Store):
             self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
         )
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _use_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
@@ -108,6 +132,20 @@ class SQLiteStore(Store):
             )
             applied = {row[0] for row in conn.execute("SELECT version FROM everystep_migration")}
             return self._apply_pending(conn, applied)
+
+    def _register_locked(self, conn: Any, params: dict[str, Any]) -> tuple[str | None, float | None]:
+        previous = conn.execute(self.sql["previous_runner"], params).fetchone()
+        conn.execute(self.sql["register_runner"], params)
+        return (previous[0], float(previous[1])) if previous else (None, None)
+
+    def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
+        pairs = []
+        for (name,) in conn.execute(self.sql["expired_runners"], params).fetchall():
+            if conn.execute(self.sql["forget_runner"], {**params, "name": name}).fetchone() is None:
+                continue
+            for (run_id,) in conn.execute(self.sql["requeue_all"], {"claimer": name}).fetchall():
+                pairs.append((str(run_id), name))
+        return pairs
 
     def schema_version(self) -> int:
         with self.connection() as conn:

@@ -157,3 +157,51 @@ SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL,
     error = NULL, result = NULL, completed_at = NULL
 WHERE id = %(run_id)s AND status = %(from_status)s
 RETURNING id
+
+-- name: register_runner
+-- Take the name (a restart under the same name replaces the old row) and
+-- report what was there before, so a takeover can be logged.
+WITH previous AS (
+    SELECT instance, extract(epoch FROM clock_timestamp() - heartbeat_at) AS silent
+    FROM everystep_runner WHERE name = %(name)s
+), upserted AS (
+    INSERT INTO everystep_runner (name, instance, kind, host, pid, lease_seconds, started_at, heartbeat_at)
+    VALUES (%(name)s, %(instance)s, %(kind)s, %(host)s, %(pid)s, %(lease)s, clock_timestamp(), clock_timestamp())
+    ON CONFLICT (name) DO UPDATE
+    SET instance = EXCLUDED.instance, kind = EXCLUDED.kind, host = EXCLUDED.host, pid = EXCLUDED.pid,
+        lease_seconds = EXCLUDED.lease_seconds, started_at = EXCLUDED.started_at,
+        heartbeat_at = EXCLUDED.heartbeat_at
+    RETURNING name
+)
+SELECT (SELECT instance FROM previous), (SELECT silent FROM previous) FROM upserted
+
+-- name: heartbeat
+UPDATE everystep_runner SET heartbeat_at = clock_timestamp()
+WHERE name = %(name)s AND instance = %(instance)s
+RETURNING name
+
+-- name: unregister_runner
+DELETE FROM everystep_runner WHERE name = %(name)s AND instance = %(instance)s
+
+-- name: recover_expired
+-- Atomically forget runners silent past their lease and requeue their runs.
+-- Concurrent recoverers serialise on the DELETE's row locks, so each dead
+-- runner's runs are requeued exactly once.
+WITH dead AS (
+    DELETE FROM everystep_runner
+    WHERE heartbeat_at < clock_timestamp() - lease_seconds * interval '1 second'
+      AND name <> %(me)s
+    RETURNING name
+)
+UPDATE everystep_workflow AS w
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
+FROM dead
+WHERE w.status = 'running' AND w.claimed_by = dead.name
+RETURNING w.id, dead.name
+
+-- name: list_runners
+SELECT r.name, r.kind, r.host, r.pid, r.lease_seconds, r.started_at, r.heartbeat_at,
+       extract(epoch FROM clock_timestamp() - r.heartbeat_at),
+       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name)
+FROM everystep_runner AS r
+ORDER BY r.name

@@ -137,3 +137,38 @@ SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL,
     error = NULL, result = NULL, completed_at = NULL
 WHERE id = :run_id AND status = :from_status
 RETURNING id
+
+-- name: previous_runner
+SELECT instance, :epoch - heartbeat_epoch FROM everystep_runner WHERE name = :name
+
+-- name: register_runner
+INSERT INTO everystep_runner
+    (name, instance, kind, host, pid, lease_seconds, started_at, heartbeat_at, heartbeat_epoch)
+VALUES (:name, :instance, :kind, :host, :pid, :lease, :now, :now, :epoch)
+ON CONFLICT (name) DO UPDATE
+SET instance = excluded.instance, kind = excluded.kind, host = excluded.host, pid = excluded.pid,
+    lease_seconds = excluded.lease_seconds, started_at = excluded.started_at,
+    heartbeat_at = excluded.heartbeat_at, heartbeat_epoch = excluded.heartbeat_epoch
+
+-- name: heartbeat
+UPDATE everystep_runner SET heartbeat_at = :now, heartbeat_epoch = :epoch
+WHERE name = :name AND instance = :instance
+RETURNING name
+
+-- name: unregister_runner
+DELETE FROM everystep_runner WHERE name = :name AND instance = :instance
+
+-- name: expired_runners
+SELECT name FROM everystep_runner
+WHERE heartbeat_epoch < :epoch - lease_seconds AND name <> :me
+
+-- name: forget_runner
+DELETE FROM everystep_runner WHERE name = :name AND heartbeat_epoch < :epoch - lease_seconds
+RETURNING name
+
+-- name: list_runners
+SELECT r.name, r.kind, r.host, r.pid, r.lease_seconds, r.started_at, r.heartbeat_at,
+       :epoch - r.heartbeat_epoch,
+       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name)
+FROM everystep_runner AS r
+ORDER BY r.name

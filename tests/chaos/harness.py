@@ -1,0 +1,340 @@
+"""The chaos suite: real supervisors, real kills, a real PostgreSQL restart.
+
+N runs mix safe steps, an unsafe-to-repeat step, a parallel fork and
+``Terminal`` stops; each effect is logged to ``chaos_effect`` as it happens.
+While they execute, the harness injects faults at random (seeded): SIGKILL
+of a child, SIGKILL of a supervisor followed by a restart under the same
+name or under a new one (its runs then come back through lease expiry), a
+SIGTERM rollout, and a PostgreSQL restart (fast or crash).
+
+Afterwards it lets the survivors finish, resolves blocked runs the way an
+operator would (the effect log says whether the uncertain effect happened),
+stops everything with SIGTERM and checks:
+
+- every run is terminal: ``completed`` with the right result, or ``stopped``
+  by its ``Terminal``; ``blocked`` only at the unsafe step;
+- no unsafe effect happened twice; every safe effect of a finished run
+  happened at least once (more is at-least-once, and is counted);
+- nothing is left claimed, and every supervisor stopped with exit code 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import psycopg
+
+from everystep import admin, schedule
+from everystep.models import BLOCKED, COMPLETED, STEP_STARTED, STOPPED
+from everystep.store import connect
+from tests.chaos import app
+from tests.support.pgserver import PgServer, start_server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ChaosConfig:
+    runs: int = 80
+    duration: float = 40.0
+    fault_every: float = 2.0
+    supervisors: int = 2
+    procs: int = 2
+    lease: float = 3.0
+    drain: float = 3.0
+    step_ms: int = 150
+    unsafe_share: float = 0.35
+    stop_share: float = 0.1
+    seed: int = 1
+    settle_timeout: float = 180.0
+    database: str | None = None
+
+
+@dataclass
+class Report:
+    counts: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        keys = ("runs", "completed", "stopped", "blocked", "resolved_result", "resolved_discard",
+                "child_kills", "supervisor_kills", "restarts_same_name", "restarts_new_name", "rollouts",
+                "pg_restarts", "duplicated_safe_effects", "duplicated_unsafe_effects")
+        return "chaos: " + " ".join(f"{key}={self.counts[key]}" for key in keys) + \
+            f" violations={len(self.violations)}"
+
+
+class Supervisor:
+    """One ``everystep-supervisor`` process under the harness's control."""
+
+    def __init__(self, name: str, config: ChaosConfig, url: str, workdir: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.config = config
+        self.url = url
+        self.workdir = workdir
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.exit_codes: list[int] = []
+
+    def start(self) -> None:
+        log = open(self.workdir / f"{self.name}.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.cli", "--app", "tests.chaos.app",
+             "--procs", str(self.config.procs), "--database", self.url, "--name", self.name,
+             "--socket", str(self.workdir / f"{self.name}.sock"), "--lease", str(self.config.lease),
+             "--drain", str(self.config.drain), "--poll", "0.2", "--max-crashes", "1000",
+             "--log-level", "warning"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True,
+        )
+        log.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def children(self) -> list[psutil.Process]:
+        if not self.alive:
+            return []
+        try:
+            return psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return []
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def terminate(self, timeout: float) -> int | None:
+        if not self.alive:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self.exit_codes.append(code)
+        return code
+
+    def reap_orphans(self) -> None:
+        """Children of a SIGKILLed parent drain and exit by themselves
+        (PR_SET_PDEATHSIG); this only makes sure none outlives the test."""
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                title = " ".join(proc.info["cmdline"] or [])
+            except psutil.Error:
+                continue
+            if title.startswith("everystep-supervisor: child") and proc.ppid() == 1:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+
+
+def _prepare_database(server: PgServer, config: ChaosConfig) -> str:
+    url = server.create_database("everystep_chaos")
+    with psycopg.connect(url, autocommit=True) as conn:
+        # Effects must survive a PostgreSQL crash once committed.
+        dbname = conn.info.dbname
+        conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = on')
+    connect(url).migrate()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE chaos_effect (id bigserial PRIMARY KEY, run_key text NOT NULL, effect text NOT NULL,"
+            " kind text NOT NULL, pid integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+    return url
+
+
+def _schedule_runs(url: str, config: ChaosConfig, rng: random.Random) -> dict[str, dict]:
+    store = connect(url)
+    runs = {}
+    for index in range(config.runs):
+        args = {
+            "key": f"r{index}",
+            "ms": config.step_ms,
+            "unsafe": rng.random() < config.unsafe_share,
+            "stop": rng.random() < config.stop_share,
+        }
+        runs[schedule(app.chaos_flow, args, database=store).id] = args
+    store.close()
+    return runs
+
+
+def _wait_settled(url: str, supervisors: list[Supervisor], deadline: float) -> bool:
+    """Until no run is scheduled or running, keeping the supervisors up."""
+    while time.monotonic() < deadline:
+        for sup in supervisors:
+            if not sup.alive:
+                sup.start()
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+                busy = conn.execute(
+                    "SELECT count(*) FROM everystep_workflow WHERE status IN ('scheduled', 'running')"
+                ).fetchone()[0]
+        except psycopg.OperationalError:
+            busy = -1
+        if busy == 0:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _inject(fault: str, supervisors: list[Supervisor], server: PgServer, rng: random.Random,
+            report: Report, config: ChaosConfig, make_name: callable) -> None:
+    live = [sup for sup in supervisors if sup.alive]
+    if fault == "child" and live:
+        kids = rng.choice(live).children()
+        if kids:
+            try:
+                rng.choice(kids).kill()
+                report.counts["child_kills"] += 1
+            except psutil.Error:
+                pass
+    elif fault in ("kill_same", "kill_new") and live:
+        sup = rng.choice(live)
+        sup.kill()
+        report.counts["supervisor_kills"] += 1
+        if fault == "kill_new":
+            sup.name = make_name()
+            report.counts["restarts_new_name"] += 1
+        else:
+            report.counts["restarts_same_name"] += 1
+        sup.start()
+    elif fault == "rollout" and live:
+        sup = rng.choice(live)
+        sup.terminate(config.drain + 30)
+        sup.kill()  # if it did not stop in time, it is a crash
+        report.counts["rollouts"] += 1
+        sup.start()
+    elif fault == "pg" and server.owned:
+        if rng.random() < 0.5:
+            server.stop("immediate")  # a crash: recovery replays the WAL
+        else:
+            server.stop("fast")
+        time.sleep(rng.uniform(0.2, 2.0))
+        server.start()
+        report.counts["pg_restarts"] += 1
+
+
+def _resolve_blocked(url: str, runs: dict[str, dict], report: Report) -> None:
+    """What an operator does: check the external system (the effect log)."""
+    store = connect(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for run in store.list_runs(status=BLOCKED, limit=100_000):
+            args = runs[run.id]
+            started = [step for step in store.get_steps(run.id) if step.status == STEP_STARTED]
+            if not args["unsafe"] or [step.step_id for step in started] != ["charge"]:
+                report.violations.append(f"run {run.id} blocked at {[s.step_id for s in started]} "
+                                         f"(unsafe={args['unsafe']})")
+                continue
+            happened = conn.execute(
+                "SELECT count(*) FROM chaos_effect WHERE run_key = %s AND effect = 'u'", (args["key"],)
+            ).fetchone()[0]
+            if happened:
+                admin.resolve_step(store, run.id, "charge", result=f"{args['key']}:u")
+                report.counts["resolved_result"] += 1
+            else:
+                admin.resolve_step(store, run.id, "charge", discard=True)
+                report.counts["resolved_discard"] += 1
+            report.counts["blocked"] += 1
+    store.close()
+
+
+def _verify(url: str, runs: dict[str, dict], report: Report) -> None:
+    store = connect(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        effects = Counter(
+            (key, effect, kind) for key, effect, kind in conn.execute(
+                "SELECT run_key, effect, kind FROM chaos_effect").fetchall()
+        )
+        leftover = conn.execute(
+            "SELECT count(*) FROM everystep_workflow WHERE status IN ('running', 'scheduled')").fetchone()[0]
+    if leftover:
+        report.violations.append(f"{leftover} run(s) still scheduled or running")
+    for (key, effect, kind), count in effects.items():
+        if count > 1:
+            report.counts[f"duplicated_{kind}_effects"] += count - 1
+            if kind == "unsafe":
+                report.violations.append(f"unsafe effect {effect} of {key} happened {count} times")
+    for run_id, args in runs.items():
+        run = store.get_run(run_id)
+        key = args["key"]
+        if run.status == COMPLETED and not args["stop"]:
+            report.counts["completed"] += 1
+            if run.result != app.expected_result(args):
+                report.violations.append(f"run {run_id} completed with {run.result!r}")
+        elif run.status == STOPPED and args["stop"]:
+            report.counts["stopped"] += 1
+            if (run.error or {}).get("type") != "everystep.errors.Terminal" or effects[(key, "e", "safe")]:
+                report.violations.append(f"run {run_id} stopped wrongly: {run.error!r}")
+        else:
+            report.violations.append(f"run {run_id} ({args}) ended {run.status}: {run.error!r}")
+            continue
+        for effect in app.safe_effects(args):
+            if effects[(key, effect, "safe")] < 1:
+                report.violations.append(f"safe effect {effect} of {key} never happened")
+        if args["unsafe"] and effects[(key, "u", "unsafe")] != 1:
+            report.violations.append(f"unsafe effect of {key} happened {effects[(key, 'u', 'unsafe')]} times")
+    store.close()
+
+
+def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
+    rng = random.Random(config.seed)
+    report = Report()
+    server = start_server(env_var="EVERYSTEP_CHAOS_DATABASE_URL") if config.database is None \
+        else PgServer(config.database)
+    url = _prepare_database(server, config)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env[app.EFFECTS_ENV] = url
+    env.pop("EVERYSTEP_DATABASE_URL", None)
+    names = iter(f"chaos-{index}" for index in range(10_000))
+    supervisors = [Supervisor(next(names), config, url, workdir, env) for _ in range(config.supervisors)]
+    try:
+        runs = _schedule_runs(url, config, rng)
+        report.counts["runs"] = len(runs)
+        for sup in supervisors:
+            sup.start()
+        faults = ["child"] * 4 + ["kill_same", "kill_new", "rollout"] * 1 + (["pg"] if server.owned else [])
+        end = time.monotonic() + config.duration
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(0.5, 1.5) * config.fault_every)
+            for sup in supervisors:
+                if not sup.alive:  # it could not start while the database was down
+                    sup.start()
+            _inject(rng.choice(faults), supervisors, server, rng, report, config, lambda: next(names))
+        settle_until = time.monotonic() + config.settle_timeout
+        if not _wait_settled(url, supervisors, settle_until):
+            report.violations.append("runs did not settle before the deadline")
+        _resolve_blocked(url, runs, report)
+        if not _wait_settled(url, supervisors, settle_until + 60):
+            report.violations.append("runs did not settle after resolving blocked runs")
+        for sup in supervisors:
+            code = sup.terminate(config.drain + 30)
+            if code != 0:
+                report.violations.append(f"supervisor {sup.name} stopped with exit code {code}")
+        _verify(url, runs, report)
+    finally:
+        for sup in supervisors:
+            sup.kill()
+            sup.reap_orphans()
+        try:
+            server.drop_database(url)
+        finally:
+            if server.owned:
+                server.close()
+    return report
+
+
+def config_with(**overrides: object) -> ChaosConfig:
+    return dataclasses.replace(ChaosConfig(), **overrides)

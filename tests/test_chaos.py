@@ -1,0 +1,19 @@
+"""The chaos suite in its short form (the long one: ``python -m tests.chaos``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos.harness import ChaosConfig, run_chaos
+
+
+@pytest.mark.timeout(600)
+def test_chaos_short(tmp_path, capsys):
+    report = run_chaos(ChaosConfig(runs=60, duration=30.0, fault_every=2.0, seed=20261130), tmp_path)
+    with capsys.disabled():
+        print("\n" + report.line())
+    assert report.violations == [], "\n".join(report.violations[:20])
+    assert report.counts["completed"] + report.counts["stopped"] == report.counts["runs"]
+    assert report.counts["duplicated_unsafe_effects"] == 0
+    faults = sum(report.counts[k] for k in ("child_kills", "supervisor_kills", "rollouts", "pg_restarts"))
+    assert faults >= 5
