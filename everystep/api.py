@@ -170,20 +170,28 @@ def schedule(
 
 
 def _schedule_in_transaction(conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
+    # The caller's connection may have any row factory (sqlite3.Row, dict
+    # rows): our cursor reads plain tuples, as the Store's row mapping expects.
     if isinstance(conn, sqlite3.Connection):
         from .store.sqlite import SQLiteStore
 
-        return SQLiteStore.schedule_on(conn, name, args_json, idempotency_key)
+        cursor = conn.cursor()
+        cursor.row_factory = None
+        try:
+            return SQLiteStore.schedule_on(cursor, name, args_json, idempotency_key)
+        finally:
+            cursor.close()
     try:
         import psycopg
     except ImportError:  # pragma: no cover - psycopg is a dependency
         psycopg = None
     if psycopg is not None and isinstance(conn, psycopg.Connection):
+        from psycopg.rows import tuple_row
         from psycopg.types.json import set_json_loads
 
         from .store.postgres import PostgresStore
 
-        with conn.cursor() as cursor:
+        with conn.cursor(row_factory=tuple_row) as cursor:
             set_json_loads(serde.loads, cursor)
             return PostgresStore.schedule_on(cursor, name, args_json, idempotency_key)
     raise EverystepError(f"conn must be a psycopg or sqlite3 connection, not {type(conn).__name__}")

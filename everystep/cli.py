@@ -144,8 +144,13 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
     positional = value if isinstance(value, list) else [value]
     if not 1 <= args.count <= MAX_COUNT:
         raise EverystepError(f"--count must be between 1 and {MAX_COUNT}")
-    if args.count > 1 and args.idempotency_key:
-        raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
+    if args.idempotency_key is not None:
+        # An empty key is almost always an unset shell variable: it would
+        # silently merge every run scheduled that way into the first one.
+        if not args.idempotency_key:
+            raise EverystepError("--idempotency-key must not be empty")
+        if args.count > 1:
+            raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
     args_json = serde.dumps(positional, "ARGS_JSON")
     runs = [store.schedule(args.workflow, args_json, args.idempotency_key) for _ in range(args.count)]
     if len(runs) == 1:

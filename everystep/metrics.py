@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -56,9 +57,20 @@ class Metrics:
     control_requests: Any
 
 
-@cache
+_create_lock = threading.Lock()
+
+
 def get() -> Metrics | None:
     """The metric objects, created once per process; None without prometheus_client."""
+    # functools.cache alone is not thread-safe on the first call: parallel
+    # branches finishing their first steps together would both register the
+    # metrics, and the loser fails with DuplicateTimeseries.
+    with _create_lock:
+        return _create()
+
+
+@cache
+def _create() -> Metrics | None:
     try:
         from prometheus_client import Counter, Gauge, Histogram
     except ImportError:

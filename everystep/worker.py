@@ -14,7 +14,8 @@ finished steps recorded. Runs still executing a step when the ``drain``
 deadline passes are requeued anyway (their late writes are refused, since
 the claim is gone); ``run()`` returns their ids so a standalone process can
 exit without joining the stuck threads, while an embedding host just
-carries on.
+carries on. A repeated signal during the drain changes nothing: the
+deadline still decides.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import selectors
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -35,7 +37,9 @@ from .context import SignalFlag
 from .errors import EverystepError, StoreUnavailable
 from .models import FAILED, Run
 from .exposition import ThreadedMetricsServer
+from .lease import DEFAULT_LEASE, Lease
 from .observer import Observer
+from .outage import OutageLog
 from .recovery import requeue_patiently
 from .store import Store, default_store
 from . import serde
@@ -56,6 +60,7 @@ class Worker:
         observer: Observer | None = None,
         metrics_port: int = 0,
         metrics_bind: str = "0.0.0.0",
+        lease: float = DEFAULT_LEASE,
     ) -> None:
         if pool_size < 1:
             raise EverystepError("pool_size must be at least 1")
@@ -69,13 +74,21 @@ class Worker:
         self.observer = observer
         self.metrics_port = metrics_port
         self.metrics_bind = metrics_bind
+        self.lease = Lease(self.store, self.name, "worker", lease)
+        self._claims_outage = OutageLog(logger, f"everystep worker {self.name}", "claiming")
         self.metrics_server: ThreadedMetricsServer | None = None
         self._stopping = SignalFlag()
         self._draining = SignalFlag()
         self._active: dict[Future[None], Run] = {}
+        self._catching_up = True
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        # Guards the pipe's closing: after run() returns, stop() calls and the
+        # done-callbacks of runs stuck past the drain deadline must not write
+        # to a descriptor number the host may have reused for its own file.
+        self._wake_lock = threading.Lock()
+        self._wake_closed = False
         self.claimed = 0
         self.requeued = 0
 
@@ -88,10 +101,24 @@ class Worker:
         self._wake()
 
     def _wake(self) -> None:
+        # Never block: this runs in signal handlers, which may interrupt the
+        # very thread holding the lock. Whoever holds it is either writing a
+        # wake-up byte already or closing the pipe after the loop ended.
+        if not self._wake_lock.acquire(blocking=False):
+            return
         try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # the pipe is full or closed: the loop is awake anyway
+            if not self._wake_closed:
+                os.write(self._wake_w, b"\0")
+        except OSError:
+            pass  # the pipe is full: the loop is awake anyway
+        finally:
+            self._wake_lock.release()
+
+    def _close_wake_pipe(self) -> None:
+        with self._wake_lock:
+            self._wake_closed = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
@@ -112,9 +139,10 @@ class Worker:
     # -- main loop -------------------------------------------------------------
 
     def run(self) -> list[str]:
-        """Work until stopped; returns the ids of runs requeued at the drain
-        deadline while their threads were still busy (empty after a clean
-        drain)."""
+        """Work until stopped; returns the ids of runs whose threads were
+        still busy at the drain deadline (empty after a clean drain). Each
+        was requeued unless another runner had taken it meanwhile; either
+        way its thread is stuck, so a standalone process must not join it."""
         names = registry.workflow_names()
         if not names:
             logger.warning("everystep worker %s: no workflows registered (did you pass --app?)", self.name)
@@ -133,32 +161,50 @@ class Worker:
         selector.register(self._wake_r, selectors.EVENT_READ)
         logger.info("everystep worker %s: started, pool %d, %s", self.name, self.pool_size, self.store.describe())
         leftovers: list[str] = []
-        try:
-            with self._signals():
-                self._submit(executor, self._catchup(names))
+        # The handlers stay in place through the drain: a repeated TERM (a
+        # process manager) or a second Ctrl-C would otherwise kill the
+        # process with its runs claimed, or raise KeyboardInterrupt and hang
+        # at exit joining a stuck thread, instead of honouring the deadline.
+        with self._signals():
+            try:
                 while not self._stopping.is_set():
                     self._reap()
+                    self._keep_lease()
+                    if self._catching_up:
+                        self._submit(executor, self._catchup(names))
                     self._submit(executor, self._claim(names))
-                    if selector.select(self.poll):
+                    if selector.select(self._wait_time()):
                         self._drain_wake_pipe()
-        finally:
-            leftovers = self._shutdown(executor)
-            self._count_inflight()
-            if self.metrics_server is not None:
-                self.metrics_server.close()
-            selector.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            finally:
+                leftovers = self._shutdown(executor)
+                self.lease.release()
+                self._count_inflight()
+                if self.metrics_server is not None:
+                    self.metrics_server.close()
+                selector.close()
+                self._close_wake_pipe()
         logger.info("everystep worker %s: stopped", self.name)
         return leftovers
 
     def _catchup(self, names: list[str]) -> list[Run]:
-        """Re-claim what a crashed process under this name left running."""
-        try:
-            runs = self.store.claim_own(self.name, self.pool_size, names)
-        except StoreUnavailable as exc:
-            logger.warning("everystep worker %s: catchup skipped: %s", self.name, exc)
+        """Re-claim what a crashed process under this name left running.
+
+        A dead predecessor may have held more runs than this pool has
+        threads, and nobody else will ever take them (they are ``running``
+        under our name), so catchup goes on, as capacity frees up and ahead
+        of new claims, until a batch comes back short of the free capacity.
+        """
+        capacity = self.pool_size - len(self._active)
+        if capacity <= 0 or not names:
             return []
+        executing = [run.id for run in self._active.values()]
+        try:
+            runs = self.store.claim_own(self.name, capacity, names, exclude=executing)
+        except StoreUnavailable as exc:
+            logger.warning("everystep worker %s: catchup failed, will retry: %s", self.name, exc)
+            return []
+        if len(runs) < capacity:
+            self._catching_up = False
         if runs:
             logger.info("everystep worker %s: resuming %d run(s) left running under this name", self.name, len(runs))
         return runs
@@ -168,10 +214,21 @@ class Worker:
         if capacity <= 0 or not names:
             return []
         try:
-            return self.store.claim(self.name, capacity, names)
+            runs = self.store.claim(self.name, capacity, names)
         except StoreUnavailable as exc:
-            logger.warning("everystep worker %s: claim failed, will retry: %s", self.name, exc)
+            self._claims_outage.failed(exc)
             return []
+        self._claims_outage.ok()
+        return runs
+
+    def _keep_lease(self) -> None:
+        """Heartbeat, and requeue the runs of runners that missed their lease."""
+        self.lease.tick(time.monotonic())
+        if self.lease.lost_name:
+            self.stop()
+
+    def _wait_time(self) -> float:
+        return max(0.0, min(self.poll, self.lease.next_due() - time.monotonic()))
 
     def _submit(self, executor: ThreadPoolExecutor, runs: list[Run]) -> None:
         for run in runs:
@@ -269,14 +326,15 @@ class Worker:
         for future in [future for future in self._active if future.cancelled()]:
             self._requeue(self._active[future])  # claimed but never started
         leftovers = []
+        requeued = 0
         for future in not_done:
             run = self._active[future]
-            if self._requeue(run):
-                leftovers.append(run.id)
+            requeued += self._requeue(run)
+            leftovers.append(run.id)
         if not_done:
             logger.warning(
                 "everystep worker %s: drain deadline of %ss passed with %d run(s) mid-step; requeued %d",
-                self.name, self.drain, len(not_done), len(leftovers),
+                self.name, self.drain, len(not_done), requeued,
             )
         else:
             executor.shutdown(wait=True)

@@ -42,7 +42,9 @@ from typing import Any
 
 from everystep import exposition, metrics, registry, sentry, serde, traces
 from everystep.errors import ChildCrashed, EverystepError, StepKilled, StepTimeout, StoreUnavailable
+from everystep.lease import Lease
 from everystep.models import FAILED, STEP_FAILED, TERMINAL_STATUSES, Run
+from everystep.outage import OutageLog
 from everystep.store import Store, close_default_stores, utcnow
 
 from . import child as child_process
@@ -89,6 +91,7 @@ class Arbiter:
         self._claim_due = True
         self._next_poll = 0.0
         self._listen: Any = None
+        self._listen_fd = -1  # as registered: a lost psycopg connection cannot say its fileno()
         self._listen_retry_at = 0.0
         self._boot_failures = 0
         self._reload_requested = False
@@ -101,6 +104,8 @@ class Arbiter:
         self.control = ControlServer(config.socket, self.handle_request, self.selector,
                                      on_request=self._count_request)
         self.http: LoopHTTPServer | None = None
+        self.lease = Lease(store, config.name, "supervisor", config.lease)
+        self._claims_outage = OutageLog(logger, f"everystep-supervisor {config.name}", "claiming")
 
     # -- setup / teardown -----------------------------------------------------------
 
@@ -111,6 +116,7 @@ class Arbiter:
         self.control.open()
         try:
             self._open_metrics()
+            self.lease.tick(time.monotonic())  # register before catching up
             self._open_listen()
             self._catchup()
             self._spawn_missing()
@@ -189,6 +195,7 @@ class Arbiter:
             if leftover:
                 logger.warning("everystep-supervisor %s: requeued %d run(s) still claimed at exit", self.name, len(leftover))
         self._close_listen()
+        self.lease.release()
         self.control.close()
         if self.http is not None:
             self.http.close()
@@ -216,13 +223,24 @@ class Arbiter:
         if self._reload_requested:
             self._reload_requested = False
             self._reload()
+        self._keep_lease(now)
         self._spawn_missing()
         self._maintain_listen(now)
         self._dispatch(now)
         self._periodic(now)
 
+    def _keep_lease(self, now: float) -> None:
+        """Heartbeat; requeue the runs of runners that missed their lease."""
+        if self.stopping:
+            return
+        if self.lease.tick(now):
+            self._claim_due = True  # recovered runs are claimable now
+        if self.lease.lost_name:
+            self.exit_code = 1
+            self.begin_drain()
+
     def _timeout(self, now: float) -> float:
-        candidates = [max(self._next_poll - now, 0.0), 1.0]
+        candidates = [max(self._next_poll - now, 0.0), 1.0, max(self.lease.next_due() - now, 0.0)]
         if self._claim_due and self._idle_children() and not self.stopping:
             candidates.append(0.0)
         for kid in self.children.values():
@@ -599,11 +617,12 @@ class Arbiter:
         try:
             runs = self.store.claim(self.name, len(idle), self._names)
         except EverystepError as exc:
-            logger.warning("everystep-supervisor %s: claim failed: %s", self.name, exc)
+            self._claims_outage.failed(exc)
             runs = []
             self._claim_due = False
             self._next_poll = now + max(self.config.poll, 1.0)
             return
+        self._claims_outage.ok()
         self._claim_due = len(runs) == len(idle)
         self._next_poll = now + self.config.poll
         self.counts["claimed"] += len(runs)
@@ -638,14 +657,19 @@ class Arbiter:
             self._listen = None
             self._listen_retry_at = time.monotonic() + LISTEN_RETRY
             return
-        self.selector.register(self._listen.fileno(), selectors.EVENT_READ, self._on_notify)
+        self._listen_fd = self._listen.fileno()
+        self.selector.register(self._listen_fd, selectors.EVENT_READ, self._on_notify)
 
     def _close_listen(self) -> None:
         conn, self._listen = self._listen, None
+        fd, self._listen_fd = self._listen_fd, -1
         if conn is None:
             return
         try:
-            self.selector.unregister(conn.fileno())
+            # By the number we registered: once the server has dropped the
+            # connection, conn.fileno() raises OperationalError, which would
+            # escape the loop and stop the supervisor.
+            self.selector.unregister(fd)
         except (KeyError, ValueError, OSError):
             pass
         try:

@@ -189,14 +189,25 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
             traces.detach(trace_token)
         runs_done += 1
         rss = process.memory_info().rss
+        leaving = _recycle_reason(spec, runs_done, rss)
+        if leaving:
+            # "bye" before "done": a parent that read "done" first would take
+            # us for idle and hand us a run we would exit without executing
+            # (and count that as a crash of the run).
+            reporter.send({"ev": "bye", "reason": leaving})
         reporter.send({"ev": "done", "run": run.id, "status": status, "rss": rss})
         titles.child_idle(spec.slot)
-        if spec.max_runs and runs_done >= spec.max_runs:
-            reporter.send({"ev": "bye", "reason": "max-runs"})
+        if leaving:
             return 0
-        if spec.max_memory_mb and rss > spec.max_memory_mb * 1024 * 1024:
-            reporter.send({"ev": "bye", "reason": "max-memory"})
-            return 0
+
+
+def _recycle_reason(spec: ChildSpec, runs_done: int, rss: int) -> str | None:
+    """Why this child should be replaced now, between runs (or None)."""
+    if spec.max_runs and runs_done >= spec.max_runs:
+        return "max-runs"
+    if spec.max_memory_mb and rss > spec.max_memory_mb * 1024 * 1024:
+        return "max-memory"
+    return None
 
 
 def execute(store: Store, run: Run, claimer: str, draining: SignalFlag, observer: Observer) -> str:

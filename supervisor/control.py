@@ -208,7 +208,9 @@ class ControlServer:
     def _answer(self, line: bytes) -> dict[str, Any]:
         try:
             request = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # RecursionError: a line of 50,000 "[" fits in max_line and would
+            # otherwise escape the loop and take the supervisor down.
             return {"ok": False, "error": "malformed request: expected one JSON object per line"}
         if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
             return {"ok": False, "error": 'malformed request: expected {"cmd": ...}'}

@@ -361,6 +361,16 @@ def test_everystep_errors_round_trip(cls: type[Exception]) -> None:
     assert type(back) is cls and str(back) == "explained"
 
 
+def test_error_classes_are_exported_and_share_a_base() -> None:
+    import everystep
+
+    for name in ("WorkflowCodeError", "EffectUncertain", "StepFailure", "SimulatedCrash", "DrainOrphan", "Terminal"):
+        cls = getattr(everystep, name)
+        assert issubclass(cls, everystep.EverystepError), name
+        back = decode_roundtrip(cls("why") if name != "Terminal" else cls("why", 1))
+        assert type(back) is cls and str(back) == "why"
+
+
 def test_step_failure_round_trips() -> None:
     back = decode_roundtrip(StepFailure("recorded by hand"))
     assert type(back) is StepFailure and str(back) == "recorded by hand"

@@ -1,0 +1,40 @@
+"""Smoke test of the benchmark harness: ``python -m bench --quick`` produces
+its report and chart with every case present. It asserts nothing about
+speed, and passes without the ``bench`` extra (no DBOS, Procrastinate or
+matplotlib): peers are then reported as not installed and the chart is drawn
+by the built-in PNG writer."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_benchmark_writes_report_and_chart(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)]
+    server = os.environ.get("EVERYSTEP_TEST_DATABASE_URL")
+    if server:
+        cmd += ["--database", server]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=290)
+    output = (result.stdout + result.stderr)[-4000:]
+    assert result.returncode == 0, output
+
+    report = (tmp_path / "RESULTS.md").read_text()
+    for case in range(1, 7):
+        match = re.search(rf"^## Case {case} .*?(?=^## |\Z)", report, re.M | re.S)
+        assert match, f"case {case} missing from RESULTS.md\n{output}"
+        assert re.search(r"^\|---", match.group(0), re.M), f"case {case} has no table"
+        assert "not measured" not in match.group(0), f"case {case} failed:\n{match.group(0)}"
+    assert "nproc" in report and "PostgreSQL" in report
+
+    chart = (tmp_path / "throughput.png").read_bytes()
+    assert chart.startswith(b"\x89PNG\r\n\x1a\n") and len(chart) > 1000
