@@ -337,6 +337,7 @@ class Arbiter:
         spec = child_process.ChildSpec(
             slot=slot, name=self.name, database=self.store.url, parent_pid=os.getpid(),
             max_runs=self.config.max_runs_per_child, max_memory_mb=self.config.max_memory_per_child,
+            drain=self.config.drain,
         )
         sys.stdout.flush()
         sys.stderr.flush()
@@ -437,6 +438,8 @@ class Arbiter:
             self.crashes.pop(run.id, None)
         if status == "unfinished":
             self.ready.appendleft(run)  # still ours: the database blinked, replay recovers
+        elif status == "requeued":
+            self._metric(lambda m: m.requeued.labels(self.name).inc())
         logger.info("everystep-supervisor %s: run %s (%s) %s in child %d (pid %d)",
                     self.name, run.id, run.name, status, kid.slot, kid.pid,
                     extra={"run_id": run.id, "workflow": run.name, "child_pid": kid.pid, "event": "run_" + status})
@@ -487,7 +490,8 @@ class Arbiter:
                    f" while running {run.id} ({run.name})" if run else "",
                    extra={"child_pid": kid.pid, "run_id": run.id if run else None, "event": "child_exit"})
         if run is not None:
-            self._recover_run(kid, run, how)
+            clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            self._recover_run(kid, run, how, clean_exit)
 
     @staticmethod
     def _restart_reason(kid: Child, run: Run | None) -> str:
@@ -503,11 +507,15 @@ class Arbiter:
             return "exit"
         return "crash"
 
-    def _recover_run(self, kid: Child, run: Run, how: str) -> None:
+    def _recover_run(self, kid: Child, run: Run, how: str, clean_exit: bool) -> None:
         """Decide what happens to the run a dead child was executing."""
         reason = kid.kill_reason
         try:
-            if reason == "timeout":
+            if reason is None and kid.bye_reason is not None and clean_exit:
+                # It said goodbye before our run message reached it: the run
+                # never started there, so this is no crash of the run.
+                self._redispatch(run)
+            elif reason == "timeout":
                 for step in kid.overdue_steps:
                     if not step.unsafe:
                         self._fail_step(run, step, StepTimeout(
@@ -555,8 +563,10 @@ class Arbiter:
 
     def _fail_step(self, run: Run, step: StepInFlight, exc: BaseException) -> None:
         error = serde.dumps(serde.encode_exception(exc), "step error")
-        self.store.record_step(run.id, self.name, step.step_id, step.name, None, None,
-                               STEP_FAILED, None, error, utcnow())
+        write = self.store.record_step(run.id, self.name, step.step_id, step.name, None, None,
+                                       STEP_FAILED, None, error, utcnow())
+        if write is not None and write.ours:
+            self._metric(lambda m: m.step_runs.labels(run.name, step.name, STEP_FAILED).inc())
 
     def _finish_failed(self, run: Run, exc: BaseException) -> None:
         error = serde.dumps(serde.encode_exception(exc), "run error")
@@ -564,7 +574,9 @@ class Arbiter:
             self.counts[FAILED] += 1
             self._metric(lambda m: m.workflow_runs.labels(run.name, FAILED).inc())
             sentry.report_failure(exc, run.id, run.name, runner=self.name)
-            logger.error("everystep-supervisor %s: run %s (%s) failed: %s", self.name, run.id, run.name, exc,
+            # Warning, not error: it is reported to Sentry explicitly above, and
+            # Sentry's logging integration would report an error line again.
+            logger.warning("everystep-supervisor %s: run %s (%s) failed: %s", self.name, run.id, run.name, exc,
                          extra={"run_id": run.id, "workflow": run.name, "event": "run_failed"})
 
     # -- deadlines ------------------------------------------------------------------

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -43,6 +44,7 @@ BOOT_ERROR = 3
 """Exit code of a child that could not start; the parent stops respawning."""
 
 PR_SET_PDEATHSIG = 1
+PARENT_WATCH_INTERVAL = 0.5
 IDLE_WAKEUP = 0.5
 
 
@@ -54,6 +56,7 @@ class ChildSpec:
     parent_pid: int
     max_runs: int = 0
     max_memory_mb: int = 0
+    drain: float = 30.0
     observers: tuple[Observer, ...] = ()
 
 
@@ -90,9 +93,26 @@ def _detach(spec: ChildSpec, inherited: list[int], draining: SignalFlag) -> None
         signal.signal(sig, signal.SIG_IGN)
     for sig in (signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     _set_pdeathsig(signal.SIGTERM)
-    if os.getppid() != spec.parent_pid:
-        draining.set()  # the parent died before prctl took effect
+    threading.Thread(target=_watch_parent, args=(spec, draining), name="everystep-parent-watch",
+                     daemon=True).start()
+
+
+def _watch_parent(spec: ChildSpec, draining: SignalFlag) -> None:
+    """Orphaned, nobody enforces our drain deadline any more: do it here.
+
+    The drain flag stops the run at its next step boundary; if the step in
+    flight never ends, a kernel timer (SIGALRM, default action: terminate)
+    ends the process after ``drain`` seconds whatever it is doing, even
+    inside C code holding the GIL. The run stays claimed under the runner's
+    name, where a restart (catchup) or another runner (lease) recovers it.
+    """
+    while os.getppid() == spec.parent_pid:
+        time.sleep(PARENT_WATCH_INTERVAL)
+    draining.set()
+    if spec.drain > 0:
+        signal.setitimer(signal.ITIMER_REAL, spec.drain)
 
 
 def _set_pdeathsig(sig: int) -> None:

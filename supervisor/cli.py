@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
+
+import psutil
 
 from everystep import metrics, registry
 from everystep.cliutil import OneLineParser, fail, setup_logging
@@ -19,6 +22,7 @@ from . import ctl
 from .config import MAX_PROCS, Config, default_socket_path
 
 PROG = "everystep-supervisor"
+METRICS_DIR_PREFIX = "everystep-metrics-"
 logger = logging.getLogger("everystep.supervisor")
 
 
@@ -151,9 +155,19 @@ def _private_metrics_dir() -> str:
     if "prometheus_client" in sys.modules:
         logger.warning("prometheus_client was imported before the supervisor configured it; "
                        "metrics from children may be missing")
-    path = tempfile.mkdtemp(prefix="everystep-metrics-")
+    _remove_stale_metrics_dirs()
+    path = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
     os.environ[metrics.MULTIPROC_ENV] = path
     return path
+
+
+def _remove_stale_metrics_dirs() -> None:
+    """A SIGKILLed supervisor cannot clean up after itself: the next one
+    removes directories whose owner pid is gone."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{METRICS_DIR_PREFIX}*-*")):
+        owner = os.path.basename(path)[len(METRICS_DIR_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _run(config: Config) -> int:

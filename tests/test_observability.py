@@ -316,15 +316,6 @@ def test_supervisor_counts_timeouts_and_restarts_by_reason(db_url, store, superv
     assert sup.stop() == 0, sup.log()
 
 
-REQUEUE_UNCOUNTED = (
-    "supervisor/arbiter.py: a run its child requeues at a step boundary (drain, HUP/reload of a busy "
-    "child) reaches the parent as a 'done' message with status 'requeued'; _run_done adds it to "
-    "counts['requeued'] but never increments everystep_worker_requeued_total (only the parent's own "
-    "_requeue does), unlike the threaded worker. Fix there: count it in _run_done"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=REQUEUE_UNCOUNTED)
 def test_supervisor_counts_a_run_its_child_requeued_at_a_step_boundary(db_url, store, supervisors, tmp_path):
     port = free_port()
     sup = supervisors(db_url, procs=1, app=APP, args=metrics_args(port)).start()

@@ -147,6 +147,26 @@ def test_children_of_a_sigkilled_parent_drain_and_exit_and_a_restart_completes_t
     assert effects(tmp_path, run.id) == ["first", "gated:start", "gated:end", "last"]
 
 
+def test_an_orphaned_child_stuck_in_a_step_exits_at_its_own_drain_deadline(db_url, store, supervisors, tmp_path):
+    """With the parent gone nobody else enforces --drain: the child's kernel
+    timer ends it, and the run stays claimed for a restart to resume."""
+    sup = supervisors(db_url, procs=1, args=["--drain", "2"]).start()
+    run = schedule(supervised.gated_flow, spec(tmp_path, gate="late"), database=store)
+    busy = sup.busy_child(run.id, "2")
+
+    sup.send_signal(signal.SIGKILL)
+    assert sup.wait() == -signal.SIGKILL
+    wait_for_pids_gone([busy["pid"]], timeout=60)  # the gate never opened: only the timer can end it
+
+    left = store.get_run(run.id)
+    assert (left.status, left.claimed_by) == (RUNNING, sup.name)
+    assert {record.step_id for record in store.get_steps(run.id)} == {"1"}
+
+    open_gate(tmp_path, "late")
+    again = supervisors(db_url, procs=1, name=sup.name).start(wait_idle=False)
+    assert wait_run(store, run.id, (COMPLETED, FAILED), supervisor=again).status == COMPLETED
+
+
 def test_a_restart_under_the_same_name_catches_up_runs_left_running(db_url, store, supervisors, tmp_path):
     """Parent and children all SIGKILLed (a machine crash): the runs stay
     ``running`` under the name until a supervisor with that name starts."""
