@@ -1,0 +1,145 @@
+"""Database outages: PostgreSQL goes away mid-load and comes back.
+
+Runners must stay up, warn once per outage, reconnect, and recover any run
+whose records could not be written by replaying it: never mark it failed
+because the database blinked, never leave it claimed. A private cluster is
+used so it can be stopped without disturbing the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from everystep import schedule
+from everystep.models import COMPLETED, TERMINAL_STATUSES
+from everystep.store import connect
+from everystep.worker import Worker
+from tests.apps import supervised
+from tests.apps.outages import outage_flow
+from tests.support.pgserver import PgServer, start_server
+from tests.support.supervisor import supervisors  # noqa: F401
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def private_pg() -> Iterator[PgServer]:
+    server = start_server(env_var="EVERYSTEP_NO_EXTERNAL_SERVER_FOR_OUTAGES")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def outage_url(private_pg: PgServer) -> Iterator[str]:
+    url = private_pg.create_database("everystep_outage")
+    with psycopg.connect(url, autocommit=True) as conn:
+        # Acknowledged commits must survive the crash-restart below.
+        conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET synchronous_commit = on')
+    connect(url).migrate()
+    try:
+        yield url
+    finally:
+        if not _accepting(private_pg):
+            private_pg.start()
+        private_pg.drop_database(url)
+
+
+def _accepting(server: PgServer) -> bool:
+    try:
+        psycopg.connect(server.admin_url, connect_timeout=2).close()
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _wait_all(store, run_ids: list[str], timeout: float) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    statuses: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        try:
+            statuses = {run_id: store.get_run(run_id).status for run_id in run_ids}
+        except Exception:
+            statuses = {}
+        if statuses and all(status in TERMINAL_STATUSES for status in statuses.values()):
+            return statuses
+        time.sleep(0.1)
+    return statuses
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_threaded_worker_rides_out_a_restart(private_pg, outage_url, caplog, mode):
+    store = connect(outage_url)
+    runs = [schedule(outage_flow, index, database=store).id for index in range(8)]
+    worker = Worker(pool_size=4, poll=0.05, name="outage-worker", database=connect(outage_url), lease=30)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not any(store.get_steps(run_id) for run_id in runs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        private_pg.stop(mode)
+        time.sleep(1.5)  # the worker keeps trying meanwhile
+        assert thread.is_alive()
+        private_pg.start()
+        statuses = _wait_all(store, runs, 90)
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert statuses == {run_id: COMPLETED for run_id in runs}
+    assert [store.get_run(run_id).result for run_id in runs] == [index + 4 for index in range(8)]
+    assert store.list_runs(status="running") == []
+    warnings = [r.getMessage() for r in caplog.records if "retrying until the database is back" in r.getMessage()]
+    assert len(warnings) <= 2, warnings  # one per activity (claims, heartbeat), not one per retry
+
+
+def test_supervisor_rides_out_a_restart(private_pg, outage_url, supervisors, tmp_path):
+    store = connect(outage_url)
+    sup = supervisors(outage_url, procs=2,
+                      args=["--poll", "0.1", "--app", "tests.apps.supervised,tests.apps.outages"]).start()
+    spec = {"dir": str(tmp_path)}
+    runs = [schedule(supervised.tiny, spec, database=store).id for _ in range(4)]
+    runs += [schedule(outage_flow, index, database=store).id for index in range(6)]
+    private_pg.stop("immediate")
+    time.sleep(2.0)
+    assert sup.alive()
+    private_pg.start()
+    statuses = _wait_all(store, runs, 120)
+    assert statuses == {run_id: COMPLETED for run_id in runs}, sup.log()
+    assert sup.alive()
+    assert sup.status()["children"], "the supervisor still has children and answers its socket"
+    assert sup.stop() == 0, sup.log()
+    assert store.list_runs(status="running") == []
+
+
+def test_cli_worker_survives_an_outage_and_drains_cleanly(private_pg, outage_url, subprocess_env, tmp_path):
+    store = connect(outage_url)
+    runs = [schedule(outage_flow, index, database=store).id for index in range(4)]
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "everystep.cli", "worker", "--app", "tests.apps.outages", "--database",
+             outage_url, "--name", "cli-outage", "--pool", "2", "--poll", "0.05", "--drain", "10"],
+            env=subprocess_env, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent,
+        )
+    try:
+        time.sleep(1.0)
+        private_pg.restart()
+        statuses = _wait_all(store, runs, 90)
+        assert proc.poll() is None, log.read_text()
+        proc.terminate()
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert statuses == {run_id: COMPLETED for run_id in runs}, log.read_text()
