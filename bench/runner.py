@@ -1,0 +1,207 @@
+"""Run every case against one PostgreSQL server and write the report.
+
+Order: cases 1 and 2 together (their repetitions interleave), then 3, 4, 5
+and 6. A case that fails is reported as not measured, with its error; the
+others still run. The exit status is 1 if an everystep case failed (a peer
+that is missing or fails does not count), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
+               case6_overheads, esdb, pg)
+from .context import Context, Settings
+from .procs import Workdir
+from .report import ChartSeries, Section, failed_section, write_chart
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "out"
+
+CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context], Section]]] = [
+    ("case1", "Case 1 — physical limit: pgbench", None, case1_pgbench.section),
+    ("case2", "Case 2 — throughput", case2_throughput.run, case2_throughput.section),
+    ("case3", "Case 3 — CPU scaling", case3_cpu.run, case3_cpu.section),
+    ("case4", "Case 4 — pickup latency", case4_latency.run, case4_latency.section),
+    ("case5", "Case 5 — peers", case5_peers.run, case5_peers.section),
+    ("case6", "Case 6 — overheads", case6_overheads.run, case6_overheads.section),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark everystep against the database's limit, DBOS, Procrastinate and threads.",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer runs and repetitions (under 2 minutes); same cases")
+    parser.add_argument("--database", metavar="URL",
+                        help="an existing PostgreSQL server (its URL; databases are created on it and dropped); "
+                             "default: $EVERYSTEP_BENCH_DATABASE_URL, else a throwaway local cluster")
+    parser.add_argument("--out", metavar="DIR", type=Path, default=DEFAULT_OUT,
+                        help=f"where RESULTS.md and throughput.png go (default {DEFAULT_OUT})")
+    parser.add_argument("--only", metavar="N[,N]", default="",
+                        help="run only these cases (e.g. 2,3; case 1 runs with case 2); for development")
+    parser.add_argument("--keep-work", action="store_true", help="keep the work directory (logs) afterwards")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings.for_mode(args.quick)
+    only = {f"case{part.strip()}" for part in args.only.split(",") if part.strip()}
+    if "case2" in only:
+        only.add("case1")
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Workdir(Path(tempfile.mkdtemp(prefix="everystep-bench-")))
+    facts = pg.machine()
+    started = time.monotonic()
+    print(f"[bench] {'quick' if args.quick else 'full'} run; work directory {work.path}", flush=True)
+    server = pg.start(args.database)
+    ctx = Context(settings=settings, server=server, work=work, pgbench=pg.find_tool("pgbench"))
+    sections: list[Section] = []
+    failed_everystep = False
+    try:
+        ctx.urls["es"] = server.create_database("bench_es")
+        ctx.urls["es_async"] = server.create_database("bench_es_async", synchronous_commit="off")
+        ctx.urls["pgbench"] = server.create_database("bench_pgbench")
+        ctx.urls["pgbench_async"] = server.create_database("bench_pgbench_async", synchronous_commit="off")
+        ctx.urls["dbos"] = server.create_database("bench_dbos")
+        ctx.urls["procrastinate"] = server.create_database("bench_procrastinate")
+        for key in ("es", "es_async"):
+            esdb.migrate(ctx.urls[key])
+        settings_seen = server.settings(ctx.urls["es"])
+        ctx.log(f"server ready ({'throwaway cluster' if server.owned else 'existing server'}): "
+                f"fsync={settings_seen['fsync']}, synchronous_commit={settings_seen['synchronous_commit']}")
+        durations: dict[str, float] = {}
+        for key, title, run, _render in CASES:
+            if run is None or (only and key not in only):
+                continue
+            case_start = time.monotonic()
+            try:
+                ctx.log(f"{title}: start")
+                run(ctx)
+            except Exception:
+                error = traceback.format_exc()
+                ctx.errors[key] = error
+                ctx.log(f"{title}: FAILED\n{error}")
+                if key != "case5":
+                    failed_everystep = True
+            durations[key] = time.monotonic() - case_start
+        for key, title, _run, render in CASES:
+            if only and key not in only:
+                continue
+            sections.append(_render_section(ctx, key, title, render, durations.get(key, 0.0)))
+        facts["load_end"] = pg.load_average()
+        chart_path = out_dir / "throughput.png"
+        drawer = write_chart(chart_path, "Throughput vs --procs (same PostgreSQL server)",
+                             "--procs (everystep) / clients (pgbench) / worker processes (peers)",
+                             "per second (log scale)", _chart(ctx))
+        results = out_dir / "RESULTS.md"
+        results.write_text(_document(ctx, facts, settings_seen, sections, drawer, time.monotonic() - started))
+        print(f"[bench] wrote {results} and {chart_path} in {time.monotonic() - started:.0f}s", flush=True)
+    finally:
+        server.close()
+        if args.keep_work:
+            print(f"[bench] work directory kept: {work.path}")
+        else:
+            shutil.rmtree(work.path, ignore_errors=True)
+    return 1 if failed_everystep else 0
+
+
+def _render_section(ctx: Context, key: str, title: str, render: Callable[[Context], Section],
+                    seconds: float) -> Section:
+    """The case's own section; if it failed, its partial tables plus the error."""
+    try:
+        section = render(ctx)
+    except Exception:
+        section = failed_section(key, title, traceback.format_exc())
+    if key in ctx.errors:
+        failed = failed_section(key, title, ctx.errors[key])
+        section.tables += failed.tables
+        section.notes += failed.notes
+    section.seconds = seconds
+    return section
+
+
+TARGETS = [
+    ("case2", "step commits/s at --procs 2", "Case 2: recorded step commits/s at --procs 2 ≥ 40 % of pgbench at 2 clients"),
+    ("case3", "threaded worker", "Case 3: supervisor --procs 2 ≥ 1.7× the threaded worker"),
+    ("case4", "with NOTIFY", "Case 4: with NOTIFY, p50 ≤ 5 ms and p99 ≤ 25 ms"),
+    ("case5", "3-step shape", "Case 5: ≥ 1.5× DBOS runs/s on the 3-step shape"),
+    ("case5", "CPU case", "Case 5: ≥ 1.7× DBOS on the CPU case"),
+]
+_TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
+
+
+def _targets(sections: list[Section]) -> list[str]:
+    """The issue's targets, with the verdicts the cases wrote in their notes."""
+    by_key = {section.key: section for section in sections}
+    lines = ["## Targets (this machine, ratios from this run)", "", "| target | result | measured |",
+             "|---|---|---|"]
+    for key, needle, label in TARGETS:
+        verdict, value = "not measured", "—"
+        for note in by_key[key].notes if key in by_key else []:
+            match = _TARGET_NOTE.match(note)
+            if match and needle in match.group("what"):
+                verdict, value = f"**{match.group('verdict')}**", match.group("value")
+        lines.append(f"| {label} | {verdict} | {value} |")
+    return lines + [""]
+
+
+def _chart(ctx: Context) -> list[ChartSeries]:
+    return case2_throughput.chart_series(ctx) + case5_peers.chart_points(ctx)
+
+
+def _document(ctx: Context, facts: dict[str, str], server: dict[str, str], sections: list[Section],
+              drawer: str, seconds: float) -> str:
+    s = ctx.settings
+    mode = "quick (`--quick`: fewer runs and repetitions)" if s.quick else "full"
+    lines = [
+        "# everystep benchmarks",
+        "",
+        f"Produced by `python -m bench{' --quick' if s.quick else ''}` on {facts['date']} ({mode}); "
+        f"total wall time {seconds:.0f} s. Every case ran against the same PostgreSQL server in this one "
+        "invocation; tables give the median of the repetitions and the min–max in parentheses.",
+        "",
+        "## Machine and settings",
+        "",
+        f"- CPU: {facts['cpu']}, `nproc` = {facts['nproc']}; RAM {facts['ram']}; {facts['kernel']}",
+        f"- Python {facts['python']}; {facts['packages']}",
+        f"- PostgreSQL: {server.get('version', 'unknown')}",
+        f"- everystep: git {facts['commit']}",
+        f"- Load average (1/5/15 min) at start: {facts['load']}; at end: {facts.get('load_end', 'n/a')} "
+        "(the machine may be shared; see the min–max spreads)",
+        f"- Server: {'a throwaway cluster started by the harness' if ctx.server.owned else 'an existing server (--database)'}; "
+        + ", ".join(f"`{key}={server[key]}`" for key in pg.REPORTED_SETTINGS if key in server),
+        "- Durability: " + (
+            "the harness starts its cluster with `fsync=on`, `synchronous_commit=on`, `full_page_writes=on` "
+            "(PostgreSQL's defaults, not the `fsync=off` of the test suite's clusters)"
+            if ctx.server.owned else
+            "the server's own `fsync` and `full_page_writes` (quoted above)"
+        ) + ", and `ALTER DATABASE … SET synchronous_commit = on` on every benchmark database (everystep, "
+        "pgbench, DBOS, Procrastinate): each commit waits for its WAL flush"
+        + ("" if ctx.server.owned else " (a real disk flush only if the server's `fsync` is on)")
+        + ", as in production, for every system measured. The only exceptions are the labelled sensitivity rows "
+        "(databases with `synchronous_commit=off`) in cases 2 and 6. SQLite (case 6) uses everystep's "
+        "embedded settings: WAL, `synchronous=NORMAL`.",
+        f"- Chart: `throughput.png`, drawn with {drawer}.",
+        "",
+    ]
+    lines += _targets(sections)
+    for section in sections:
+        lines.append(section.markdown())
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

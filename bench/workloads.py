@@ -1,0 +1,79 @@
+"""The workflows every benchmark case runs, importable by subprocesses
+(``--app bench.workloads`` with the repository root on ``PYTHONPATH``).
+
+The shapes are deliberately trivial so that what is measured is the engine:
+``noop3`` is three recorded no-op steps passing a small payload along,
+``cpu1`` is one pure-Python CPU-bound step, ``stamp1`` records when its
+first step started (pickup latency), and ``noop100`` is a hundred no-op steps
+(per-step overhead). The peers (DBOS, Procrastinate) run the same payloads
+from ``bench.peer_dbos`` and ``bench.peer_procrastinate``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from everystep import step, workflow
+
+
+def burn(iterations: int) -> int:
+    """Pure-Python CPU work that holds the GIL for its whole duration."""
+    total = 0
+    for i in range(iterations):
+        total = (total + i * i) % 1_000_003
+    return total
+
+
+def payload(i: int) -> dict:
+    """The arguments of run ``i`` of the throughput shape (same for peers)."""
+    return {"i": i, "tag": "bench"}
+
+
+@step
+def noop(value: dict) -> dict:
+    return value
+
+
+@workflow
+def noop3(args: dict) -> dict:
+    a = noop(args)
+    b = noop(a)
+    return noop(b)
+
+
+@workflow
+def noop1(args: dict) -> dict:
+    return noop(args)
+
+
+@step
+def cpu_step(iterations: int) -> int:
+    return burn(iterations)
+
+
+@workflow
+def cpu1(iterations: int) -> int:
+    return cpu_step(iterations)
+
+
+@step
+def stamp() -> float:
+    """Wall-clock time at the start of the run's first step."""
+    return time.time()
+
+
+@workflow
+def stamp1() -> float:
+    return stamp()
+
+
+@workflow
+def noop100(count: int) -> int:
+    for _ in range(count):
+        noop_plain()
+    return count
+
+
+@step
+def noop_plain() -> None:
+    return None
