@@ -17,7 +17,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from .models import TERMINAL_STATUSES
@@ -58,18 +57,23 @@ class Metrics:
 
 
 _create_lock = threading.Lock()
+_UNSET: Any = object()
+_metrics: Any = _UNSET
 
 
 def get() -> Metrics | None:
     """The metric objects, created once per process; None without prometheus_client."""
-    # functools.cache alone is not thread-safe on the first call: parallel
-    # branches finishing their first steps together would both register the
-    # metrics, and the loser fails with DuplicateTimeseries.
-    with _create_lock:
-        return _create()
+    global _metrics
+    if _metrics is _UNSET:
+        # Not just functools.cache: parallel branches finishing their first
+        # steps together would both register the metrics, and the loser
+        # would fail with DuplicateTimeseries.
+        with _create_lock:
+            if _metrics is _UNSET:
+                _metrics = _create()
+    return _metrics
 
 
-@cache
 def _create() -> Metrics | None:
     try:
         from prometheus_client import Counter, Gauge, Histogram
@@ -126,27 +130,42 @@ def control_command_label(command: object) -> str:
 
 
 class MetricsObserver(Observer):
-    """Counts runs and steps as the runner reports them."""
+    """Counts runs and steps as the runner reports them.
+
+    Labelled children are cached: ``labels()`` is the expensive part of a
+    metric update and a runner repeats the same few label sets all day.
+    """
+
+    def __init__(self) -> None:
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric_name: str, *labels: str) -> Any:
+        key = (metric_name, labels)
+        child = self._children.get(key)
+        if child is None:
+            metrics = get()
+            if metrics is None:
+                return None
+            child = self._children[key] = getattr(metrics, metric_name).labels(*labels)
+        return child
 
     def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
-        metrics = get()
-        if metrics is None or status not in TERMINAL_STATUSES:
+        if status not in TERMINAL_STATUSES or get() is None:
             return
-        metrics.workflow_runs.labels(run.name, status).inc()
+        self._child("workflow_runs", run.name, status).inc()
         claimed = run.claimed_at or utcnow()
-        metrics.workflow_duration.labels(run.name, status).observe(max((utcnow() - claimed).total_seconds(), 0.0))
+        self._child("workflow_duration", run.name, status).observe(max((utcnow() - claimed).total_seconds(), 0.0))
 
     def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
         return time.perf_counter()
 
     def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
                       error: BaseException | None, token: Any) -> None:
-        metrics = get()
-        if metrics is None or status not in ("done", "failed"):
+        if status not in ("done", "failed") or get() is None:
             return
-        metrics.step_runs.labels(ctx.workflow_name, name, status).inc()
+        self._child("step_runs", ctx.workflow_name, name, status).inc()
         if token is not None:
-            metrics.step_duration.labels(ctx.workflow_name, name).observe(time.perf_counter() - token)
+            self._child("step_duration", ctx.workflow_name, name).observe(time.perf_counter() - token)
 
 
 # -- exposition ------------------------------------------------------------------

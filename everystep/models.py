@@ -39,6 +39,10 @@ class Run:
     error: dict[str, Any] | None = None
     created_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
+    #: Whether the run had recorded steps when it was claimed (``None``:
+    #: unknown). A run with none is on its first execution, so the runner
+    #: skips reading its steps.
+    has_steps: bool | None = field(default=None, compare=False)
 
     @property
     def exception(self) -> BaseException | None:

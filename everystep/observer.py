@@ -30,6 +30,10 @@ class Observer:
     def run_started(self, run: Run, ctx: Context) -> Any:
         return None
 
+    def run_settling(self, run: Run, status: str) -> None:
+        """The body is done; the runner is about to write ``status`` (a run
+        status, or ``requeued``). Runs no more workflow code after this."""
+
     def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
         """``status`` is a run status, or ``requeued``/``lost``/``crashed``."""
 
@@ -50,14 +54,31 @@ class Observer:
 
 
 class Observers(Observer):
-    """Fan out to several observers, isolating their failures."""
+    """Fan out to several observers, isolating their failures.
+
+    Each hook pair calls only the observers that override it (the runner
+    calls step hooks on every step, most observers care about a few hooks),
+    and nested ``Observers`` are flattened.
+    """
 
     def __init__(self, observers: Iterable[Observer] = ()) -> None:
-        self.observers = [observer for observer in observers if observer is not None]
+        flat: list[Observer] = []
+        for observer in observers:
+            if isinstance(observer, Observers):
+                flat.extend(observer.observers)
+            elif observer is not None:
+                flat.append(observer)
+        self.observers = flat
+        self._by_hook = {
+            "run": _overriding(flat, "run_started", "run_finished"),
+            "settling": _overriding(flat, "run_settling"),
+            "step": _overriding(flat, "step_started", "step_finished"),
+            "fork": _overriding(flat, "fork_started", "fork_finished"),
+        }
 
-    def _each(self, method: str, *args: Any) -> list[Any]:
+    def _each(self, group: str, method: str, *args: Any) -> list[Any]:
         tokens = []
-        for observer in self.observers:
+        for observer in self._by_hook[group]:
             try:
                 tokens.append(getattr(observer, method)(*args))
             except Exception:
@@ -65,28 +86,39 @@ class Observers(Observer):
                 tokens.append(None)
         return tokens
 
-    def _each_finished(self, method: str, tokens: Any, *args: Any) -> None:
-        tokens = tokens or [None] * len(self.observers)
-        for observer, token in zip(self.observers, tokens):
+    def _each_finished(self, group: str, method: str, tokens: Any, *args: Any) -> None:
+        observers = self._by_hook[group]
+        tokens = tokens or [None] * len(observers)
+        for observer, token in zip(observers, tokens):
             try:
                 getattr(observer, method)(*args, token)
             except Exception:
                 logger.exception("everystep: observer %r failed in %s", observer, method)
 
     def run_started(self, run, ctx):  # type: ignore[no-untyped-def]
-        return self._each("run_started", run, ctx)
+        return self._each("run", "run_started", run, ctx)
+
+    def run_settling(self, run, status):  # type: ignore[no-untyped-def]
+        self._each("settling", "run_settling", run, status)
 
     def run_finished(self, run, ctx, status, error, token):  # type: ignore[no-untyped-def]
-        self._each_finished("run_finished", token, run, ctx, status, error)
+        self._each_finished("run", "run_finished", token, run, ctx, status, error)
 
     def step_started(self, ctx, step_id, name, timeout, unsafe):  # type: ignore[no-untyped-def]
-        return self._each("step_started", ctx, step_id, name, timeout, unsafe)
+        return self._each("step", "step_started", ctx, step_id, name, timeout, unsafe)
 
     def step_finished(self, ctx, step_id, name, status, error, token):  # type: ignore[no-untyped-def]
-        self._each_finished("step_finished", token, ctx, step_id, name, status, error)
+        self._each_finished("step", "step_finished", token, ctx, step_id, name, status, error)
 
     def fork_started(self, ctx, fork_id, branches):  # type: ignore[no-untyped-def]
-        return self._each("fork_started", ctx, fork_id, branches)
+        return self._each("fork", "fork_started", ctx, fork_id, branches)
 
     def fork_finished(self, ctx, fork_id, error, token):  # type: ignore[no-untyped-def]
-        self._each_finished("fork_finished", token, ctx, fork_id, error)
+        self._each_finished("fork", "fork_finished", token, ctx, fork_id, error)
+
+
+def _overriding(observers: list[Observer], *methods: str) -> list[Observer]:
+    return [
+        observer for observer in observers
+        if any(getattr(type(observer), method) is not getattr(Observer, method) for method in methods)
+    ]

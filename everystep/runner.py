@@ -117,7 +117,8 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     if ex.draining is not None and ex.draining.is_set():
         raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
     args_json = _fatal_on_error(ex, lambda: serde.dumps(list(args), f"arguments of step {step_id}"))
-    kwargs_json = _fatal_on_error(ex, lambda: serde.dumps(kwargs, f"keyword arguments of step {step_id}"))
+    kwargs_json = _fatal_on_error(ex, lambda: serde.dumps(kwargs, f"keyword arguments of step {step_id}")) \
+        if kwargs else "{}"
     started_at = utcnow()
     started: StepRecord | None = None
     if step.unsafe_to_repeat:
@@ -154,17 +155,24 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
             # so the step runs again if the run is ever resumed.
             ex.observer.step_finished(ctx, step_id, step.name, STEP_FAILED, exc, token)
             raise ex.interrupt_with(exc) from None
-        status, error_json = STEP_DONE, None
+        status, error_json, encoded_error = STEP_DONE, None, None
     else:
         status, result_json = STEP_FAILED, None
-        error_json = serde.dumps(serde.encode_exception(error), f"exception of step {step_id}")
+        encoded_error = serde.encode_exception(error)
+        error_json = serde.dumps(encoded_error, f"exception of step {step_id}")
+    decoded = StepRecord(
+        workflow_id=ex.run.id, step_id=step_id, name=step.name, status=status, result=result,
+        error=encoded_error, args=list(args), kwargs=dict(kwargs), started_at=started_at,
+    )
     try:
         if started is not None:
-            write = _store_call(ex, lambda: ex.store.finish_step(started, ex.claimer, status, result_json, error_json))
+            write = _store_call(ex, lambda: ex.store.finish_step(
+                started, ex.claimer, status, result_json, error_json, decoded
+            ))
         else:
             write = _store_call(ex, lambda: ex.store.record_step(
                 ex.run.id, ex.claimer, step_id, step.name, args_json, kwargs_json,
-                status, result_json, error_json, started_at,
+                status, result_json, error_json, started_at, decoded,
             ))
     except BaseException as exc:
         ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
@@ -325,7 +333,8 @@ def execute(
     """
     observer = Observers([*telemetry.default_observers(), *([observer] if observer else [])])
     workflow = registry.get_workflow(run.name)
-    outcomes = store.load_outcomes(run.id) if workflow is not None else {}
+    fresh = workflow is None or run.has_steps is False
+    outcomes = {} if fresh else store.load_outcomes(run.id)
     ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=observer, draining=draining)
     ctx = Context(ex)
     token = observer.run_started(run, ctx)
@@ -364,6 +373,7 @@ def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[st
     if isinstance(outcome, (ClaimLost, StoreUnavailable)):
         return (LOST_CLAIM if isinstance(outcome, ClaimLost) else UNFINISHED), outcome
     if isinstance(outcome, DrainOrphan):
+        ex.observer.run_settling(ex.run, REQUEUED)
         try:
             requeued = ex.store.requeue(ex.run.id, ex.claimer)
         except StoreUnavailable as exc:
@@ -383,6 +393,7 @@ def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[st
         except EverystepError as exc:
             status, outcome = FAILED, exc
     error_json = serde.dumps(serde.encode_exception(outcome), "run error") if outcome is not None else None
+    ex.observer.run_settling(ex.run, status)
     try:
         written = ex.store.finish_run(ex.run.id, ex.claimer, status, result_json, error_json)
     except StoreUnavailable as exc:

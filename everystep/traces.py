@@ -12,6 +12,7 @@ Failed runs and steps end with an error status; ``Terminal`` does not.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from .errors import Terminal
@@ -40,7 +41,16 @@ def _tracer() -> Any:
     return trace.get_tracer(TRACER_NAME)
 
 
-def _start(name: str, attributes: dict[str, Any]) -> tuple[Any, Any]:
+def _configured() -> bool:
+    """Whether the host set a tracer provider; until it does, spans would be
+    no-ops, and skipping them keeps the per-step cost at nothing."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
+def _start(name: str, attributes: dict[str, Any]) -> tuple[Any, Any] | None:
+    if not _configured():
+        return None
     span = _tracer().start_span(name, attributes=attributes)
     token = otel_context.attach(trace.set_span_in_context(span))
     return span, token
@@ -89,7 +99,7 @@ class TracingObserver(Observer):
 def inject() -> dict[str, str]:
     """The current trace context as W3C headers (empty without OTel)."""
     carrier: dict[str, str] = {}
-    if trace is not None:
+    if trace is not None and _configured():
         propagate.inject(carrier)
     return carrier
 
@@ -108,9 +118,7 @@ def detach(token: Any) -> None:
 
 def dispatch_span(run: Run) -> Any:
     """A short span in the supervisor parent around handing ``run`` to a child."""
-    if trace is None:
-        from contextlib import nullcontext
-
+    if trace is None or not _configured():
         return nullcontext()
     return _tracer().start_as_current_span(
         f"dispatch {run.name}", attributes={"everystep.workflow.id": run.id, "everystep.workflow.name": run.name}

@@ -47,6 +47,13 @@ from . import serde
 logger = logging.getLogger("everystep")
 
 
+RECONCILE_EVERY = 5.0
+"""Seconds between checks for runs held under our name that no thread is
+executing. Claims and terminal writes commit asynchronously on PostgreSQL: a
+database crash can roll a finished run back to ``running`` under its runner,
+and this check resumes it (replay writes the same outcome again)."""
+
+
 class Worker:
     """Claim scheduled runs and execute them on ``pool_size`` threads."""
 
@@ -81,6 +88,7 @@ class Worker:
         self._draining = SignalFlag()
         self._active: dict[Future[None], Run] = {}
         self._catching_up = True
+        self._next_reconcile = 0.0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -170,6 +178,8 @@ class Worker:
                 while not self._stopping.is_set():
                     self._reap()
                     self._keep_lease()
+                    if not self._catching_up and time.monotonic() >= self._next_reconcile:
+                        self._catching_up = True  # periodic: see RECONCILE_EVERY
                     if self._catching_up:
                         self._submit(executor, self._catchup(names))
                     self._submit(executor, self._claim(names))
@@ -205,6 +215,7 @@ class Worker:
             return []
         if len(runs) < capacity:
             self._catching_up = False
+            self._next_reconcile = time.monotonic() + RECONCILE_EVERY
         if runs:
             logger.info("everystep worker %s: resuming %d run(s) left running under this name", self.name, len(runs))
         return runs

@@ -29,6 +29,7 @@ What a child's death means depends on why it died:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import logging
 import os
@@ -49,16 +50,29 @@ from everystep.store import Store, close_default_stores, utcnow
 
 from . import child as child_process
 from . import titles
-from .children import BOOTING, BUSY, IDLE, KILLED, RETIRING, STOPPING, Child, StepInFlight, describe_exit
+from .children import (
+    BOOTING,
+    BUSY,
+    FINISHING,
+    IDLE,
+    KILLED,
+    RETIRING,
+    STOPPING,
+    Child,
+    StepInFlight,
+    describe_exit,
+)
 from .config import MAX_PROCS, Config
 from .control import ControlServer, ControlSocketError
 from .http import LoopHTTPServer
 from .protocol import Channel, ChannelClosed
 from .sdnotify import Notifier
+from .stepboard import StepBoard
 
 logger = logging.getLogger("everystep.supervisor")
 
 MAX_BOOT_FAILURES = 5
+RECONCILE_EVERY = 5.0
 LISTEN_RETRY = 2.0
 PROGRESS_EVERY = 2.0
 STATUS_EVERY = 5.0
@@ -90,6 +104,8 @@ class Arbiter:
         self._signals: collections.deque[int] = collections.deque()
         self._claim_due = True
         self._next_poll = 0.0
+        self._next_reconcile = 0.0
+        self._caught_up = False
         self._listen: Any = None
         self._listen_fd = -1  # as registered: a lost psycopg connection cannot say its fileno()
         self._listen_retry_at = 0.0
@@ -139,13 +155,17 @@ class Arbiter:
             return
         try:
             self.http = LoopHTTPServer(self.config.metrics_bind, self.config.metrics_port, self.selector,
-                                       lambda path: exposition.respond(path, self.store))
+                                       self._respond_http)
         except OSError as exc:
             raise ControlSocketError(
                 f"cannot serve metrics on {self.config.metrics_bind}:{self.config.metrics_port}: {exc.strerror or exc}"
             ) from None
         logger.info("everystep-supervisor %s: metrics on http://%s:%d/metrics", self.name,
                     self.config.metrics_bind, self.http.port)
+
+    def _respond_http(self, path: str) -> tuple[int, str, bytes]:
+        self._gauge_children()  # gauges of the process tree are read when scraped
+        return exposition.respond(path, self.store)
 
     def _metric(self, update: Callable[[metrics.Metrics], None]) -> None:
         registry_ = metrics.get()
@@ -224,6 +244,8 @@ class Arbiter:
             self._reload_requested = False
             self._reload()
         self._keep_lease(now)
+        if now >= self._next_reconcile and not self.stopping:
+            self._catchup()
         self._spawn_missing()
         self._maintain_listen(now)
         self._dispatch(now)
@@ -293,7 +315,9 @@ class Arbiter:
     # -- children -----------------------------------------------------------------
 
     def _idle_children(self) -> list[Child]:
-        return [kid for kid in self.children.values() if kid.state == IDLE]
+        """Children that can take a run now: idle, or finishing one (the run
+        waits in the channel until the terminal write is done)."""
+        return [kid for kid in self.children.values() if kid.state in (IDLE, FINISHING)]
 
     def _active_children(self) -> list[Child]:
         return [kid for kid in self.children.values() if kid.active]
@@ -334,10 +358,11 @@ class Arbiter:
         slot = self._free_slot()
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         inherited = self._inherited_fds() + [parent_sock.fileno()]
+        board = StepBoard()
         spec = child_process.ChildSpec(
             slot=slot, name=self.name, database=self.store.url, parent_pid=os.getpid(),
             max_runs=self.config.max_runs_per_child, max_memory_mb=self.config.max_memory_per_child,
-            drain=self.config.drain,
+            drain=self.config.drain, step_timeout=self.config.step_timeout, board=board,
         )
         sys.stdout.flush()
         sys.stderr.flush()
@@ -350,7 +375,7 @@ class Arbiter:
         except OSError:
             pass
         parent_sock.setblocking(False)
-        kid = Child(slot=slot, pid=pid, channel=Channel(parent_sock), spawned=time.monotonic())
+        kid = Child(slot=slot, pid=pid, channel=Channel(parent_sock), spawned=time.monotonic(), board=board)
         self.children[pid] = kid
         self.selector.register(parent_sock, selectors.EVENT_READ, lambda mask, k=kid: self._on_child(k))
         logger.info("everystep-supervisor %s: child %d started (pid %d)", self.name, slot, pid,
@@ -371,9 +396,9 @@ class Arbiter:
         extra = len(self._active_children()) - self.procs
         if extra <= 0:
             return
-        ordered = sorted(self._active_children(), key=lambda kid: (kid.state == BUSY, -kid.slot))
+        ordered = sorted(self._active_children(), key=lambda kid: (kid.state in (BUSY, FINISHING), -kid.slot))
         for kid in ordered[:extra]:
-            if kid.state == BUSY:
+            if kid.state in (BUSY, FINISHING):
                 kid.state = RETIRING
             else:
                 self._ask_exit(kid, "scale")
@@ -409,13 +434,17 @@ class Arbiter:
             if kid.state == BOOTING:
                 kid.state = IDLE
         elif event == "step" and kid.run is not None and message.get("run") == kid.run.id:
-            timeout = message.get("timeout") or self.config.step_timeout
+            timeout = message.get("timeout")
             kid.steps[message["step"]] = StepInFlight(
                 step_id=message["step"], name=message.get("name", ""), started=now,
                 timeout=float(timeout) if timeout else None, unsafe=bool(message.get("unsafe")),
             )
         elif event == "step_end":
             kid.steps.pop(message.get("step"), None)
+        elif event == "finishing":
+            if kid.state == BUSY and kid.run is not None and message.get("run") == kid.run.id:
+                kid.state = FINISHING
+                kid.steps.clear()
         elif event == "done":
             self._run_done(kid, message)
         elif event == "bye":
@@ -424,27 +453,33 @@ class Arbiter:
                 kid.state = RETIRING
 
     def _run_done(self, kid: Child, message: dict[str, Any]) -> None:
-        run = kid.run
+        finished_early = kid.finishing_run is not None and message.get("run") == kid.finishing_run.id
+        run = kid.finishing_run if finished_early else kid.run
         if run is None or message.get("run") != run.id:
             return
         status = str(message.get("status"))
-        kid.rss = int(message.get("rss") or 0)
+        kid.rss = int(message.get("rss") or 0) or kid.rss
         kid.runs_done += 1
-        kid.run = None
-        kid.run_started = None
-        kid.steps.clear()
+        if finished_early:
+            kid.finishing_run = None  # ``kid.run`` is its next run, already handed over
+        else:
+            kid.run = None
+            kid.run_started = None
+            kid.steps.clear()
         self.counts[status] += 1
         if status in TERMINAL_STATUSES or status == "requeued":
             self.crashes.pop(run.id, None)
         if status == "unfinished":
-            self.ready.appendleft(run)  # still ours: the database blinked, replay recovers
+            self._redispatch(run)  # still ours: the database blinked, replay recovers
         elif status == "requeued":
             self._metric(lambda m: m.requeued.labels(self.name).inc())
         logger.info("everystep-supervisor %s: run %s (%s) %s in child %d (pid %d)",
                     self.name, run.id, run.name, status, kid.slot, kid.pid,
                     extra={"run_id": run.id, "workflow": run.name, "child_pid": kid.pid, "event": "run_" + status})
         self._claim_due = True
-        if kid.state == BUSY:
+        if finished_early:
+            return
+        if kid.state in (BUSY, FINISHING):
             kid.state = IDLE
         elif kid.state == RETIRING and kid.bye_reason is None:
             self._ask_exit(kid, "scale")
@@ -464,7 +499,11 @@ class Arbiter:
             kid = self.children.pop(pid, None)
             if kid is not None:
                 metrics.mark_process_dead(pid)
-                self._on_exit(kid, status)
+                try:
+                    self._on_exit(kid, status)
+                finally:
+                    if kid.board is not None:
+                        kid.board.close()
                 self._gauge_children()
 
     def _on_exit(self, kid: Child, status: int) -> None:
@@ -472,6 +511,11 @@ class Arbiter:
             self._on_child(kid)  # messages sent just before exiting
             self._close_channel(kid)
         how, signalled = describe_exit(status)
+        if kid.finishing_run is not None:
+            # It died settling one run with the next one still unread in its
+            # channel: that one never started, the settling one is the victim.
+            self._redispatch(kid.run)
+            kid.run, kid.finishing_run = kid.finishing_run, None
         run = kid.run
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == child_process.BOOT_ERROR and kid.runs_done == 0:
             self._boot_failures += 1
@@ -518,16 +562,17 @@ class Arbiter:
             elif reason == "timeout":
                 for step in kid.overdue_steps:
                     if not step.unsafe:
-                        self._fail_step(run, step, StepTimeout(
+                        self._fail_step(run, step.step_id, step.name, StepTimeout(
                             f"step {step.step_id} ({step.name}) ran past its timeout of {step.timeout:g}s "
                             f"and its process (pid {kid.pid}) was killed"))
                 self._redispatch(run)
             elif reason == "kill":
-                safe_steps = [step for step in kid.steps.values() if not step.unsafe]
-                for step in safe_steps:
-                    self._fail_step(run, step, StepKilled(
-                        f"step {step.step_id} ({step.name}) was killed by an operator (pid {kid.pid})"))
-                if kid.steps:
+                in_flight = kid.in_flight()
+                for step in in_flight:
+                    if not step.get("unsafe"):
+                        self._fail_step(run, step["step"], step["name"], StepKilled(
+                            f"step {step['step']} ({step['name']}) was killed by an operator (pid {kid.pid})"))
+                if in_flight:
                     self._redispatch(run)
                 else:
                     self._finish_failed(run, StepKilled(f"run {run.id} was killed by an operator between steps"))
@@ -551,7 +596,9 @@ class Arbiter:
         if self.stopping:
             self._requeue(run)
         else:
-            self.ready.appendleft(run)
+            # It may have recorded steps since it was claimed: the next child
+            # must read them rather than trust the claim-time answer.
+            self.ready.appendleft(dataclasses.replace(run, has_steps=None))
 
     def _requeue(self, run: Run) -> None:
         try:
@@ -561,12 +608,12 @@ class Arbiter:
         except StoreUnavailable as exc:
             logger.error("everystep-supervisor %s: could not requeue run %s: %s", self.name, run.id, exc)
 
-    def _fail_step(self, run: Run, step: StepInFlight, exc: BaseException) -> None:
+    def _fail_step(self, run: Run, step_id: str, step_name: str, exc: BaseException) -> None:
         error = serde.dumps(serde.encode_exception(exc), "step error")
-        write = self.store.record_step(run.id, self.name, step.step_id, step.name, None, None,
+        write = self.store.record_step(run.id, self.name, step_id, step_name, None, None,
                                        STEP_FAILED, None, error, utcnow())
         if write is not None and write.ours:
-            self._metric(lambda m: m.step_runs.labels(run.name, step.name, STEP_FAILED).inc())
+            self._metric(lambda m: m.step_runs.labels(run.name, step_name, STEP_FAILED).inc())
 
     def _finish_failed(self, run: Run, exc: BaseException) -> None:
         error = serde.dumps(serde.encode_exception(exc), "run error")
@@ -604,14 +651,30 @@ class Arbiter:
     # -- claiming and dispatch --------------------------------------------------------
 
     def _catchup(self) -> None:
-        """Runs a previous incarnation under this name left running."""
+        """Runs held under this name that nothing here is executing.
+
+        At startup: what a previous incarnation left running. Afterwards,
+        every ``RECONCILE_EVERY`` seconds: claims and terminal writes commit
+        asynchronously, so a database crash can roll a finished run back to
+        ``running`` under our name; this resumes it (replay writes the same
+        outcome again) instead of leaving it claimed while we live.
+        """
+        self._next_reconcile = time.monotonic() + RECONCILE_EVERY
+        held = [run.id for run in self.ready]
+        for kid in self.children.values():
+            held += [run.id for run in (kid.run, kid.finishing_run) if run is not None]
         try:
-            runs = self.store.claim_own(self.name, 100_000, self._names)
+            runs = self.store.claim_own(self.name, 100_000, self._names, exclude=held)
         except EverystepError as exc:
             logger.warning("everystep-supervisor %s: catchup failed: %s", self.name, exc)
             return
-        if runs:
-            logger.info("everystep-supervisor %s: resuming %d run(s) left running under this name", self.name, len(runs))
+        if runs and not self._caught_up:
+            logger.info("everystep-supervisor %s: resuming %d run(s) left running under this name",
+                        self.name, len(runs))
+        elif runs:
+            logger.warning("everystep-supervisor %s: resuming %d run(s) held under this name that no child "
+                           "was executing (a write lost in a database crash?)", self.name, len(runs))
+        self._caught_up = True
         self.ready.extend(runs)
 
     def _dispatch(self, now: float) -> None:
@@ -644,18 +707,20 @@ class Arbiter:
             self._give(idle.pop(), run)
 
     def _give(self, kid: Child, run: Run) -> None:
+        if kid.state == FINISHING:
+            kid.finishing_run = kid.run
         try:
             with traces.dispatch_span(run):
                 kid.channel.send({"op": "run", "run": child_process.run_to_message(run), "trace": traces.inject()})
         except ChannelClosed:
             self.ready.appendleft(run)
+            kid.run, kid.finishing_run = kid.finishing_run or kid.run, None
             kid.kill("unreachable")
             return
         kid.state = BUSY
         kid.run = run
         kid.run_started = time.monotonic()
         kid.steps.clear()
-        self._gauge_children()
 
     # -- PostgreSQL LISTEN ---------------------------------------------------------------
 
@@ -754,7 +819,7 @@ class Arbiter:
         for kid in list(self.children.values()):
             if kid.state in (IDLE, BOOTING):
                 self._ask_exit(kid, "reload")
-            elif kid.state in (BUSY, RETIRING):
+            elif kid.state in (BUSY, FINISHING, RETIRING):
                 kid.bye_reason = kid.bye_reason or "reload"
                 kid.terminate()
         self.notifier.ready(self._status_line())
@@ -764,6 +829,8 @@ class Arbiter:
 
     def kill_run(self, run_id: str, requeue: bool) -> Child | None:
         for kid in self.children.values():
+            if kid.finishing_run is not None:
+                continue  # its ``run`` is queued, not executing yet
             if kid.run is not None and kid.run.id == run_id and kid.state != KILLED:
                 kid.kill("kill-requeue" if requeue else "kill")
                 return kid
@@ -779,8 +846,10 @@ class Arbiter:
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
         children = []
+        wall = time.time()
         for kid in sorted(self.children.values(), key=lambda k: k.slot):
-            step = kid.current_step()
+            in_flight = kid.in_flight()
+            step = in_flight[0] if in_flight else None  # the oldest
             usage = kid.usage()
             children.append({
                 "slot": kid.slot,
@@ -788,9 +857,10 @@ class Arbiter:
                 "state": kid.state,
                 "run_id": kid.run.id if kid.run else None,
                 "workflow": kid.run.name if kid.run else None,
-                "step_id": step.step_id if step else None,
-                "step_name": step.name if step else None,
-                "step_seconds": round(now - step.started, 3) if step else None,
+                "step_id": step["step"] if step else None,
+                "step_name": step["name"] if step else None,
+                "step_seconds": round(max(wall - step["since"], 0.0), 3) if step else None,
+                "steps_in_flight": len(in_flight),
                 "run_seconds": round(now - kid.run_started, 3) if kid.run_started is not None else None,
                 "rss": usage["rss"],
                 "cpu_percent": usage["cpu_percent"],

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import psutil
@@ -36,6 +37,7 @@ from everystep.store import Store, connect
 
 from . import titles
 from .protocol import Channel, ChannelClosed
+from .stepboard import StepBoard
 from everystep.recovery import requeue_patiently
 
 logger = logging.getLogger("everystep.supervisor")
@@ -57,6 +59,8 @@ class ChildSpec:
     max_runs: int = 0
     max_memory_mb: int = 0
     drain: float = 30.0
+    step_timeout: float | None = None
+    board: StepBoard | None = None
     observers: tuple[Observer, ...] = ()
 
 
@@ -126,11 +130,22 @@ def _set_pdeathsig(sig: int) -> None:
 
 
 class Reporter(Observer):
-    """Tells the parent what this child is doing (from any branch thread)."""
+    """Tells the parent what this child is doing (from any branch thread).
 
-    def __init__(self, channel: Channel, slot: int) -> None:
+    When a run's body is done and only its terminal write is left, the
+    reporter says so ("finishing"), so the parent can claim this child's next
+    run while that write commits; or it says goodbye, if this child is to be
+    replaced after the run, so the parent hands it nothing more.
+    """
+
+    def __init__(self, channel: Channel, spec: ChildSpec, leaving: Callable[[], str | None]) -> None:
         self.channel = channel
-        self.slot = slot
+        self.slot = spec.slot
+        self.board = spec.board
+        self.default_timeout = spec.step_timeout
+        self.leaving = leaving
+        self.announced: str | None = None  # at settling: the reason we leave, or "" to stay
+        self._inflight: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -140,14 +155,44 @@ class Reporter(Observer):
             except ChannelClosed:
                 pass  # the parent is gone; PDEATHSIG drains us
 
+    def _publish(self) -> None:
+        if self.board is not None:
+            self.board.publish(sorted(self._inflight.values(), key=lambda step: step["since"]))
+
     def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
+        """Every step goes on the board; only a step with a deadline is also
+        announced, so the parent can enforce it."""
         titles.child_busy(self.slot, ctx.workflow_name, ctx.workflow_id, step_id)
-        self.send({"ev": "step", "run": ctx.workflow_id, "step": step_id, "name": name,
-                   "timeout": timeout, "unsafe": unsafe})
+        timeout = timeout or self.default_timeout
+        with self._lock:
+            self._inflight[step_id] = {"run": ctx.workflow_id, "step": step_id, "name": name,
+                                       "since": time.time(), "unsafe": unsafe}
+            self._publish()
+        if timeout:
+            self.send({"ev": "step", "run": ctx.workflow_id, "step": step_id, "name": name,
+                       "timeout": timeout, "unsafe": unsafe})
+        return timeout
 
     def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
                       error: BaseException | None, token: Any) -> None:
-        self.send({"ev": "step_end", "run": ctx.workflow_id, "step": step_id, "status": status})
+        with self._lock:
+            self._inflight.pop(step_id, None)
+            self._publish()
+        if token:
+            self.send({"ev": "step_end", "run": ctx.workflow_id, "step": step_id, "status": status})
+
+    def run_ended(self) -> None:
+        with self._lock:
+            self._inflight.clear()
+            self._publish()
+
+    def run_settling(self, run: Run, status: str) -> None:
+        reason = self.leaving()
+        self.announced = reason or ""
+        if reason:
+            self.send({"ev": "bye", "reason": reason})
+        else:
+            self.send({"ev": "finishing", "run": run.id})
 
 
 def run_from_message(message: dict[str, Any], claimer: str) -> Run:
@@ -159,7 +204,7 @@ def run_from_message(message: dict[str, Any], claimer: str) -> Run:
     return Run(
         id=message["id"], name=message["name"], args=serde.from_jsonable(message["args"]),
         status=RUNNING, claimed_by=claimer, claimed_at=when(message.get("claimed_at")),
-        created_at=when(message.get("created_at")),
+        created_at=when(message.get("created_at")), has_steps=message.get("has_steps"),
     )
 
 
@@ -168,6 +213,7 @@ def run_to_message(run: Run) -> dict[str, Any]:
         "id": run.id, "name": run.name, "args": serde.to_jsonable(run.args),
         "claimed_at": run.claimed_at.isoformat() if run.claimed_at else None,
         "created_at": run.created_at.isoformat() if run.created_at else None,
+        "has_steps": run.has_steps,
     }
 
 
@@ -180,11 +226,20 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
     except Exception as exc:
         logger.error("everystep-supervisor child %d cannot open the database: %s", spec.slot, exc)
         return BOOT_ERROR
-    reporter = Reporter(channel, spec.slot)
-    observer = Observers([reporter, *spec.observers])
     process = psutil.Process()
-    reporter.send({"ev": "ready", "pid": os.getpid()})
     runs_done = 0
+
+    def rss() -> int:
+        return process.memory_info().rss if spec.max_memory_mb else 0
+
+    def leaving_after_this_run() -> str | None:
+        if draining.is_set():
+            return "drain"
+        return _recycle_reason(spec, runs_done + 1, rss())
+
+    reporter = Reporter(channel, spec, leaving_after_this_run)
+    observer = Observers([reporter, *spec.observers])
+    reporter.send({"ev": "ready", "pid": os.getpid()})
     while True:
         if draining.is_set() or os.getppid() != spec.parent_pid:
             reporter.send({"ev": "bye", "reason": "drain"})
@@ -207,15 +262,22 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
             status = execute(store, run, spec.name, draining, observer)
         finally:
             traces.detach(trace_token)
+        announced, reporter.announced = reporter.announced, None
+        if announced:
+            leaving: str | None = announced  # the parent already knows
+        else:
+            # No terminal write (crash, lost claim, outage), or we said we
+            # would stay and a drain came since. "bye" goes before "done": a
+            # parent that read "done" first would take us for idle. If it
+            # already sent our next run, we do not start it; the parent gives
+            # it to another child.
+            leaving = leaving_after_this_run() if announced is None else (
+                "drain" if draining.is_set() else None)
+            if leaving:
+                reporter.send({"ev": "bye", "reason": leaving})
         runs_done += 1
-        rss = process.memory_info().rss
-        leaving = _recycle_reason(spec, runs_done, rss)
-        if leaving:
-            # "bye" before "done": a parent that read "done" first would take
-            # us for idle and hand us a run we would exit without executing
-            # (and count that as a crash of the run).
-            reporter.send({"ev": "bye", "reason": leaving})
-        reporter.send({"ev": "done", "run": run.id, "status": status, "rss": rss})
+        reporter.run_ended()
+        reporter.send({"ev": "done", "run": run.id, "status": status, "rss": rss()})
         titles.child_idle(spec.slot)
         if leaving:
             return 0

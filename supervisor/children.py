@@ -12,11 +12,13 @@ import psutil
 from everystep.models import Run
 
 from .protocol import Channel
+from .stepboard import StepBoard
 
 # Child states, as shown by ``ctl status``.
 BOOTING = "booting"      # forked, not yet ready
 IDLE = "idle"            # waiting for a run
 BUSY = "busy"            # executing a run
+FINISHING = "finishing"  # its run's terminal write is under way: can take the next run
 RETIRING = "retiring"    # exits when its run ends (scale down)
 STOPPING = "stopping"    # SIGTERM sent: drains at the next step boundary
 KILLED = "killed"        # SIGKILL sent, waiting to be reaped
@@ -42,7 +44,11 @@ class Child:
     spawned: float
     state: str = BOOTING
     run: Run | None = None
+    finishing_run: Run | None = None  # settling while ``run`` waits in the channel
     run_started: float | None = None
+    board: StepBoard | None = None
+    #: Steps with a deadline, announced by message as they start; every step
+    #: in flight, timed or not, is on ``board``.
     steps: dict[str, StepInFlight] = field(default_factory=dict)
     runs_done: int = 0
     rss: int = 0
@@ -55,11 +61,15 @@ class Child:
     @property
     def active(self) -> bool:
         """Counts toward ``--procs`` (not on its way out)."""
-        return self.state in (BOOTING, IDLE, BUSY)
+        return self.state in (BOOTING, IDLE, BUSY, FINISHING)
 
-    def current_step(self) -> StepInFlight | None:
-        """The oldest step in flight (parallel branches may run several)."""
-        return min(self.steps.values(), key=lambda step: step.started) if self.steps else None
+    def in_flight(self) -> list[dict[str, Any]]:
+        """Every step the child is executing, oldest first (parallel branches
+        may run several): ``run``, ``step``, ``name``, ``since`` (epoch
+        seconds), ``unsafe``."""
+        if self.board is None or self.run is None:
+            return []
+        return [step for step in self.board.read() if step.get("run") == self.run.id]
 
     def kill(self, reason: str) -> None:
         """SIGKILL the child's whole process group (steps may have spawned

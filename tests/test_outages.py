@@ -143,3 +143,43 @@ def test_cli_worker_survives_an_outage_and_drains_cleanly(private_pg, outage_url
         if proc.poll() is None:
             proc.kill()
     assert statuses == {run_id: COMPLETED for run_id in runs}, log.read_text()
+
+
+def _roll_back_to_running(store, run_id: str, claimer: str) -> None:
+    """What a crash does to a terminal write that was committed
+    asynchronously and never flushed."""
+    with store.connection() as conn:
+        if store.backend == "postgres":
+            conn.execute("UPDATE everystep_workflow SET status = 'running', claimed_by = %s, result = NULL, "
+                         "completed_at = NULL WHERE id = %s", (claimer, run_id))
+        else:
+            conn.execute("UPDATE everystep_workflow SET status = 'running', claimed_by = ?, result = NULL, "
+                         "completed_at = NULL WHERE id = ?", (claimer, run_id))
+
+
+def test_supervisor_resumes_a_run_rolled_back_to_running_under_its_name(db_url, supervisors, tmp_path):
+    store = connect(db_url)
+    sup = supervisors(db_url, procs=1, args=["--app", "tests.apps.supervised,tests.apps.outages"]).start()
+    run = schedule(outage_flow, 1, database=store)
+    assert _wait_all(store, [run.id], 60) == {run.id: COMPLETED}
+    _roll_back_to_running(store, run.id, sup.name)
+    assert _wait_all(store, [run.id], 60) == {run.id: COMPLETED}, sup.log()
+    assert store.get_run(run.id).result == 5
+    assert "no child was executing" in sup.log()
+    assert sup.stop() == 0
+
+
+def test_worker_resumes_a_run_rolled_back_to_running_under_its_name(db_url):
+    store = connect(db_url)
+    worker = Worker(pool_size=1, poll=0.05, name="reconciler", database=connect(db_url))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        run = schedule(outage_flow, 2, database=store)
+        assert _wait_all(store, [run.id], 60) == {run.id: COMPLETED}
+        _roll_back_to_running(store, run.id, "reconciler")
+        assert _wait_all(store, [run.id], 60) == {run.id: COMPLETED}
+        assert store.get_run(run.id).result == 6
+    finally:
+        worker.stop()
+        thread.join(60)

@@ -22,6 +22,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,11 @@ class Store:
     def _transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         """A write transaction that takes its locks up front."""
         raise NotImplementedError
+
+    def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """Around the claim statement: nothing where that one statement is
+        atomic and disjoint on its own (PostgreSQL's SKIP LOCKED)."""
+        return contextlib.nullcontext(conn)
 
     @classmethod
     def _names(cls, names: Sequence[str]) -> Any:
@@ -233,6 +239,7 @@ class Store:
             error=cls._json(row[8]),
             created_at=cls._time(row[9]),
             completed_at=cls._time(row[10]),
+            has_steps=bool(row[11]) if len(row) > 11 else None,
         )
 
     @classmethod
@@ -348,7 +355,7 @@ class Store:
         if limit <= 0 or not names:
             return []
         params = self._params(claimer=claimer, limit=limit, names=self._names(names))
-        with self.connection() as conn, self._transaction(conn):
+        with self.connection() as conn, self._claim_transaction(conn):
             rows = conn.execute(self.sql["claim"], params).fetchall()
         runs = [self._run(row) for row in rows]
         runs.sort(key=lambda run: (run.created_at or utcnow(), run.id))
@@ -384,9 +391,7 @@ class Store:
         error_json: str | None = None,
     ) -> bool:
         """Move a running run to a terminal status, if ``claimer`` still holds it."""
-        params = self._params(
-            run_id=_run_id(run_id), claimer=claimer, status=status, result=result_json, error=error_json
-        )
+        params = self._params(run_id=run_id, claimer=claimer, status=status, result=result_json, error=error_json)
         return self._fetchone("finish_run", params) is not None
 
     # -- steps ---------------------------------------------------------------
@@ -406,11 +411,14 @@ class Store:
         result_json: str | None,
         error_json: str | None,
         started_at: dt.datetime,
+        decoded: StepRecord | None = None,
     ) -> StepWrite | None:
         """Record a finished step. Returns ``LOST`` if the claim is gone, or the
-        record someone else wrote first (``ours=False``)."""
+        record someone else wrote first (``ours=False``). ``decoded`` is the
+        caller's own Python view of the same step, so the store need not parse
+        back what it was just given."""
         params = self._params(
-            run_id=_run_id(run_id), claimer=claimer, step_id=step_id, name=name,
+            run_id=run_id, claimer=claimer, step_id=step_id, name=name,
             args=args_json, kwargs=kwargs_json, status=status, result=result_json,
             error=error_json, started_at=self._time_param(started_at),
         )
@@ -418,15 +426,14 @@ class Store:
             row = conn.execute(self.sql["record_step"], params).fetchone()
             if row is None:
                 return self._conflict(conn, params)
-        return StepWrite(
-            StepRecord(
+        if decoded is None:
+            decoded = StepRecord(
                 workflow_id=str(run_id), step_id=step_id, name=name, status=status,
                 result=serde.loads(result_json), error=serde.loads(error_json),
-                args=serde.loads(args_json), kwargs=serde.loads(kwargs_json),
-                started_at=started_at, completed_at=self._time(row[0]),
-            ),
-            ours=True,
-        )
+                args=serde.loads(args_json) or [], kwargs=serde.loads(kwargs_json) or {},
+                started_at=started_at,
+            )
+        return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row[0])), ours=True)
 
     def start_step(
         self, run_id: str, claimer: str, step_id: str, name: str, args_json: str,
@@ -435,7 +442,7 @@ class Store:
         """Insert the ``started`` row of an unsafe step: the atomic claim on its
         effect. A conflicting row is returned with ``ours=False``."""
         params = self._params(
-            run_id=_run_id(run_id), claimer=claimer, step_id=step_id, name=name,
+            run_id=run_id, claimer=claimer, step_id=step_id, name=name,
             args=args_json, kwargs=kwargs_json, started_at=self._time_param(started_at),
         )
         with self.connection() as conn:
@@ -453,25 +460,23 @@ class Store:
     def finish_step(
         self, started: StepRecord, claimer: str, status: str,
         result_json: str | None, error_json: str | None,
+        decoded: StepRecord | None = None,
     ) -> StepWrite | None:
-        """Turn our ``started`` row into its outcome."""
+        """Turn our ``started`` row into its outcome (``decoded``: as in
+        ``record_step``)."""
         params = self._params(
-            run_id=_run_id(started.workflow_id), claimer=claimer, step_id=started.step_id,
+            run_id=started.workflow_id, claimer=claimer, step_id=started.step_id,
             status=status, result=result_json, error=error_json,
         )
         with self.connection() as conn:
             row = conn.execute(self.sql["finish_step"], params).fetchone()
             if row is None:
                 return self._conflict(conn, params)
-        return StepWrite(
-            StepRecord(
-                workflow_id=started.workflow_id, step_id=started.step_id, name=started.name,
-                status=status, result=serde.loads(result_json), error=serde.loads(error_json),
-                args=started.args, kwargs=started.kwargs, started_at=started.started_at,
-                completed_at=self._time(row[0]),
-            ),
-            ours=True,
-        )
+        if decoded is None:
+            decoded = dataclasses.replace(
+                started, status=status, result=serde.loads(result_json), error=serde.loads(error_json)
+            )
+        return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row[0])), ours=True)
 
     def _conflict(self, conn: Any, params: dict[str, Any]) -> StepWrite | None:
         row = conn.execute(self.sql["step_conflict"], params).fetchone()

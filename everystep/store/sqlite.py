@@ -108,6 +108,9 @@ class SQLiteStore(Store):
         else:
             conn.execute("COMMIT")
 
+    def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        return self._transaction(conn)  # BEGIN IMMEDIATE: the write lock first
+
     @classmethod
     def _names(cls, names: Sequence[str]) -> str:
         return json.dumps(list(names))

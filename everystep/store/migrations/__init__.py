@@ -10,7 +10,6 @@ each version exactly once.
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from importlib import resources
 
@@ -24,19 +23,23 @@ class Migration:
     sql: str
 
     def statements(self) -> list[str]:
-        """Split the file into statements (migrations hold no procedural code,
-        so a statement ends where SQLite says it is complete)."""
+        """Split the file into statements: each ends with ``;`` at the end
+        of a line, outside a dollar-quoted function body."""
         out: list[str] = []
-        buffer = ""
-        for line in self.sql.splitlines(keepends=True):
-            if not buffer and (not line.strip() or line.lstrip().startswith("--")):
+        buffer: list[str] = []
+        in_body = False
+        for line in self.sql.splitlines():
+            stripped = line.strip()
+            if not buffer and (not stripped or stripped.startswith("--")):
                 continue
-            buffer += line
-            if sqlite3.complete_statement(buffer):
-                out.append(buffer.strip().rstrip(";"))
-                buffer = ""
-        if buffer.strip():
-            out.append(buffer.strip().rstrip(";"))
+            buffer.append(line)
+            if stripped.count("$$") % 2:
+                in_body = not in_body
+            if not in_body and stripped.endswith(";") and not stripped.startswith("--"):
+                out.append("\n".join(buffer).strip().rstrip(";"))
+                buffer = []
+        if "".join(buffer).strip():
+            out.append("\n".join(buffer).strip().rstrip(";"))
         return out
 
 

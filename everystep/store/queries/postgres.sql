@@ -32,22 +32,16 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 
 -- name: claim
 -- Oldest first; SKIP LOCKED lets concurrent claimers take disjoint sets
--- without waiting on each other. Only workflows this runner knows.
-WITH picked AS (
-    SELECT id FROM everystep_workflow
-    WHERE status = 'scheduled' AND name = ANY(%(names)s)
-    ORDER BY created_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE everystep_workflow AS w
-SET status = 'running', claimed_by = %(claimer)s, claimed_at = clock_timestamp()
-FROM picked WHERE w.id = picked.id
-RETURNING {run_columns_w}
+-- without waiting on each other. Only workflows this runner knows. The
+-- statement lives in a function (migration 0003) that pins its plan and
+-- commits asynchronously; see there why both are safe and needed.
+SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s)
 
 -- name: claim_own
 -- Startup catchup: runs a crashed process under this name left running.
-SELECT {run_columns} FROM everystep_workflow
+SELECT {run_columns},
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = everystep_workflow.id)
+FROM everystep_workflow
 WHERE status = 'running' AND claimed_by = %(claimer)s AND name = ANY(%(names)s)
   AND NOT (id = ANY(%(exclude)s::uuid[]))
 ORDER BY created_at
@@ -104,9 +98,16 @@ FROM (SELECT 1) AS one
 LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(step_id)s
 
 -- name: finish_run
+-- Asynchronous commit, like claims: every step is already durable, so if a
+-- crash loses this write the run is still running under its claimer and a
+-- replay from the recorded steps writes the same outcome again.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
 UPDATE everystep_workflow
 SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
     completed_at = clock_timestamp()
+FROM async_commit
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
 RETURNING id
 
