@@ -28,7 +28,8 @@ from everystep import schedule
 from everystep.models import COMPLETED, FAILED, STEP_DONE, STEP_FAILED
 from everystep.store import Store
 from tests.apps import supervised
-from tests.apps.supervised import effect_lines, effects, open_gate, wait_until
+from tests.apps.supervised import effect_lines, effects, open_gate
+from tests.support.waiting import wait_until
 from tests.support.supervisor import (  # noqa: F401
     Supervisor,
     error_type,

@@ -54,6 +54,7 @@ from tests.apps import observed
 from tests.apps.observed import read_lines
 from tests.support.pgserver import PgServer, start_server
 from tests.support.runs import claim_run, execute_run
+from tests.support.waiting import wait_until
 from tests.support.supervisor import (  # noqa: F401 - supervisors is a fixture
     Supervisor,
     short_socket_dir,
@@ -78,14 +79,7 @@ LOCALHOST = "127.0.0.1"
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE,
              detail: Callable[[], str] = lambda: "") -> Any:
     """Poll until ``predicate()`` is truthy; return that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail()}")
-        time.sleep(0.1)
+    return wait_until(predicate, what, timeout, 0.1, detail)
 
 
 def free_port() -> int:

@@ -22,7 +22,8 @@ from everystep import schedule
 from everystep.models import BLOCKED, COMPLETED, FAILED, STEP_DONE, STEP_FAILED, STEP_STARTED
 from everystep.store import Store, connect
 from tests.apps import supervised
-from tests.apps.supervised import effect_lines, effects, open_gate, wait_until
+from tests.apps.supervised import effect_lines, effects, open_gate
+from tests.support.waiting import wait_until
 from tests.support.supervisor import error_type, supervisors, wait_for_pids_gone, wait_run  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)

@@ -24,7 +24,8 @@ from everystep import schedule
 from everystep.models import COMPLETED, FAILED, RUNNING, SCHEDULED, STEP_DONE
 from everystep.store import Store
 from tests.apps import supervised
-from tests.apps.supervised import effect_lines, effects, open_gate, wait_until
+from tests.apps.supervised import effect_lines, effects, open_gate
+from tests.support.waiting import wait_until
 from tests.support.supervisor import short_socket_dir, supervisors, wait_for_pids_gone, wait_run  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)

@@ -22,7 +22,8 @@ from everystep.models import COMPLETED, RUNNING, SCHEDULED, STEP_DONE
 from everystep.store import Store
 from everystep.worker import Worker
 from tests.apps import workers
-from tests.apps.workers import effects, open_gate, wait_until
+from tests.apps.workers import effects, open_gate
+from tests.support.waiting import wait_until
 from tests.support.runs import claim_run, execute_run
 
 pytestmark = pytest.mark.timeout(120)

@@ -26,7 +26,8 @@ from everystep import admin, schedule
 from everystep.models import BLOCKED, COMPLETED, RUNNING, SCHEDULED, STEP_DONE, STEP_STARTED
 from everystep.store import Store
 from tests.apps import workers
-from tests.apps.workers import effects, open_gate, wait_until
+from tests.apps.workers import effects, open_gate
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -30,17 +30,17 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from everystep import step, workflow
 from everystep.context import current
+from tests.support.waiting import wait_for_file
 
 EFFECTS = "effects"
 GATE_POLL_SECONDS = 0.02
 #: Waits inside steps must end even if a test forgets them.
 GIVE_UP_SECONDS = 300.0
 
-T = TypeVar("T")
 
 #: Memory ``hog`` keeps alive so the child's RSS stays high after the run.
 _HOARD: list[bytearray] = []
@@ -57,11 +57,7 @@ def _effect(spec: dict[str, Any], event: str) -> None:
 
 
 def _wait_for(path: Path) -> None:
-    deadline = time.monotonic() + GIVE_UP_SECONDS
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {path} never opened")
-        time.sleep(GATE_POLL_SECONDS)
+    wait_for_file(path, GIVE_UP_SECONDS, GATE_POLL_SECONDS)
 
 
 # -- small steps ----------------------------------------------------------------
@@ -262,16 +258,3 @@ def effects(directory: str | os.PathLike[str], run_id: str | None = None) -> lis
 
 def open_gate(directory: str | os.PathLike[str], gate: str) -> None:
     (Path(directory) / gate).touch()
-
-
-def wait_until(predicate: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.05) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail the test
-    after ``timeout`` seconds (generous: CI machines are slow and noisy)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

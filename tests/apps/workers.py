@@ -21,20 +21,18 @@ The helpers at the bottom are the test side of that file protocol.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from everystep import StepFailure, step, workflow
 from everystep.context import current
+from tests.support.waiting import wait_for_file
 
 EFFECTS = "effects"
 GATE_POLL_SECONDS = 0.02
 #: A gate nobody opens must not keep a test process alive forever.
 GATE_GIVE_UP_SECONDS = 300.0
 
-T = TypeVar("T")
 
 
 def _effect(spec: dict[str, Any], event: str) -> None:
@@ -45,14 +43,8 @@ def _effect(spec: dict[str, Any], event: str) -> None:
 
 
 def _wait_for_gate(spec: dict[str, Any], gate: str | None) -> None:
-    if not gate:
-        return
-    path = Path(spec["dir"]) / gate
-    deadline = time.monotonic() + GATE_GIVE_UP_SECONDS
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {path} never opened")
-        time.sleep(GATE_POLL_SECONDS)
+    if gate:
+        wait_for_file(Path(spec["dir"]) / gate, GATE_GIVE_UP_SECONDS, GATE_POLL_SECONDS)
 
 
 # -- three steps, the middle one gated ------------------------------------------
@@ -175,18 +167,3 @@ def effects(directory: str | os.PathLike[str], run_id: str | None = None) -> lis
 
 def open_gate(directory: str | os.PathLike[str], gate: str) -> None:
     (Path(directory) / gate).touch()
-
-
-def wait_until(
-    predicate: Callable[[], T], what: str, timeout: float = 30.0, interval: float = 0.05
-) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail the test
-    after ``timeout`` seconds (generous: CI machines are slow and noisy)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

@@ -155,19 +155,45 @@ def _prepare_database(server: PgServer, config: ChaosConfig) -> str:
     return url
 
 
-def _schedule_runs(url: str, config: ChaosConfig, rng: random.Random) -> dict[str, dict]:
-    store = connect(url)
-    runs = {}
-    for index in range(config.runs):
-        args = {
+def _plan_runs(config: ChaosConfig, rng: random.Random) -> list[dict]:
+    return [
+        {
             "key": f"r{index}",
             "ms": config.step_ms,
             "unsafe": rng.random() < config.unsafe_share,
             "stop": rng.random() < config.stop_share,
         }
-        runs[schedule(app.chaos_flow, args, database=store).id] = args
-    store.close()
-    return runs
+        for index in range(config.runs)
+    ]
+
+
+class Feeder:
+    """Schedules the planned runs over most of the fault phase, so faults
+    land on a loaded system rather than an idle one."""
+
+    def __init__(self, url: str, planned: list[dict], spread: float) -> None:
+        self.url = url
+        self.planned = planned
+        self.spread = spread
+        self.runs: dict[str, dict] = {}
+        self.started = time.monotonic()
+
+    def feed(self, everything: bool = False) -> None:
+        elapsed = time.monotonic() - self.started
+        share = 1.0 if everything or self.spread <= 0 else min(1.0, 0.1 + 0.9 * elapsed / self.spread)
+        due = int(len(self.planned) * share)
+        while len(self.runs) < due:
+            args = self.planned[len(self.runs)]
+            try:
+                store = connect(self.url)
+                try:
+                    # The key makes a retry after an ambiguous failure return the same run.
+                    run = schedule(app.chaos_flow, args, idempotency_key=args["key"], database=store)
+                    self.runs[run.id] = args
+                finally:
+                    store.close()
+            except Exception:
+                return  # the database is restarting: try again on the next tick
 
 
 def _wait_settled(url: str, supervisors: list[Supervisor], deadline: float) -> bool:
@@ -301,8 +327,8 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
     names = iter(f"chaos-{index}" for index in range(10_000))
     supervisors = [Supervisor(next(names), config, url, workdir, env) for _ in range(config.supervisors)]
     try:
-        runs = _schedule_runs(url, config, rng)
-        report.counts["runs"] = len(runs)
+        feeder = Feeder(url, _plan_runs(config, rng), spread=config.duration * 0.8)
+        feeder.feed()
         for sup in supervisors:
             sup.start()
         faults = ["child"] * 4 + ["kill_same", "kill_new", "rollout"] * 1 + (["pg"] if server.owned else [])
@@ -313,6 +339,15 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
                 if not sup.alive:  # it could not start while the database was down
                     sup.start()
             _inject(rng.choice(faults), supervisors, server, rng, report, config, lambda: next(names))
+            feeder.feed()
+        deadline = time.monotonic() + 120
+        while len(feeder.runs) < config.runs and time.monotonic() < deadline:
+            feeder.feed(everything=True)
+            time.sleep(0.5)
+        runs = feeder.runs
+        report.counts["runs"] = len(runs)
+        if len(runs) < config.runs:
+            report.violations.append(f"only {len(runs)} of {config.runs} runs could be scheduled")
         settle_until = time.monotonic() + config.settle_timeout
         if not _wait_settled(url, supervisors, settle_until):
             report.violations.append("runs did not settle before the deadline")

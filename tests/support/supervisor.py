@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.apps.supervised import wait_until
+from tests.support.waiting import wait_until
 
 APP = "tests.apps.supervised"
 SCRIPT = str(Path(sys.executable).parent / "everystep-supervisor")
