@@ -49,7 +49,7 @@ from everystep.outage import OutageLog
 from everystep.store import Store, close_default_stores, utcnow
 
 from . import child as child_process
-from . import titles
+from . import reporting, titles
 from .children import (
     BOOTING,
     BUSY,
@@ -57,7 +57,6 @@ from .children import (
     IDLE,
     KILLED,
     RETIRING,
-    STOPPING,
     Child,
     StepInFlight,
     describe_exit,
@@ -65,6 +64,7 @@ from .children import (
 from .config import MAX_PROCS, Config
 from .control import ControlServer, ControlSocketError
 from .http import LoopHTTPServer
+from .listener import Listener
 from .protocol import Channel, ChannelClosed
 from .sdnotify import Notifier
 from .stepboard import StepBoard
@@ -73,7 +73,6 @@ logger = logging.getLogger("everystep.supervisor")
 
 MAX_BOOT_FAILURES = 5
 RECONCILE_EVERY = 5.0
-LISTEN_RETRY = 2.0
 PROGRESS_EVERY = 2.0
 STATUS_EVERY = 5.0
 CONTROL_SWEEP_EVERY = 1.0
@@ -106,9 +105,6 @@ class Arbiter:
         self._next_poll = 0.0
         self._next_reconcile = 0.0
         self._caught_up = False
-        self._listen: Any = None
-        self._listen_fd = -1  # as registered: a lost psycopg connection cannot say its fileno()
-        self._listen_retry_at = 0.0
         self._boot_failures = 0
         self._reload_requested = False
         self._wake_r = self._wake_w = -1
@@ -121,6 +117,7 @@ class Arbiter:
                                      on_request=self._count_request)
         self.http: LoopHTTPServer | None = None
         self.lease = Lease(store, config.name, "supervisor", config.lease)
+        self.listener = Listener(store, self.selector, self._wake_claims, f"everystep-supervisor {config.name}")
         self._claims_outage = OutageLog(logger, f"everystep-supervisor {config.name}", "claiming")
 
     # -- setup / teardown -----------------------------------------------------------
@@ -133,10 +130,10 @@ class Arbiter:
         try:
             self._open_metrics()
             self.lease.tick(time.monotonic())  # register before catching up
-            self._open_listen()
+            self.listener.open()
             self._catchup()
             self._spawn_missing()
-            self.notifier.ready(self._status_line())
+            self.notifier.ready(reporting.status_line(self))
             logger.info(
                 "everystep-supervisor %s: master pid %d, %d children, %s, control socket %s",
                 self.name, os.getpid(), self.procs, self.store.describe(), self.config.socket,
@@ -214,7 +211,7 @@ class Arbiter:
                 logger.error("everystep-supervisor %s: final requeue failed: %s", self.name, exc)
             if leftover:
                 logger.warning("everystep-supervisor %s: requeued %d run(s) still claimed at exit", self.name, len(leftover))
-        self._close_listen()
+        self.listener.close()
         self.lease.release()
         self.control.close()
         if self.http is not None:
@@ -228,7 +225,7 @@ class Arbiter:
         self.store.close()
         self.notifier.stopping()
         if self.config.show_progress:
-            self._log_summary()
+            logger.info("everystep-supervisor %s: %s", self.name, reporting.summary_line(self))
 
     # -- the loop -----------------------------------------------------------------
 
@@ -247,7 +244,8 @@ class Arbiter:
         if now >= self._next_reconcile and not self.stopping:
             self._catchup()
         self._spawn_missing()
-        self._maintain_listen(now)
+        if not self.stopping and self.listener.maintain(now):
+            self._claim_due = True
         self._dispatch(now)
         self._periodic(now)
 
@@ -306,7 +304,7 @@ class Arbiter:
             self._gauge_children()
         if now - self._last_status >= STATUS_EVERY:
             self._last_status = now
-            self.notifier.status(self._status_line())
+            self.notifier.status(reporting.status_line(self))
         if self.config.show_progress and now - self._last_progress >= PROGRESS_EVERY:
             self._last_progress = now
             self._log_progress()
@@ -341,10 +339,11 @@ class Arbiter:
     def _before_fork(self) -> None:
         self.store.close()
         close_default_stores()
-        self._close_listen()
+        self.listener.close()
 
     def _after_fork(self) -> None:
-        self._open_listen()
+        if not self.stopping:
+            self.listener.open()
         self._claim_due = True  # a notification may have come while LISTEN was closed
 
     def _free_slot(self) -> int:
@@ -722,54 +721,8 @@ class Arbiter:
         kid.run_started = time.monotonic()
         kid.steps.clear()
 
-    # -- PostgreSQL LISTEN ---------------------------------------------------------------
-
-    def _open_listen(self) -> None:
-        if self.stopping or not hasattr(self.store, "listen_connection"):
-            return
-        try:
-            self._listen = self.store.listen_connection()
-        except Exception as exc:
-            logger.warning("everystep-supervisor %s: LISTEN unavailable, polling only: %s", self.name, exc)
-            self._listen = None
-            self._listen_retry_at = time.monotonic() + LISTEN_RETRY
-            return
-        self._listen_fd = self._listen.fileno()
-        self.selector.register(self._listen_fd, selectors.EVENT_READ, self._on_notify)
-
-    def _close_listen(self) -> None:
-        conn, self._listen = self._listen, None
-        fd, self._listen_fd = self._listen_fd, -1
-        if conn is None:
-            return
-        try:
-            # By the number we registered: once the server has dropped the
-            # connection, conn.fileno() raises OperationalError, which would
-            # escape the loop and stop the supervisor.
-            self.selector.unregister(fd)
-        except (KeyError, ValueError, OSError):
-            pass
-        try:
-            conn.close()
-        except Exception:
-            pass
-
-    def _on_notify(self, mask: int) -> None:
-        try:
-            for _ in self._listen.notifies(timeout=0):
-                self._claim_due = True
-        except Exception as exc:
-            logger.warning("everystep-supervisor %s: LISTEN connection lost (%s); polling until it is back", self.name, exc)
-            self._close_listen()
-            self._listen_retry_at = time.monotonic() + LISTEN_RETRY
+    def _wake_claims(self) -> None:
         self._claim_due = True
-
-    def _maintain_listen(self, now: float) -> None:
-        if self._listen is None and not self.stopping and hasattr(self.store, "listen_connection") \
-                and now >= self._listen_retry_at:
-            self._open_listen()
-            if self._listen is not None:
-                self._claim_due = True
 
     # -- operator actions ---------------------------------------------------------------
 
@@ -780,7 +733,7 @@ class Arbiter:
         self.drain_deadline = time.monotonic() + self.config.drain if self.config.drain > 0 else None
         titles.master(self.name, "draining")
         self.notifier.stopping()
-        self._close_listen()
+        self.listener.close()
         while self.ready:
             self._requeue(self.ready.popleft())
         for kid in list(self.children.values()):
@@ -813,7 +766,7 @@ class Arbiter:
                 importlib.reload(sys.modules[module]) if module in sys.modules else importlib.import_module(module)
             except Exception:
                 logger.exception("everystep-supervisor %s: reload of %s failed; keeping the running code", self.name, module)
-                self.notifier.ready(self._status_line())
+                self.notifier.ready(reporting.status_line(self))
                 return
         self._names = registry.workflow_names()
         for kid in list(self.children.values()):
@@ -822,7 +775,7 @@ class Arbiter:
             elif kid.state in (BUSY, FINISHING, RETIRING):
                 kid.bye_reason = kid.bye_reason or "reload"
                 kid.terminate()
-        self.notifier.ready(self._status_line())
+        self.notifier.ready(reporting.status_line(self))
 
     def request_reload(self) -> None:
         self._reload_requested = True
@@ -844,70 +797,19 @@ class Arbiter:
         return handle(self, request)
 
     def status(self) -> dict[str, Any]:
-        now = time.monotonic()
-        children = []
-        wall = time.time()
-        for kid in sorted(self.children.values(), key=lambda k: k.slot):
-            in_flight = kid.in_flight()
-            step = in_flight[0] if in_flight else None  # the oldest
-            usage = kid.usage()
-            children.append({
-                "slot": kid.slot,
-                "pid": kid.pid,
-                "state": kid.state,
-                "run_id": kid.run.id if kid.run else None,
-                "workflow": kid.run.name if kid.run else None,
-                "step_id": step["step"] if step else None,
-                "step_name": step["name"] if step else None,
-                "step_seconds": round(max(wall - step["since"], 0.0), 3) if step else None,
-                "steps_in_flight": len(in_flight),
-                "run_seconds": round(now - kid.run_started, 3) if kid.run_started is not None else None,
-                "rss": usage["rss"],
-                "cpu_percent": usage["cpu_percent"],
-                "runs_done": kid.runs_done,
-            })
-        return {
-            "pid": os.getpid(),
-            "name": self.name,
-            "procs": self.procs,
-            "draining": bool(self.stopping),
-            "uptime": round(now - self.started, 3),
-            "database": self.store.describe(),
-            "ready": len(self.ready),
-            "runs": dict(self.counts),
-            "restarts": dict(self.restarts),
-            "children": children,
-        }
+        return reporting.status(self)
 
     # -- progress, burst ------------------------------------------------------------------
 
-    def _status_line(self) -> str:
-        busy = sum(1 for kid in self.children.values() if kid.run is not None)
-        done = sum(self.counts[status] for status in TERMINAL_STATUSES)
-        return f"{busy}/{self.procs} busy, {done} runs finished" + (", draining" if self.stopping else "")
-
-    def _finished_summary(self) -> str:
-        parts = [f"{self.counts[status]} {status}" for status in TERMINAL_STATUSES if self.counts[status]]
-        return ", ".join(parts) or "nothing"
-
     def _log_progress(self) -> None:
         try:
-            queued = self.store.count_scheduled(self._names)
+            queued: int | None = self.store.count_scheduled(self._names)
         except EverystepError:
-            queued = -1
-        busy = sum(1 for kid in self.children.values() if kid.run is not None)
-        line = (f"progress: {sum(self.counts[s] for s in TERMINAL_STATUSES)} finished "
-                f"({self._finished_summary()}), {busy} running, "
-                f"{queued if queued >= 0 else '?'} queued")
+            queued = None
+        line = reporting.progress_line(self, queued)
         if line != self._last_progress_line:
             self._last_progress_line = line
             logger.info("everystep-supervisor %s: %s", self.name, line)
-
-    def _log_summary(self) -> None:
-        elapsed = time.monotonic() - self.started
-        total = sum(self.counts[status] for status in TERMINAL_STATUSES)
-        logger.info("everystep-supervisor %s: done: %d runs in %.1fs (%s); %d child restart(s)",
-                    self.name, total, elapsed, self._finished_summary(), sum(self.restarts.values()))
 
     def _check_burst(self) -> None:
         if not self.config.burst or self.stopping or self.ready or self._claim_due:

@@ -1,0 +1,82 @@
+"""What the supervisor says about itself: the ``status`` reply, the
+systemd STATUS= line, the progress line and the summary at exit."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from everystep.models import TERMINAL_STATUSES
+
+if TYPE_CHECKING:
+    from .arbiter import Arbiter
+    from .children import Child
+
+
+def _child_status(kid: Child, now: float, wall: float) -> dict[str, Any]:
+    in_flight = kid.in_flight()
+    step = in_flight[0] if in_flight else None  # the oldest
+    usage = kid.usage()
+    return {
+        "slot": kid.slot,
+        "pid": kid.pid,
+        "state": kid.state,
+        "run_id": kid.run.id if kid.run else None,
+        "workflow": kid.run.name if kid.run else None,
+        "step_id": step["step"] if step else None,
+        "step_name": step["name"] if step else None,
+        "step_seconds": round(max(wall - step["since"], 0.0), 3) if step else None,
+        "steps_in_flight": len(in_flight),
+        "run_seconds": round(now - kid.run_started, 3) if kid.run_started is not None else None,
+        "rss": usage["rss"],
+        "cpu_percent": usage["cpu_percent"],
+        "runs_done": kid.runs_done,
+    }
+
+
+def status(arbiter: Arbiter) -> dict[str, Any]:
+    """The ``ctl status`` reply."""
+    now, wall = time.monotonic(), time.time()
+    return {
+        "pid": os.getpid(),
+        "name": arbiter.name,
+        "procs": arbiter.procs,
+        "draining": bool(arbiter.stopping),
+        "uptime": round(now - arbiter.started, 3),
+        "database": arbiter.store.describe(),
+        "ready": len(arbiter.ready),
+        "runs": dict(arbiter.counts),
+        "restarts": dict(arbiter.restarts),
+        "children": [_child_status(kid, now, wall) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
+    }
+
+
+def busy(arbiter: Arbiter) -> int:
+    return sum(1 for kid in arbiter.children.values() if kid.run is not None)
+
+
+def finished(arbiter: Arbiter) -> int:
+    return sum(arbiter.counts[status] for status in TERMINAL_STATUSES)
+
+
+def status_line(arbiter: Arbiter) -> str:
+    """For systemd's STATUS=."""
+    return (f"{busy(arbiter)}/{arbiter.procs} busy, {finished(arbiter)} runs finished"
+            + (", draining" if arbiter.stopping else ""))
+
+
+def finished_summary(arbiter: Arbiter) -> str:
+    parts = [f"{arbiter.counts[status]} {status}" for status in TERMINAL_STATUSES if arbiter.counts[status]]
+    return ", ".join(parts) or "nothing"
+
+
+def progress_line(arbiter: Arbiter, queued: int | None) -> str:
+    return (f"progress: {finished(arbiter)} finished ({finished_summary(arbiter)}), {busy(arbiter)} running, "
+            f"{'?' if queued is None else queued} queued")
+
+
+def summary_line(arbiter: Arbiter) -> str:
+    elapsed = time.monotonic() - arbiter.started
+    return (f"done: {finished(arbiter)} runs in {elapsed:.1f}s ({finished_summary(arbiter)}); "
+            f"{sum(arbiter.restarts.values())} child restart(s)")
