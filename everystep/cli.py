@@ -125,7 +125,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def cmd_migrate(store: Store, args: argparse.Namespace) -> int:
     applied = store.migrate()
-    print(f"applied {', '.join(applied)}" if applied else "schema is up to date")
+    version = store.schema_version()  # type: ignore[attr-defined]
+    # A fresh SQLite file migrates itself when opened, so there may be
+    # nothing left to apply here: say where the schema stands either way.
+    print(f"applied {', '.join(applied)}; schema at version {version}" if applied
+          else f"schema is up to date (version {version})")
     return 0
 
 
