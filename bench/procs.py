@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from supervisor.ctl import exchange
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count(1)
@@ -144,20 +144,7 @@ def supervisor_cmd(database: str, procs: int, socket_path: str, *, app: str = "b
 
 def ctl(socket_path: str, message: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
     """One request on the supervisor's control socket."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(socket_path)
-        sock.sendall((json.dumps(message) + "\n").encode())
-        buffer = b""
-        while b"\n" not in buffer:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            buffer += chunk
-    finally:
-        sock.close()
-    return json.loads(buffer.split(b"\n", 1)[0])
+    return exchange(socket_path, message, timeout)
 
 
 def wait_children_idle(socket_path: str, procs: int, timeout: float = 30.0,

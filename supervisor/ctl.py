@@ -11,17 +11,14 @@ from everystep.cliutil import fail, format_table, print_json
 PROG = "everystep-supervisor ctl"
 
 
-def request(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    """Send one request and read one reply line."""
+def exchange(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Send one request on the control socket at ``path`` and return the
+    reply. Raises ``OSError`` (no supervisor, refused, timed out) or
+    ``ValueError`` (no reply, or one that is not a JSON object)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        try:
-            sock.connect(path)
-        except FileNotFoundError:
-            fail(f"no supervisor control socket at {path} (is it running? see --socket)", prog=PROG)
-        except OSError as exc:
-            fail(f"cannot connect to {path}: {exc.strerror or exc}", prog=PROG)
+        sock.connect(path)
         sock.sendall((json.dumps(message) + "\n").encode())
         buffer = b""
         while b"\n" not in buffer:
@@ -29,16 +26,28 @@ def request(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[s
             if not chunk:
                 break
             buffer += chunk
-    except TimeoutError:
-        fail(f"no reply from {path} within {timeout:g}s", prog=PROG)
     finally:
         sock.close()
     if not buffer.strip():
-        fail(f"the supervisor at {path} closed the connection without a reply", prog=PROG)
+        raise ValueError("the supervisor closed the connection without a reply")
     reply = json.loads(buffer.split(b"\n", 1)[0])
     if not isinstance(reply, dict):
-        fail("unexpected reply from the supervisor", prog=PROG)
+        raise ValueError("unexpected reply from the supervisor")
     return reply
+
+
+def request(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """``exchange`` for the command line: failures become one line and exit 2."""
+    try:
+        return exchange(path, message, timeout)
+    except FileNotFoundError:
+        fail(f"no supervisor control socket at {path} (is it running? see --socket)", prog=PROG)
+    except TimeoutError:
+        fail(f"no reply from {path} within {timeout:g}s", prog=PROG)
+    except OSError as exc:
+        fail(f"cannot connect to {path}: {exc.strerror or exc}", prog=PROG)
+    except ValueError as exc:
+        fail(f"{exc} ({path})", prog=PROG)
 
 
 def _seconds(value: float | None) -> str:
