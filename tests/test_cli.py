@@ -26,7 +26,7 @@ from everystep.models import BLOCKED, COMPLETED, RUNNING, SCHEDULED, STEP_DONE, 
 from everystep.store import Store, connect, migrations
 from tests.apps import workers
 from tests.apps.workers import effects
-from tests.support.runs import execute_run
+from tests.support.runs import crash_at, execute_run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,22 +85,12 @@ def snapshot(store: Store) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     return [(run.to_dict(), [record.to_dict() for record in store.get_steps(run.id)]) for run in runs]
 
 
-def crash_at(step_id: str) -> Callable[[Any, str], None]:
-    """A fault hook that kills the run between a step's effect and its record."""
-
-    def fault(ctx: Any, current_step: str) -> None:
-        if current_step == step_id:
-            raise SimulatedCrash(f"crash after the effect of step {step_id}")
-
-    return fault
-
-
 def make_blocked(store: Store, directory: Path) -> str:
     """A run genuinely blocked: its unsafe step (``2``, charge) crashed in the
     effect window, the run was put back in the queue and its replay found
     the ``started`` row without outcome."""
     run = schedule(workers.unsafe_flow, {"dir": str(directory)}, database=store)
-    runner.fault = crash_at("2")
+    crash_at("2")
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
     runner.fault = None
@@ -290,7 +280,7 @@ def test_show_prints_a_run_and_its_steps(cli, db_url, store, tmp_path):
 
 def test_requeue_puts_a_run_parked_by_a_dead_runner_back_and_replay_blocks(cli, db_url, store, tmp_path):
     run = schedule(workers.unsafe_flow, {"dir": str(tmp_path)}, database=store)
-    runner.fault = crash_at("2")
+    crash_at("2")
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id, claimer="dead-runner")
     runner.fault = None

@@ -53,7 +53,7 @@ from supervisor.http import LoopHTTPServer
 from tests.apps import observed
 from tests.apps.observed import read_lines
 from tests.support.pgserver import PgServer, start_server
-from tests.support.runs import claim_run, execute_run
+from tests.support.runs import claim_run, crash_at, execute_run
 from tests.support.waiting import wait_until
 from tests.support.supervisor import (  # noqa: F401 - supervisors is a fixture
     Supervisor,
@@ -556,17 +556,6 @@ def _reset_probes() -> Iterator[None]:
     PROBE.clear()
     yield
     runner.fault = None
-
-
-def crash_at(target: str) -> None:
-    """The next execution dies (``SimulatedCrash``) after ``target``'s effect."""
-
-    def fault(ctx: Any, step_id: str) -> None:
-        if step_id == target:
-            runner.fault = None
-            raise SimulatedCrash(f"died after the effect of step {step_id}")
-
-    runner.fault = fault
 
 
 @step

@@ -15,7 +15,7 @@ import pytest
 from everystep import registry, runner, schedule, step, workflow
 from everystep.errors import SimulatedCrash, StepFailure, WorkflowCodeError
 from everystep.models import COMPLETED, FAILED, RUNNING, STEP_DONE, STEP_FAILED
-from tests.support.runs import execute_run
+from tests.support.runs import crash_at, execute_run, resume
 
 CALLS: Counter[str] = Counter()
 SEEN: list[Any] = []
@@ -32,24 +32,6 @@ def _reset() -> None:
 def called(label: str) -> None:
     with _lock:
         CALLS[label] += 1
-
-
-def crash_at(target: str) -> None:
-    """Install a fault hook that dies after ``target``'s effect, once."""
-
-    def fault(ctx: Any, step_id: str) -> None:
-        if step_id == target:
-            runner.fault = None
-            raise SimulatedCrash(f"died after the effect of step {step_id}")
-
-    runner.fault = fault
-
-
-def resume(store: Any, run_id: str) -> str:
-    """What the next claim after a crash does: the run is requeued (by an
-    operator or a drain) and executed again from the top."""
-    assert store.requeue(run_id, "tester")
-    return execute_run(store, run_id)
 
 
 # -- workflows --------------------------------------------------------------------

@@ -16,7 +16,7 @@ from everystep.errors import EverystepError, SimulatedCrash, WorkflowCodeError
 from everystep.models import COMPLETED, FAILED, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED
 from everystep.observer import Observer
 from everystep.store import connect
-from tests.support.runs import claim_run, execute_run
+from tests.support.runs import claim_run, crash_at, execute_run
 
 CALLS: Counter[str] = Counter()
 SEEN: list[Any] = []
@@ -34,20 +34,6 @@ def _reset() -> None:
 def called(label: str) -> None:
     with _lock:
         CALLS[label] += 1
-
-
-def crash_at(target: str) -> list[tuple[Any, str]]:
-    """Fault hook dying after ``target``'s effect (once); returns its calls."""
-    seen: list[tuple[Any, str]] = []
-
-    def fault(ctx: Any, step_id: str) -> None:
-        seen.append((ctx, step_id))
-        if step_id == target:
-            runner.fault = None
-            raise SimulatedCrash(f"died after the effect of {step_id}")
-
-    runner.fault = fault
-    return seen
 
 
 @step

@@ -25,7 +25,7 @@ from everystep.models import (
     STOPPED,
 )
 from everystep.store import connect
-from tests.support.runs import claim_run, execute_run
+from tests.support.runs import claim_run, crash_at, execute_run
 
 CALLS: Counter[str] = Counter()
 SEEN: list[Any] = []
@@ -44,15 +44,6 @@ def _reset() -> None:
 def called(label: str) -> None:
     with _lock:
         CALLS[label] += 1
-
-
-def crash_at(target: str) -> None:
-    def fault(ctx: Any, step_id: str) -> None:
-        if step_id == target:
-            runner.fault = None
-            raise SimulatedCrash(f"died in the effect window of step {step_id}")
-
-    runner.fault = fault
 
 
 @step(unsafe_to_repeat=True)

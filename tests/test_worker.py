@@ -24,7 +24,7 @@ from everystep.worker import Worker
 from tests.apps import workers
 from tests.apps.workers import effects, open_gate
 from tests.support.waiting import wait_until
-from tests.support.runs import claim_run, execute_run
+from tests.support.runs import claim_run, crash_at, execute_run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -120,16 +120,6 @@ def wait_for_event(directory: Path, run_id: str, event: str, count: int = 1) -> 
     )
 
 
-def crash_at(step_id: str) -> Callable[[Any, str], None]:
-    """A fault hook: the process "dies" after the step's effect, before its record."""
-
-    def fault(ctx: Any, current_step: str) -> None:
-        if current_step == step_id:
-            raise SimulatedCrash(f"died after the effect of step {step_id}")
-
-    return fault
-
-
 # -- the basics -------------------------------------------------------------------
 
 
@@ -173,7 +163,7 @@ def test_catchup_resumes_runs_left_running_under_its_own_name(store, tmp_path, s
     """A process named W died with runs claimed: more of them than the new
     W's pool, one of them after a step's effect but before its record."""
     crashed = schedule(workers.three_steps, {"dir": str(tmp_path)}, database=store)
-    runner.fault = crash_at("2")
+    crash_at("2")
     with pytest.raises(SimulatedCrash):
         execute_run(store, crashed.id, claimer="W")
     runner.fault = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from everystep import runner
+from everystep.errors import SimulatedCrash
 from everystep.models import SCHEDULED, Run
 from everystep.store import Store
 
@@ -27,3 +28,26 @@ def execute_run(store: Store, run_id: str, claimer: str = "tester", **options: A
     """Claim ``run_id`` and execute it once; returns what ``runner.execute`` returns."""
     run = claim_run(store, run_id, claimer)
     return runner.execute(store, run, claimer=claimer, **options)
+
+
+def crash_at(target: str) -> list[tuple[Any, str]]:
+    """Install a fault hook that dies (``SimulatedCrash``) after step
+    ``target``'s effect and before its record, once, exactly as a process
+    death would. Returns the ``(ctx, step_id)`` calls the hook saw."""
+    seen: list[tuple[Any, str]] = []
+
+    def fault(ctx: Any, step_id: str) -> None:
+        seen.append((ctx, step_id))
+        if step_id == target:
+            runner.fault = None
+            raise SimulatedCrash(f"died after the effect of step {step_id}")
+
+    runner.fault = fault
+    return seen
+
+
+def resume(store: Store, run_id: str, claimer: str = "tester") -> str:
+    """What the next claim after a crash does: the run is requeued (by an
+    operator or a drain) and executed again from the top."""
+    assert store.requeue(run_id, claimer)
+    return execute_run(store, run_id, claimer)
