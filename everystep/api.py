@@ -16,7 +16,7 @@ from typing import Any, TypeVar, overload
 from . import registry, runner, serde
 from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord
-from .store import Store, connect, default_store
+from .store import Store, default_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -222,5 +222,5 @@ def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | 
         time.sleep(poll)
 
 
-__all__ = ["StepFunction", "WorkflowFunction", "connect", "get_run", "get_steps", "parallel",
+__all__ = ["StepFunction", "WorkflowFunction", "get_run", "get_steps", "parallel",
            "schedule", "step", "wait", "workflow"]

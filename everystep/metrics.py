@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +109,13 @@ def _create() -> Metrics | None:
         control_requests=Counter("everystep_supervisor_control_requests_total", "Control-socket requests",
                                  ["runner", "command"]),
     )
+
+
+def record(update: Callable[[Metrics], None]) -> None:
+    """Apply ``update`` to the metrics, if prometheus_client is there."""
+    metrics = get()
+    if metrics is not None:
+        update(metrics)
 
 
 def refresh_queue_gauges(store: Store) -> None:

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import registry, serde, telemetry
+from . import registry, sentry, serde, telemetry
 from .context import (
     NOT_AN_INTERRUPT,
     Context,
@@ -64,6 +64,7 @@ from .models import (
     StepRecord,
 )
 from .observer import Observer, Observers
+from .recovery import requeue_patiently
 from .store import LOST, Store, StepWrite, utcnow
 
 if TYPE_CHECKING:
@@ -362,6 +363,40 @@ def execute(
     if status == "crashed":
         assert error is not None
         raise error
+    return status
+
+
+def execute_guarded(
+    store: Store,
+    run: Run,
+    *,
+    claimer: str,
+    draining: Flag | None = None,
+    observer: Observer | None = None,
+) -> str:
+    """``execute`` for runners: never raises an ``Exception``.
+
+    A database outage (even before the first step) gives the run back to the
+    queue, riding out the outage for a bounded time: ``requeued``, or
+    ``unfinished`` if the database stayed away. A crash outside the runner
+    (a bug, a broken observer) fails the run, guarded on the claim, and is
+    reported: ``failed``.
+    """
+    try:
+        status = execute(store, run, claimer=claimer, draining=draining, observer=observer)
+    except StoreUnavailable as exc:
+        logger.warning("everystep: run %s interrupted by the database: %s", run.id, exc)
+        status = UNFINISHED
+    except Exception as exc:
+        logger.exception("everystep: run %s (%s) crashed outside the runner", run.id, run.name)
+        sentry.report_failure(exc, run.id, run.name, runner=claimer)
+        try:
+            store.finish_run(run.id, claimer, FAILED, None, serde.dumps(serde.encode_exception(exc), "run error"))
+        except Exception:
+            logger.exception("everystep: could not mark run %s failed", run.id)
+        return FAILED
+    if status == UNFINISHED:
+        return REQUEUED if requeue_patiently(store, run.id, claimer) else UNFINISHED
     return status
 
 

@@ -28,21 +28,19 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
 from . import metrics, registry, runner
 from .context import SignalFlag
 from .errors import EverystepError, StoreUnavailable
-from .models import FAILED, Run
 from .exposition import ThreadedMetricsServer
 from .lease import DEFAULT_LEASE, Lease
+from .models import Run
 from .observer import Observer
 from .outage import OutageLog
-from .recovery import requeue_patiently
 from .store import Store, default_store
-from . import serde
 
 logger = logging.getLogger("everystep")
 
@@ -248,7 +246,7 @@ class Worker:
             future.add_done_callback(lambda _: self._wake())
         self.claimed += len(runs)
         if runs:
-            self._count(lambda m: m.claims.labels(self.name).inc(len(runs)))
+            metrics.record(lambda m: m.claims.labels(self.name).inc(len(runs)))
         self._count_inflight()
 
     def _reap(self) -> None:
@@ -256,15 +254,9 @@ class Worker:
             del self._active[future]
         self._count_inflight()
 
-    @staticmethod
-    def _count(update: Callable[[metrics.Metrics], None]) -> None:
-        registry_ = metrics.get()
-        if registry_ is not None:
-            update(registry_)
-
     def _count_inflight(self) -> None:
         inflight = sum(1 for future in self._active if not future.done())
-        self._count(lambda m: m.inflight.labels(self.name).set(inflight))
+        metrics.record(lambda m: m.inflight.labels(self.name).set(inflight))
 
     def _drain_wake_pipe(self) -> None:
         try:
@@ -276,49 +268,29 @@ class Worker:
     # -- executing one run -------------------------------------------------------
 
     def _execute(self, run: Run) -> None:
-        try:
-            status = runner.execute(
-                self.store, run, claimer=self.name, draining=self._draining, observer=self.observer
-            )
-        except StoreUnavailable as exc:
-            logger.warning("everystep worker %s: run %s interrupted by the database: %s", self.name, run.id, exc)
-            status = runner.UNFINISHED
-        except Exception as exc:
-            logger.exception("everystep worker %s: run %s (%s) crashed outside the runner", self.name, run.id, run.name)
-            self._fail(run, exc)
-            return
-        if status == runner.UNFINISHED:
-            self._requeue(run, retry=True)
-        elif status == runner.REQUEUED:
+        status = runner.execute_guarded(
+            self.store, run, claimer=self.name, draining=self._draining, observer=self.observer
+        )
+        if status == runner.REQUEUED:
             self.requeued += 1
-            self._count(lambda m: m.requeued.labels(self.name).inc())
-            logger.info("everystep worker %s: run %s (%s) requeued at a step boundary", self.name, run.id, run.name)
+            metrics.record(lambda m: m.requeued.labels(self.name).inc())
+            logger.info("everystep worker %s: run %s (%s) requeued", self.name, run.id, run.name)
         elif status == runner.LOST_CLAIM:
             logger.warning("everystep worker %s: run %s is no longer ours; stopped executing it", self.name, run.id)
         else:
             logger.info("everystep worker %s: run %s (%s) %s", self.name, run.id, run.name, status)
 
-    def _fail(self, run: Run, exc: BaseException) -> None:
+    def _requeue(self, run: Run) -> bool:
+        """Give a run back to the queue at shutdown (if the database is away,
+        the run stays ours: a restart or another runner's lease sweep takes it)."""
         try:
-            error = serde.dumps(serde.encode_exception(exc), "run error")
-            self.store.finish_run(run.id, self.name, FAILED, None, error)
-        except Exception:
-            logger.exception("everystep worker %s: could not mark run %s failed", self.name, run.id)
-
-    def _requeue(self, run: Run, retry: bool = False) -> bool:
-        """Give a run back to the queue; with ``retry``, ride out a database
-        outage (bounded), since a run must never stay claimed forever."""
-        if retry:
-            requeued = requeue_patiently(self.store, run.id, self.name)
-        else:
-            try:
-                requeued = self.store.requeue(run.id, self.name)
-            except StoreUnavailable as exc:
-                logger.warning("everystep worker %s: could not requeue run %s: %s", self.name, run.id, exc)
-                requeued = False
+            requeued = self.store.requeue(run.id, self.name)
+        except StoreUnavailable as exc:
+            logger.warning("everystep worker %s: could not requeue run %s: %s", self.name, run.id, exc)
+            requeued = False
         if requeued:
             self.requeued += 1
-            self._count(lambda m: m.requeued.labels(self.name).inc())
+            metrics.record(lambda m: m.requeued.labels(self.name).inc())
         return requeued
 
     # -- shutdown ----------------------------------------------------------------

@@ -38,7 +38,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from everystep import exposition, metrics, registry, sentry, serde, traces
@@ -164,19 +163,14 @@ class Arbiter:
         self._gauge_children()  # gauges of the process tree are read when scraped
         return exposition.respond(path, self.store)
 
-    def _metric(self, update: Callable[[metrics.Metrics], None]) -> None:
-        registry_ = metrics.get()
-        if registry_ is not None:
-            update(registry_)
-
     def _count_request(self, command: str) -> None:
         label = metrics.control_command_label(command)
-        self._metric(lambda m: m.control_requests.labels(self.name, label).inc())
+        metrics.record(lambda m: m.control_requests.labels(self.name, label).inc())
 
     def _gauge_children(self) -> None:
         alive = len(self.children)
         busy = sum(1 for kid in self.children.values() if kid.run is not None)
-        self._metric(lambda m: (m.children.labels(self.name).set(alive), m.inflight.labels(self.name).set(busy),
+        metrics.record(lambda m: (m.children.labels(self.name).set(alive), m.inflight.labels(self.name).set(busy),
                                 m.pool_size.labels(self.name).set(self.procs)))
 
     def _install_signals(self) -> None:
@@ -471,7 +465,7 @@ class Arbiter:
         if status == "unfinished":
             self._redispatch(run)  # still ours: the database blinked, replay recovers
         elif status == "requeued":
-            self._metric(lambda m: m.requeued.labels(self.name).inc())
+            metrics.record(lambda m: m.requeued.labels(self.name).inc())
         logger.info("everystep-supervisor %s: run %s (%s) %s in child %d (pid %d)",
                     self.name, run.id, run.name, status, kid.slot, kid.pid,
                     extra={"run_id": run.id, "workflow": run.name, "child_pid": kid.pid, "event": "run_" + status})
@@ -527,7 +521,7 @@ class Arbiter:
         reason = self._restart_reason(kid, run)
         if not self.stopping:
             self.restarts[reason] += 1  # a replacement is spawned
-            self._metric(lambda m: m.child_restarts.labels(self.name, reason).inc())
+            metrics.record(lambda m: m.child_restarts.labels(self.name, reason).inc())
         level = logging.WARNING if reason == "crash" else logging.INFO
         logger.log(level, "everystep-supervisor %s: child %d (pid %d) %s%s", self.name, kid.slot, kid.pid, how,
                    f" while running {run.id} ({run.name})" if run else "",
@@ -603,7 +597,7 @@ class Arbiter:
         try:
             if self.store.requeue(run.id, self.name):
                 self.counts["requeued"] += 1
-                self._metric(lambda m: m.requeued.labels(self.name).inc())
+                metrics.record(lambda m: m.requeued.labels(self.name).inc())
         except StoreUnavailable as exc:
             logger.error("everystep-supervisor %s: could not requeue run %s: %s", self.name, run.id, exc)
 
@@ -612,13 +606,13 @@ class Arbiter:
         write = self.store.record_step(run.id, self.name, step_id, step_name, None, None,
                                        STEP_FAILED, None, error, utcnow())
         if write is not None and write.ours:
-            self._metric(lambda m: m.step_runs.labels(run.name, step_name, STEP_FAILED).inc())
+            metrics.record(lambda m: m.step_runs.labels(run.name, step_name, STEP_FAILED).inc())
 
     def _finish_failed(self, run: Run, exc: BaseException) -> None:
         error = serde.dumps(serde.encode_exception(exc), "run error")
         if self.store.finish_run(run.id, self.name, FAILED, None, error):
             self.counts[FAILED] += 1
-            self._metric(lambda m: m.workflow_runs.labels(run.name, FAILED).inc())
+            metrics.record(lambda m: m.workflow_runs.labels(run.name, FAILED).inc())
             sentry.report_failure(exc, run.id, run.name, runner=self.name)
             # Warning, not error: it is reported to Sentry explicitly above, and
             # Sentry's logging integration would report an error line again.
@@ -637,7 +631,7 @@ class Arbiter:
                 logger.warning("everystep-supervisor %s: step %s of run %s exceeded its timeout; killing child %d (pid %d)",
                                self.name, overdue[0].step_id, kid.run.id if kid.run else "?", kid.slot, kid.pid)
                 kid.kill("timeout")
-                self._metric(lambda m: m.step_timeouts.labels(self.name).inc(len(overdue)))
+                metrics.record(lambda m: m.step_timeouts.labels(self.name).inc(len(overdue)))
         if self.drain_deadline is not None and now >= self.drain_deadline:
             self.drain_deadline = None
             left = [kid for kid in self.children.values() if kid.state != KILLED]
@@ -701,7 +695,7 @@ class Arbiter:
         self._next_poll = now + self.config.poll
         self.counts["claimed"] += len(runs)
         if runs:
-            self._metric(lambda m: m.claims.labels(self.name).inc(len(runs)))
+            metrics.record(lambda m: m.claims.labels(self.name).inc(len(runs)))
         for run in runs:
             self._give(idle.pop(), run)
 

@@ -22,23 +22,21 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import psutil
 
 from everystep import runner, serde, traces
 from everystep.context import Context, SignalFlag
-from everystep.errors import StoreUnavailable
-from everystep.models import FAILED, RUNNING, Run
+from everystep.models import RUNNING, Run
 from everystep.observer import Observer, Observers
-from everystep.store import Store, connect
+from everystep.store import connect
 
 from . import titles
 from .protocol import Channel, ChannelClosed
 from .stepboard import StepBoard
-from everystep.recovery import requeue_patiently
 
 logger = logging.getLogger("everystep.supervisor")
 
@@ -259,7 +257,7 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
         titles.child_busy(spec.slot, run.name, run.id)
         trace_token = traces.attach_remote(message.get("trace"))
         try:
-            status = execute(store, run, spec.name, draining, observer)
+            status = runner.execute_guarded(store, run, claimer=spec.name, draining=draining, observer=observer)
         finally:
             traces.detach(trace_token)
         announced, reporter.announced = reporter.announced, None
@@ -290,23 +288,3 @@ def _recycle_reason(spec: ChildSpec, runs_done: int, rss: int) -> str | None:
     if spec.max_memory_mb and rss > spec.max_memory_mb * 1024 * 1024:
         return "max-memory"
     return None
-
-
-def execute(store: Store, run: Run, claimer: str, draining: SignalFlag, observer: Observer) -> str:
-    """Execute one run to its next resting point; never raises."""
-    try:
-        status = runner.execute(store, run, claimer=claimer, draining=draining, observer=observer)
-    except StoreUnavailable as exc:
-        logger.warning("everystep-supervisor: run %s interrupted by the database: %s", run.id, exc)
-        status = runner.UNFINISHED
-    except Exception as exc:
-        logger.exception("everystep-supervisor: run %s (%s) crashed outside the runner", run.id, run.name)
-        try:
-            store.finish_run(run.id, claimer, FAILED, None,
-                             serde.dumps(serde.encode_exception(exc), "run error"))
-        except Exception:
-            logger.exception("everystep-supervisor: could not mark run %s failed", run.id)
-        return FAILED
-    if status == runner.UNFINISHED:
-        return runner.REQUEUED if requeue_patiently(store, run.id, claimer) else runner.UNFINISHED
-    return status

@@ -131,8 +131,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         lease=args.lease,
         metrics_port=args.metrics_port,
         metrics_bind=args.metrics_bind,
-        log_level=args.log_level,
-        log_format=args.log_format,
     )
     if config.procs > MAX_PROCS:
         fail(f"--procs must be at most {MAX_PROCS}", prog=PROG)

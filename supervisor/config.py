@@ -34,8 +34,6 @@ class Config:
     lease: float = 60.0
     metrics_port: int = 0
     metrics_bind: str = "0.0.0.0"
-    log_level: str = "info"
-    log_format: str = "text"
 
     @property
     def show_progress(self) -> bool:

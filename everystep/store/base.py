@@ -17,26 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import threading
+import dataclasses
 import uuid
 from collections.abc import Iterator, Sequence
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from .. import serde
 from ..errors import EverystepError, RunNotFound, StoreUnavailable
-from ..models import (
-    BLOCKED,
-    RUNNING,
-    STEP_DONE,
-    STEP_FAILED,
-    STEP_STARTED,
-    Run,
-    StepRecord,
-)
+from ..models import STEP_STARTED, Run, StepRecord
 from . import migrations, queries
 
 LOST = None
@@ -593,5 +584,4 @@ def _close_quietly(conn: Any) -> None:
         pass
 
 
-__all__ = ["LOST", "Store", "StepWrite", "new_run_id", "utcnow", "json", "BLOCKED", "RUNNING",
-           "STEP_DONE", "STEP_FAILED"]
+__all__ = ["LOST", "RunnerInfo", "Store", "StepWrite", "new_run_id", "utcnow"]
