@@ -13,7 +13,7 @@ from typing import Any
 from . import serde
 from .errors import EverystepError, StepFailure
 from .models import BLOCKED, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run
-from .store import Store
+from .store import RunnerInfo, Store
 
 _MISSING: Any = object()
 
@@ -76,14 +76,33 @@ def _started_hint(store: Store, run_id: str) -> str:
     return f" (its started step: {', '.join(started)})" if started else ""
 
 
-def requeue_run(store: Store, run_id: str) -> Run:
+def requeue_run(store: Store, run_id: str, *, force: bool = False) -> Run:
     """Put a run parked ``running`` (its runner died) back to ``scheduled``.
 
-    If its runner is in fact alive, that runner's next write is refused and
-    it stops executing the run; the next claimant resumes from the records.
+    A run whose holder is alive (its heartbeat is fresher than its lease) is
+    refused: it is being executed, and requeueing it would let a second
+    execution start beside the first. ``force=True`` requeues it anyway and
+    bumps its claim epoch, so from that moment the stale execution's writes
+    are refused; a supervisor holding it is told (NOTIFY on PostgreSQL, its
+    next heartbeat elsewhere) and kills the stale child.
     """
     with store.locked_run(run_id) as (conn, run):
         if run.status != RUNNING:
             raise AdminError(f"run {run.id} is {run.status}, not running: only running runs can be requeued")
+        holder = store.get_runner(run.claimed_by, conn) if run.claimed_by else None
+        if holder is not None and not holder.expired and not force:
+            raise AdminError(_live_holder_refusal(run, holder))
         store.execute_named(conn, "reschedule", run_id=run.id, from_status=RUNNING)
+        if holder is not None and run.claimed_by:
+            store.notify_fenced(conn, run.claimed_by, run.id)
     return store.get_run(run_id)
+
+
+def _live_holder_refusal(run: Run, holder: RunnerInfo) -> str:
+    where = f"{holder.kind} {holder.name!r} (pid {holder.pid} on {holder.host}, heartbeat {holder.silent_seconds:.0f}s ago)"
+    if holder.kind == "supervisor":
+        stop_it = f"everystep-supervisor ctl kill {run.id} --requeue on {holder.host}"
+    else:
+        stop_it = f"stop worker {holder.name!r} on {holder.host} (it requeues its runs as it drains)"
+    return (f"run {run.id} is executing under live {where}; to take it back: {stop_it}, "
+            f"or everystep requeue {run.id} --force (fences that execution)")

@@ -72,6 +72,9 @@ def build_parser() -> OneLineParser:
     sub = commands.add_parser("requeue", help="put a run parked 'running' by a dead runner back in the queue")
     _common(sub)
     sub.add_argument("run_id", metavar="RUN")
+    sub.add_argument("--force", action="store_true",
+                     help="requeue even though its runner is alive; that execution is fenced (its writes are "
+                          "refused) and a supervisor kills its child")
 
     sub = commands.add_parser("runners", help="list live runners, their heartbeats and what they hold")
     _common(sub)
@@ -82,6 +85,9 @@ def build_parser() -> OneLineParser:
     sub.add_argument("--pool", type=int, default=4, help="threads executing runs (default 4)")
     sub.add_argument("--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)")
     sub.add_argument("--name", help="runner name, stable across restarts (default: hostname)")
+    sub.add_argument("--takeover", action="store_true",
+                     help="take the runner name even though its holder looks alive (it is gone for good, "
+                          "e.g. a frozen VM); its runs are fenced")
     sub.add_argument("--drain", type=float, default=30.0, help="seconds to wait for runs on stop (default 30)")
     sub.add_argument("--lease", type=float, default=DEFAULT_LEASE, metavar="S",
                      help="heartbeat lease: runners silent longer than S seconds have their runs requeued (default 60)")
@@ -234,7 +240,7 @@ def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_requeue(store: Store, args: argparse.Namespace) -> int:
-    run = admin.requeue_run(store, args.run_id)
+    run = admin.requeue_run(store, args.run_id, force=args.force)
     print(f"run {run.id} is {run.status}")
     return 0
 
@@ -255,11 +261,14 @@ def cmd_runners(store: Store, args: argparse.Namespace) -> int:
 
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
-                    metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease)
+                    metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease,
+                    takeover=args.takeover)
     # Touch the database once before working: a wrong URL or an unmigrated
     # database is a bad command line (one line, exit 2), whereas the claim
     # loop would log and retry it forever as if it were a passing outage.
+    # Taking the runner name now refuses a name a live runner holds.
     store.count_scheduled(registry.workflow_names())
+    worker.lease.register()
     setup_logging(args.log_level, args.log_format)
     leftovers = worker.run()
     if leftovers:

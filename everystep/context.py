@@ -37,7 +37,7 @@ from .errors import (
     StoreUnavailable,
     Terminal,
 )
-from .models import StepRecord
+from .models import Claim, StepRecord
 
 if TYPE_CHECKING:
     from .models import Run
@@ -105,6 +105,11 @@ class Execution:
     draining: Flag | None = None
     interrupt: BaseException | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def claim(self) -> Claim:
+        """This execution's fencing token: every write it makes carries it."""
+        return self.run.claim_as(self.claimer)
 
     def interrupt_with(self, exc: BaseException) -> BaseException:
         """Remember ``exc`` as the run's interrupt unless a more severe one is

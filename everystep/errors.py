@@ -74,6 +74,16 @@ class ClaimLost(EverystepError):
     """
 
 
+class NameInUse(EverystepError):
+    """Another live runner holds the runner name this one was started under.
+
+    Runs are claimed under a runner's name, so two live runners sharing one
+    would fence each other's work. Give each runner its own ``--name``; if
+    the holder is gone for good but its heartbeat still looks fresh (a frozen
+    VM), start with ``--takeover``, which fences everything it held.
+    """
+
+
 class RunNotFound(EverystepError, LookupError):
     """No run has the given id."""
 
@@ -122,6 +132,7 @@ __all__ = [
     "DrainOrphan",
     "EffectUncertain",
     "EverystepError",
+    "NameInUse",
     "RunNotFound",
     "SimulatedCrash",
     "StepFailure",

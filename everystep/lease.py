@@ -1,4 +1,4 @@
-"""Runner leases: recovery of a dead runner's runs without stable names.
+"""Runner leases and owned runner names.
 
 Each runner (a threaded worker, a supervisor parent) registers a row in
 ``everystep_runner`` and refreshes its heartbeat every quarter of its lease.
@@ -9,11 +9,19 @@ runs are requeued once. This is what lets plain Deployments and autoscaled
 runners with throwaway names recover each other's runs; a restart under the
 same name still resumes its own runs at once (catchup).
 
+A name is owned by its live holder. A runner starting under a name whose
+row shows a live holder (a fresh heartbeat, and on this host a process that
+still exists) refuses to start with ``NameInUse``. The normal restart path
+needs no flag: the holder's heartbeat is older than its lease, or it ran on
+this host and its pid is gone. ``takeover=True`` is the operator's explicit
+act for a holder that cannot be seen dead (a frozen VM): the name is taken
+and the runs still claimed under it are fenced (their epochs bumped), so the
+old holder can write nothing more if it ever wakes up; at its next heartbeat
+it sees that the name is gone (``lost_name``) and stops.
+
 A runner that comes back after losing its lease finds its heartbeat refused.
-Its runs were requeued, so its in-flight writes are refused too (every write
-is conditional on ``claimed_by``); it registers again and carries on. If
-instead another live instance took over its *name*, two runners share a name,
-which the design forbids: ``lost_name`` tells the owner to stop.
+Its runs were requeued, so its in-flight writes are refused too; it
+registers again and carries on.
 """
 
 from __future__ import annotations
@@ -24,23 +32,62 @@ import socket
 import time
 import uuid
 
-from .errors import EverystepError
+import psutil
+
+from .errors import EverystepError, NameInUse
 from .outage import OutageLog
-from .store import Store
+from .store import RunnerInfo, Store
 
 logger = logging.getLogger("everystep")
 
 DEFAULT_LEASE = 60.0
 
+#: A holder's process must predate its own last heartbeat; this much clock
+#: slack is allowed when comparing a process's start time with it.
+PID_REUSE_SLACK = 1.0
+
+
+def holder_alive(holder: RunnerInfo, host: str | None = None) -> bool:
+    """Whether the runner row ``holder`` belongs to a live process.
+
+    A heartbeat older than the lease means dead. On another host a fresh
+    heartbeat is all we can know, so it means alive. On this host the pid
+    decides: gone, a zombie, our own (a container restarted with the same
+    pid), or reused by a process started after the holder's last heartbeat,
+    all mean dead.
+    """
+    if holder.silent_seconds > holder.lease_seconds:
+        return False
+    if holder.host != (host or socket.gethostname()):
+        return True
+    if holder.pid == os.getpid():
+        return False
+    try:
+        process = psutil.Process(holder.pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        last_heard = time.time() - holder.silent_seconds
+        return process.create_time() <= last_heard + PID_REUSE_SLACK
+    except psutil.Error:
+        return False
+
+
+def describe_holder(holder: RunnerInfo) -> str:
+    return (f"a live {holder.kind} (pid {holder.pid} on {holder.host}, "
+            f"heartbeat {holder.silent_seconds:.1f}s ago)")
+
 
 class Lease:
-    def __init__(self, store: Store, name: str, kind: str, lease: float = DEFAULT_LEASE) -> None:
+    def __init__(
+        self, store: Store, name: str, kind: str, lease: float = DEFAULT_LEASE, takeover: bool = False
+    ) -> None:
         if not lease > 0:
             raise EverystepError("--lease must be a positive number of seconds")
         self.store = store
         self.name = name
         self.kind = kind
         self.lease = float(lease)
+        self.takeover = takeover
         self.instance = uuid.uuid4().hex
         self.beat_every = self.lease / 4
         self.sweep_every = self.lease / 2
@@ -52,19 +99,35 @@ class Lease:
         self._outage = OutageLog(logger, f"everystep {kind} {name}", "heartbeat")
 
     def register(self) -> None:
-        previous, silent = self.store.register_runner(
-            self.name, self.instance, self.kind, socket.gethostname(), os.getpid(), self.lease
+        """Take our name, or raise ``NameInUse`` if a live runner holds it."""
+        takeover = self.takeover
+        self.takeover = False  # an explicit act for this start only, never for re-registrations
+
+        def vet(holder: RunnerInfo) -> None:
+            if not holder_alive(holder):
+                return
+            if not takeover:
+                raise NameInUse(
+                    f"runner name {self.name!r} is held by {describe_holder(holder)}; give this "
+                    f"{self.kind} its own --name, or pass --takeover if that process is gone for good"
+                )
+            logger.warning("everystep %s %s: taking over the runner name from %s; its runs are fenced",
+                           self.kind, self.name, describe_holder(holder))
+
+        holder, fenced = self.store.register_runner(
+            self.name, self.instance, self.kind, socket.gethostname(), os.getpid(), self.lease, vet
         )
         self._registered = True
-        if previous is not None and silent is not None and silent < self.lease:
-            logger.warning(
-                "everystep %s %s: took over the runner name from an instance last heard from %.1fs ago; "
-                "if that runner is still alive, give each runner its own --name",
-                self.kind, self.name, silent,
-            )
+        if fenced:
+            logger.info("everystep %s %s: fenced %d run(s) the previous holder of this name left claimed",
+                        self.kind, self.name, len(fenced))
         now = time.monotonic()
         self._next_beat = now + self.beat_every
         self._next_sweep = now
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
 
     def next_due(self) -> float:
         return min(self._next_beat, self._next_sweep)
@@ -82,6 +145,8 @@ class Lease:
             if now >= self._next_sweep:
                 self._next_sweep = now + self.sweep_every
                 recovered = self._sweep()
+        except NameInUse as exc:
+            self._lose_name(str(exc))
         except EverystepError as exc:
             self._outage.failed(exc)
             self._next_beat = min(self._next_beat, now + min(self.beat_every, 2.0))
@@ -89,14 +154,16 @@ class Lease:
             self._outage.ok()
         return recovered
 
+    def _lose_name(self, why: str) -> None:
+        self.lost_name = True
+        logger.error("everystep %s %s: %s; stopping", self.kind, self.name, why)
+
     def _beat(self) -> None:
         if self.store.heartbeat(self.name, self.instance):
             return
-        holders = [runner for runner in self.store.list_runners() if runner.name == self.name]
-        if holders:
-            self.lost_name = True
-            logger.error("everystep %s %s: another instance (pid %d on %s) now runs under this name; stopping",
-                         self.kind, self.name, holders[0].pid, holders[0].host)
+        holder = self.store.get_runner(self.name)
+        if holder is not None:
+            self._lose_name(f"another instance ({describe_holder(holder)}) now runs under this name")
             return
         logger.warning("everystep %s %s: lease expired (silent past %.0fs); runs it held were requeued; "
                        "registering again", self.kind, self.name, self.lease)
@@ -111,6 +178,15 @@ class Lease:
                            self.kind, self.name, runner, len(run_ids), ", ".join(run_ids[:10]))
         self.recovered += total
         return total
+
+    def still_ours(self) -> bool:
+        """Whether we still hold our name (a heartbeat that succeeds)."""
+        if not self._registered or self.lost_name:
+            return False
+        try:
+            return self.store.heartbeat(self.name, self.instance)
+        except EverystepError:
+            return False
 
     def release(self) -> None:
         """Clean stop: forget our row (nothing is left claimed by then)."""

@@ -25,6 +25,21 @@ STEP_FAILED = "failed"
 
 
 @dataclass(frozen=True)
+class Claim:
+    """The right to write for one run: its claimer's name and the claim epoch.
+
+    Every claim of a run bumps its epoch (the fencing token), and every write
+    an executor makes is conditional on both values, so an execution that
+    was superseded (requeued by an operator, re-claimed by its own runner,
+    taken over with its runner's name) can write nothing more.
+    """
+
+    run_id: str
+    claimer: str
+    epoch: int
+
+
+@dataclass(frozen=True)
 class Run:
     """One workflow run: a row of ``everystep_workflow``."""
 
@@ -39,6 +54,8 @@ class Run:
     error: dict[str, Any] | None = None
     created_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
+    #: Bumped by every claim: the fencing token of the current execution.
+    claim_epoch: int = 0
     #: Whether the run had recorded steps when it was claimed (``None``:
     #: unknown). A run with none is on its first execution, so the runner
     #: skips reading its steps.
@@ -48,6 +65,17 @@ class Run:
     def exception(self) -> BaseException | None:
         """The stored error rebuilt as an exception (``None`` if there is none)."""
         return serde.decode_exception(self.error)
+
+    def claim_as(self, claimer: str) -> Claim:
+        """The claim ``claimer`` holds on this run as it was read (its epoch)."""
+        return Claim(self.id, claimer, self.claim_epoch)
+
+    @property
+    def claim(self) -> Claim:
+        """The current claim, for a ``running`` run."""
+        if self.claimed_by is None:
+            raise ValueError(f"run {self.id} is {self.status}: nobody holds it")
+        return Claim(self.id, self.claimed_by, self.claim_epoch)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +90,7 @@ class Run:
             "error": serde.to_jsonable(self.error),
             "created_at": _iso(self.created_at),
             "completed_at": _iso(self.completed_at),
+            "claim_epoch": self.claim_epoch,
         }
 
 

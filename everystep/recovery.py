@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from .errors import StoreUnavailable
+from .models import Claim
 from .store import Store
 
 logger = logging.getLogger("everystep")
@@ -20,24 +21,24 @@ logger = logging.getLogger("everystep")
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 5.0)
 
 
-def requeue_patiently(store: Store, run_id: str, claimer: str, backoff: Sequence[float] = BACKOFF) -> bool:
-    """Requeue ``run_id`` if ``claimer`` holds it, riding out an outage.
+def requeue_patiently(store: Store, claim: Claim, backoff: Sequence[float] = BACKOFF) -> bool:
+    """Requeue the run if ``claim`` is still its current one, riding out an outage.
 
     Returns True when requeued, False when the claim was gone (someone else
     owns the run) or the database stayed unreachable.
     """
     for attempt, delay in enumerate((*backoff, None)):
         try:
-            return store.requeue(run_id, claimer)
+            return store.requeue(claim)
         except StoreUnavailable as exc:
             if delay is None:
                 break
             if attempt == 0:
-                logger.warning("everystep: requeue of run %s failed (%s); retrying", run_id, exc)
+                logger.warning("everystep: requeue of run %s failed (%s); retrying", claim.run_id, exc)
             time.sleep(delay)
     logger.error(
         "everystep: run %s left running under %r: the database stayed unreachable; "
         "a restart under the same name resumes it",
-        run_id, claimer,
+        claim.run_id, claim.claimer,
     )
     return False

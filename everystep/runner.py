@@ -5,11 +5,18 @@ recorded returns its stored result (or re-raises its stored exception)
 without running; the first unrecorded step runs and is recorded; and so on to
 the end. The runner writes, for the run it was handed:
 
-- one row per executed step, only while the run is still ``running`` and
-  claimed by this runner (``Store.record_step``);
+- one row per executed step, only while this execution's claim (the
+  claimer's name and the claim epoch the run had when it was claimed) is
+  still the run's current one (``Store.record_step``);
 - for an unsafe-to-repeat step, a ``started`` row *before* the effect, whose
   insert is the atomic claim on the effect, then its outcome;
-- the terminal status, again guarded by status and claimer.
+- the terminal status, again guarded by the claim.
+
+Fencing. Every claim bumps the run's epoch, so an execution superseded by a
+later claim (an operator's forced requeue, a re-claim by the same runner
+name, a takeover of that name) learns at its first refused write that the
+run is no longer its own (``ClaimLost``): no new step starts after that, and
+an unsafe step's ``started`` insert is fenced like every other write.
 
 Crash windows. A process that dies after a step's effect and before its
 record leaves no row: the step runs again on the next claim (at-least-once).
@@ -25,6 +32,7 @@ once the database is back, and replay redoes the unrecorded step.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -65,7 +73,7 @@ from .models import (
 )
 from .observer import Observer, Observers
 from .recovery import requeue_patiently
-from .store import LOST, Store, StepWrite, utcnow
+from .store import LOST, NewStep, Store, StepWrite, utcnow
 
 if TYPE_CHECKING:
     from .api import StepFunction
@@ -122,10 +130,9 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         if kwargs else "{}"
     started_at = utcnow()
     started: StepRecord | None = None
+    entry = NewStep(step_id, step.name, args_json, kwargs_json, started_at)
     if step.unsafe_to_repeat:
-        write = _store_call(ex, lambda: ex.store.start_step(
-            ex.run.id, ex.claimer, step_id, step.name, args_json, kwargs_json, started_at
-        ))
+        write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry))
         if not write.ours:
             if write.record.status == STEP_STARTED:
                 raise ex.interrupt_with(_uncertain(ex.run, step_id, step.name))
@@ -168,13 +175,11 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     try:
         if started is not None:
             write = _store_call(ex, lambda: ex.store.finish_step(
-                started, ex.claimer, status, result_json, error_json, decoded
+                ex.claim, started, status, result_json, error_json, decoded
             ))
         else:
-            write = _store_call(ex, lambda: ex.store.record_step(
-                ex.run.id, ex.claimer, step_id, step.name, args_json, kwargs_json,
-                status, result_json, error_json, started_at, decoded,
-            ))
+            finished = dataclasses.replace(entry, status=status, result_json=result_json, error_json=error_json)
+            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded))
     except BaseException as exc:
         ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
         raise
@@ -232,7 +237,8 @@ def _store_call(ex: Execution, action: Callable[[], StepWrite | None]) -> StepWr
         raise ex.interrupt_with(exc) from None
     if write is LOST:
         raise ex.interrupt_with(
-            ClaimLost(f"run {ex.run.id} is no longer running under {ex.claimer!r}; stopping this execution")
+            ClaimLost(f"run {ex.run.id} is no longer held by this execution ({ex.claimer!r}, claim "
+                      f"epoch {ex.claim.epoch}); stopping it without writing anything more")
         )
     return write
 
@@ -391,12 +397,12 @@ def execute_guarded(
         logger.exception("everystep: run %s (%s) crashed outside the runner", run.id, run.name)
         sentry.report_failure(exc, run.id, run.name, runner=claimer)
         try:
-            store.finish_run(run.id, claimer, FAILED, None, serde.dumps(serde.encode_exception(exc), "run error"))
+            store.finish_run(run.claim_as(claimer), FAILED, None, serde.dumps(serde.encode_exception(exc), "run error"))
         except Exception:
             logger.exception("everystep: could not mark run %s failed", run.id)
         return FAILED
     if status == UNFINISHED:
-        return REQUEUED if requeue_patiently(store, run.id, claimer) else UNFINISHED
+        return REQUEUED if requeue_patiently(store, run.claim_as(claimer)) else UNFINISHED
     return status
 
 
@@ -410,7 +416,7 @@ def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[st
     if isinstance(outcome, DrainOrphan):
         ex.observer.run_settling(ex.run, REQUEUED)
         try:
-            requeued = ex.store.requeue(ex.run.id, ex.claimer)
+            requeued = ex.store.requeue(ex.claim)
         except StoreUnavailable as exc:
             return UNFINISHED, exc
         return (REQUEUED if requeued else LOST_CLAIM), outcome
@@ -430,7 +436,7 @@ def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[st
     error_json = serde.dumps(serde.encode_exception(outcome), "run error") if outcome is not None else None
     ex.observer.run_settling(ex.run, status)
     try:
-        written = ex.store.finish_run(ex.run.id, ex.claimer, status, result_json, error_json)
+        written = ex.store.finish_run(ex.claim, status, result_json, error_json)
     except StoreUnavailable as exc:
         return UNFINISHED, exc
     if not written:

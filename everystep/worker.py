@@ -5,8 +5,10 @@ inside a host process); the prefork ``everystep-supervisor`` is the
 production runner for CPU-bound work.
 
 Name contract: every run this worker claims is ``running`` under its
-``name``. At startup it re-claims the runs a crashed process with the same
-name left behind (catchup), so give each worker a stable, unique name.
+``name``. At startup it takes the name (refused with ``NameInUse`` while a
+live runner holds it; ``takeover=True`` is the operator's override) and
+re-claims the runs a crashed process with the same name left behind
+(catchup), so give each worker a stable, unique name.
 
 Stopping (SIGTERM/SIGINT when standalone, or ``stop()``): no new claims;
 every run in flight stops at its next step boundary and is requeued with its
@@ -66,6 +68,7 @@ class Worker:
         metrics_port: int = 0,
         metrics_bind: str = "0.0.0.0",
         lease: float = DEFAULT_LEASE,
+        takeover: bool = False,
     ) -> None:
         if pool_size < 1:
             raise EverystepError("pool_size must be at least 1")
@@ -79,7 +82,7 @@ class Worker:
         self.observer = observer
         self.metrics_port = metrics_port
         self.metrics_bind = metrics_bind
-        self.lease = Lease(self.store, self.name, "worker", lease)
+        self.lease = Lease(self.store, self.name, "worker", lease, takeover=takeover)
         self._claims_outage = OutageLog(logger, f"everystep worker {self.name}", "claiming")
         self.metrics_server: ThreadedMetricsServer | None = None
         self._stopping = SignalFlag()
@@ -149,6 +152,8 @@ class Worker:
         still busy at the drain deadline (empty after a clean drain). Each
         was requeued unless another runner had taken it meanwhile; either
         way its thread is stuck, so a standalone process must not join it."""
+        if not self.lease.registered:
+            self.lease.register()  # raises NameInUse before anything is claimed
         names = registry.workflow_names()
         if not names:
             logger.warning("everystep worker %s: no workflows registered (did you pass --app?)", self.name)
@@ -284,7 +289,7 @@ class Worker:
         """Give a run back to the queue at shutdown (if the database is away,
         the run stays ours: a restart or another runner's lease sweep takes it)."""
         try:
-            requeued = self.store.requeue(run.id, self.name)
+            requeued = self.store.requeue(run.claim_as(self.name))
         except StoreUnavailable as exc:
             logger.warning("everystep worker %s: could not requeue run %s: %s", self.name, run.id, exc)
             requeued = False

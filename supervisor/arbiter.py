@@ -21,6 +21,9 @@ What a child's death means depends on why it died:
   unsafe-to-repeat step: its ``started`` row stays, so the run goes
   ``blocked`` on replay) and the run goes to a fresh child;
 - ``ctl kill``: the same with ``StepKilled``, or a plain requeue;
+- fenced (the run was taken from this execution: an operator's forced
+  requeue, or a re-claim at a newer epoch): nothing, its writes would be
+  refused anyway and the run's current holder carries on;
 - drain deadline or fast stop: the run is requeued;
 - anything else is a crash: the run is re-dispatched, and ends ``failed``
   after ``--max-crashes`` deaths.
@@ -45,7 +48,8 @@ from everystep.errors import ChildCrashed, EverystepError, StepKilled, StepTimeo
 from everystep.lease import Lease
 from everystep.models import FAILED, STEP_FAILED, TERMINAL_STATUSES, Run
 from everystep.outage import OutageLog
-from everystep.store import Store, close_default_stores, utcnow
+from everystep.store import NewStep, Store, close_default_stores, utcnow
+from everystep.store.postgres import FENCE_CHANNEL
 
 from . import child as child_process
 from . import reporting, titles
@@ -103,6 +107,7 @@ class Arbiter:
         self._claim_due = True
         self._next_poll = 0.0
         self._next_reconcile = 0.0
+        self._next_fence_check = 0.0
         self._caught_up = False
         self._boot_failures = 0
         self._reload_requested = False
@@ -115,8 +120,8 @@ class Arbiter:
         self.control = ControlServer(config.socket, self.handle_request, self.selector,
                                      on_request=self._count_request)
         self.http: LoopHTTPServer | None = None
-        self.lease = Lease(store, config.name, "supervisor", config.lease)
-        self.listener = Listener(store, self.selector, self._wake_claims, f"everystep-supervisor {config.name}")
+        self.lease = Lease(store, config.name, "supervisor", config.lease, takeover=config.takeover)
+        self.listener = Listener(store, self.selector, self._on_notify, f"everystep-supervisor {config.name}")
         self._claims_outage = OutageLog(logger, f"everystep-supervisor {config.name}", "claiming")
 
     # -- setup / teardown -----------------------------------------------------------
@@ -124,11 +129,15 @@ class Arbiter:
     def run(self) -> int:
         """Supervise until stopped; returns the process exit code."""
         titles.master(self.name)
+        self.lease.register()  # NameInUse: refuse to start under a live runner's name
+        try:
+            self.control.open()
+        except BaseException:
+            self.lease.release()
+            raise
         self._install_signals()
-        self.control.open()
         try:
             self._open_metrics()
-            self.lease.tick(time.monotonic())  # register before catching up
             self.listener.open()
             self._catchup()
             self._spawn_missing()
@@ -197,7 +206,9 @@ class Arbiter:
         for kid in list(self.children.values()):
             kid.kill("shutdown")
         self._reap(block=True)
-        if self.stopping:
+        if self.stopping and self.lease.still_ours():
+            # Only while the name is still ours: after a takeover, what is
+            # claimed under it belongs to the new holder.
             try:
                 leftover = self.store.requeue_all(self.name)
             except EverystepError as exc:
@@ -235,11 +246,14 @@ class Arbiter:
             self._reload_requested = False
             self._reload()
         self._keep_lease(now)
+        if now >= self._next_fence_check:
+            self._check_fences(now)
         if now >= self._next_reconcile and not self.stopping:
             self._catchup()
         self._spawn_missing()
         if not self.stopping and self.listener.maintain(now):
             self._claim_due = True
+            self._next_fence_check = now  # a fence notice may have been missed too
         self._dispatch(now)
         self._periodic(now)
 
@@ -254,7 +268,8 @@ class Arbiter:
             self.begin_drain()
 
     def _timeout(self, now: float) -> float:
-        candidates = [max(self._next_poll - now, 0.0), 1.0, max(self.lease.next_due() - now, 0.0)]
+        candidates = [max(self._next_poll - now, 0.0), 1.0, max(self.lease.next_due() - now, 0.0),
+                      max(self._next_fence_check - now, 0.0)]
         if self._claim_due and self._idle_children() and not self.stopping:
             candidates.append(0.0)
         for kid in self.children.values():
@@ -534,6 +549,8 @@ class Arbiter:
     def _restart_reason(kid: Child, run: Run | None) -> str:
         if kid.kill_reason == "timeout":
             return "timeout"
+        if kid.kill_reason == "fenced":
+            return "fenced"
         if kid.kill_reason in ("kill", "kill-requeue"):
             return "kill"
         if kid.kill_reason is not None:
@@ -552,6 +569,9 @@ class Arbiter:
                 # It said goodbye before our run message reached it: the run
                 # never started there, so this is no crash of the run.
                 self._redispatch(run)
+            elif reason == "fenced":
+                logger.info("everystep-supervisor %s: run %s was taken from child %d (pid %d); "
+                            "its current holder carries on", self.name, run.id, kid.slot, kid.pid)
             elif reason == "timeout":
                 for step in kid.overdue_steps:
                     if not step.unsafe:
@@ -595,7 +615,7 @@ class Arbiter:
 
     def _requeue(self, run: Run) -> None:
         try:
-            if self.store.requeue(run.id, self.name):
+            if self.store.requeue(run.claim_as(self.name)):
                 self.counts["requeued"] += 1
                 metrics.record(lambda m: m.requeued.labels(self.name).inc())
         except StoreUnavailable as exc:
@@ -603,14 +623,14 @@ class Arbiter:
 
     def _fail_step(self, run: Run, step_id: str, step_name: str, exc: BaseException) -> None:
         error = serde.dumps(serde.encode_exception(exc), "step error")
-        write = self.store.record_step(run.id, self.name, step_id, step_name, None, None,
-                                       STEP_FAILED, None, error, utcnow())
+        write = self.store.record_step(run.claim_as(self.name), NewStep(
+            step_id, step_name, None, None, utcnow(), status=STEP_FAILED, error_json=error))
         if write is not None and write.ours:
             metrics.record(lambda m: m.step_runs.labels(run.name, step_name, STEP_FAILED).inc())
 
     def _finish_failed(self, run: Run, exc: BaseException) -> None:
         error = serde.dumps(serde.encode_exception(exc), "run error")
-        if self.store.finish_run(run.id, self.name, FAILED, None, error):
+        if self.store.finish_run(run.claim_as(self.name), FAILED, None, error):
             self.counts[FAILED] += 1
             metrics.record(lambda m: m.workflow_runs.labels(run.name, FAILED).inc())
             sentry.report_failure(exc, run.id, run.name, runner=self.name)
@@ -700,6 +720,7 @@ class Arbiter:
             self._give(idle.pop(), run)
 
     def _give(self, kid: Child, run: Run) -> None:
+        self._fence_older_executions(run)
         if kid.state == FINISHING:
             kid.finishing_run = kid.run
         try:
@@ -715,8 +736,66 @@ class Arbiter:
         kid.run_started = time.monotonic()
         kid.steps.clear()
 
-    def _wake_claims(self) -> None:
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == FENCE_CHANNEL:
+            if payload.rsplit(" ", 1)[0] == self.name:
+                self._next_fence_check = 0.0
+            return
         self._claim_due = True
+
+    # -- fencing --------------------------------------------------------------------
+
+    def _executing(self, settling: bool = False) -> list[tuple[Child, Run]]:
+        """Children and the run each is executing now: not one merely queued
+        behind a finishing run, nor (unless ``settling``) one whose terminal
+        write is under way."""
+        skip = (KILLED,) if settling else (KILLED, FINISHING)
+        return [(kid, kid.run) for kid in self.children.values()
+                if kid.run is not None and kid.finishing_run is None and kid.state not in skip]
+
+    def _fence_older_executions(self, run: Run) -> None:
+        """A run re-claimed at a newer epoch while a child still executes an
+        older claim of it: that child is stale and must stop now."""
+        for kid, held in self._executing():
+            if held.id == run.id and held.claim_epoch < run.claim_epoch:
+                self._kill_fenced(kid, held, f"re-claimed at epoch {run.claim_epoch}")
+
+    def _check_fences(self, now: float) -> None:
+        """Kill children executing a run whose claim moved on without them.
+
+        Their writes are refused anyway (every write carries the epoch); the
+        kill stops the step in flight at once instead of at its end. Runs it
+        finished or that reached another terminal state are left alone: the
+        child is merely reporting late. Runs claimed but not yet dispatched
+        are dropped the same way. Checked at every heartbeat period, and at
+        once on a fence notification (PostgreSQL).
+        """
+        self._next_fence_check = now + self.lease.beat_every
+        executing = self._executing()
+        ids = [run.id for _, run in executing] + [run.id for run in self.ready]
+        if not ids:
+            return
+        try:
+            states = self.store.claim_states(ids)
+        except EverystepError as exc:
+            logger.debug("everystep-supervisor %s: fence check failed: %s", self.name, exc)
+            return
+        def taken(run: Run) -> bool:
+            state = states.get(run.id)
+            return (state is not None and state.status in ("running", "scheduled")
+                    and not state.held_by(run.claim_as(self.name)))
+        for kid, run in executing:
+            if taken(run):
+                self._kill_fenced(kid, run, "its claim moved on")
+        kept = [run for run in self.ready if not taken(run)]
+        if len(kept) != len(self.ready):
+            self.ready = collections.deque(kept)
+
+    def _kill_fenced(self, kid: Child, run: Run, why: str) -> None:
+        logger.warning("everystep-supervisor %s: run %s was taken from this execution (%s); killing child %d "
+                       "(pid %d)", self.name, run.id, why, kid.slot, kid.pid,
+                       extra={"run_id": run.id, "child_pid": kid.pid, "event": "fenced"})
+        kid.kill("fenced")
 
     # -- operator actions ---------------------------------------------------------------
 
@@ -775,13 +854,12 @@ class Arbiter:
         self._reload_requested = True
 
     def kill_run(self, run_id: str, requeue: bool) -> Child | None:
-        for kid in self.children.values():
-            if kid.finishing_run is not None:
-                continue  # its ``run`` is queued, not executing yet
-            if kid.run is not None and kid.run.id == run_id and kid.state != KILLED:
-                kid.kill("kill-requeue" if requeue else "kill")
-                return kid
-        return None
+        executing = [(kid, run) for kid, run in self._executing(settling=True) if run.id == run_id]
+        if not executing:
+            return None
+        kid, _ = max(executing, key=lambda pair: pair[1].claim_epoch)  # the current execution
+        kid.kill("kill-requeue" if requeue else "kill")
+        return kid
 
     # -- control requests -----------------------------------------------------------------
 

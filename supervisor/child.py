@@ -203,6 +203,7 @@ def run_from_message(message: dict[str, Any], claimer: str) -> Run:
         id=message["id"], name=message["name"], args=serde.from_jsonable(message["args"]),
         status=RUNNING, claimed_by=claimer, claimed_at=when(message.get("claimed_at")),
         created_at=when(message.get("created_at")), has_steps=message.get("has_steps"),
+        claim_epoch=int(message["claim_epoch"]),
     )
 
 
@@ -212,6 +213,7 @@ def run_to_message(run: Run) -> dict[str, Any]:
         "claimed_at": run.claimed_at.isoformat() if run.claimed_at else None,
         "created_at": run.created_at.isoformat() if run.created_at else None,
         "has_steps": run.has_steps,
+        "claim_epoch": run.claim_epoch,
     }
 
 

@@ -15,7 +15,7 @@ import psutil
 
 from everystep import metrics, registry
 from everystep.cliutil import OneLineParser, fail, setup_logging
-from everystep.errors import EverystepError
+from everystep.errors import EverystepError, NameInUse
 from everystep.store import connect
 
 from . import ctl
@@ -55,6 +55,9 @@ def build_parser() -> OneLineParser:
                         help="database URL (default: $EVERYSTEP_DATABASE_URL or sqlite:///everystep.db)")
     parser.add_argument("--name", default=defaults.name,
                         help="runner name, stable across restarts: runs are claimed under it (default: hostname)")
+    parser.add_argument("--takeover", action="store_true",
+                        help="take the runner name even though its holder looks alive (it is gone for good, "
+                             "e.g. a frozen VM); the runs it held are fenced")
     parser.add_argument("--poll", type=_positive(float, 0.01), default=defaults.poll,
                         help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL (default 0.5)")
     parser.add_argument("--drain", type=_positive(float, 0), default=defaults.drain,
@@ -129,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         burst=args.burst,
         progress=args.progress,
         lease=args.lease,
+        takeover=args.takeover,
         metrics_port=args.metrics_port,
         metrics_bind=args.metrics_bind,
     )
@@ -183,7 +187,7 @@ def _run(config: Config) -> int:
     arbiter = Arbiter(config, store, notifier)
     try:
         return arbiter.run()
-    except ControlSocketError as exc:
+    except (ControlSocketError, NameInUse) as exc:
         fail(str(exc), prog=PROG)
 
 

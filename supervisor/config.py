@@ -32,6 +32,7 @@ class Config:
     burst: bool = False
     progress: bool | None = None  # None: on in burst mode
     lease: float = 60.0
+    takeover: bool = False
     metrics_port: int = 0
     metrics_bind: str = "0.0.0.0"
 

@@ -24,7 +24,7 @@ RETRY = 2.0
 
 
 class Listener:
-    def __init__(self, store: Store, selector: selectors.BaseSelector, on_notify: Callable[[], None],
+    def __init__(self, store: Store, selector: selectors.BaseSelector, on_notify: Callable[[str, str], None],
                  who: str) -> None:
         self.store = store
         self.selector = selector
@@ -78,11 +78,16 @@ class Listener:
         return False
 
     def _readable(self, mask: int) -> None:
+        """Hand each notification (channel, payload) to ``on_notify``; a lost
+        connection is reported as one on the scheduled-runs channel, since
+        whatever it would have delivered was missed."""
+        notifications: list[tuple[str, str]] = []
         try:
-            for _ in self._conn.notifies(timeout=0):
-                pass
+            for notify in self._conn.notifies(timeout=0):
+                notifications.append((notify.channel, notify.payload))
         except Exception as exc:
             logger.warning("%s: LISTEN connection lost (%s); polling until it is back", self.who, exc)
             self.close()
             self._retry_at = time.monotonic() + RETRY
-        self.on_notify()
+        for channel, payload in notifications or [("", "")]:
+            self.on_notify(channel, payload)

@@ -47,7 +47,7 @@ def test_requeued_runs_keep_their_place_in_line(store: Any) -> None:
     runs = [schedule(job, index, database=store) for index in range(3)]
     (oldest,) = store.claim("w", 1, [job.name])
     assert oldest.id == runs[0].id
-    assert store.requeue(oldest.id, "w")
+    assert store.requeue(store.get_run(oldest.id).claim_as("w"))
     assert [run.id for run in store.claim("w", 1, [job.name])] == [runs[0].id]
 
 
@@ -165,7 +165,7 @@ def test_claim_own_ignores_finished_and_requeued_runs(store: Any) -> None:
     assert execute_run(store, finished.id, claimer="worker-1") == COMPLETED
     requeued = schedule(job, 2, database=store)
     claim_run(store, requeued.id, "worker-1")
-    assert store.requeue(requeued.id, "worker-1")
+    assert store.requeue(store.get_run(requeued.id).claim_as("worker-1"))
     assert store.claim_own("worker-1", 10, [job.name]) == []
 
 

@@ -94,7 +94,7 @@ def make_blocked(store: Store, directory: Path) -> str:
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
     runner.fault = None
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == BLOCKED
     return run.id
 

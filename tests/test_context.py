@@ -111,7 +111,7 @@ def test_outcomes_are_seeded_with_earlier_claims(store: Any) -> None:
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
     assert current() is None
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == COMPLETED
     assert SEEN["starts"] == [[], ["1"]]
 

@@ -46,7 +46,9 @@ def test_migration_files_are_numbered_and_split_into_statements() -> None:
         assert migrations.latest(backend) == len(found)
         for migration in found:
             statements = migration.statements()
-            assert statements and all(statement.strip() for statement in statements)
+            # A version may be empty on one backend only to keep both numbered alike.
+            assert statements or "Nothing to do" in migration.sql, migration
+            assert all(statement.strip() for statement in statements)
             assert not any(statement.rstrip().endswith(";") for statement in statements)
 
 

@@ -634,7 +634,7 @@ def make_blocked(store: Store, label: str) -> str:
     crash_at("2")
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == BLOCKED
     return run.id
 
@@ -796,7 +796,7 @@ def test_replayed_steps_are_not_traced_again(store, spans):
     assert set(first) == {"1", "2.0.1", "2.1.1", "3"}
     spans.clear()
 
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == COMPLETED
 
     again = spans_of(spans, run.id)

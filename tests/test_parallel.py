@@ -280,7 +280,7 @@ def test_fork_replays_recorded_branch_steps(store: Any) -> None:
         execute_run(store, run.id)
     recorded = {s.step_id for s in store.get_steps(run.id)}
     assert {"1", "2.1.1"} <= recorded and "2.1.2" not in recorded and "3" not in recorded
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == COMPLETED
     assert store.get_run(run.id).result == ["head", (("a1", "a2"), ("b1", "b2")), "tail"]
     assert CALLS["head"] == 1 and CALLS["b1"] == 1 and CALLS["b2"] == 2 and CALLS["tail"] == 1

@@ -336,6 +336,7 @@ def test_when_two_executions_race_the_first_record_wins(store: Any) -> None:
     """A restarted process under the same name re-executing a run its old
     self still runs: both execute the step, the first record is the one
     both go on with, and the stale execution writes nothing more."""
+    from everystep.store import NewStep
     from tests.support.runs import claim_run
 
     RACE.update(b_in_step=threading.Event(), a_recorded=threading.Event(), b_finished=threading.Event())
@@ -364,17 +365,18 @@ def test_when_two_executions_race_the_first_record_wins(store: Any) -> None:
 
 
 def test_step_ids_are_unique_per_run(store: Any) -> None:
+    from everystep.store import NewStep
     from tests.support.runs import claim_run
 
     run = schedule(chain, 0, database=store)
-    claim_run(store, run.id)
+    claim = claim_run(store, run.id).claim
     now = dt.datetime.now(dt.timezone.utc)
-    first = store.record_step(run.id, "tester", "1", "n", "[]", "{}", STEP_DONE, '"first"', None, now)
-    second = store.record_step(run.id, "tester", "1", "n", "[]", "{}", STEP_DONE, '"second"', None, now)
+    first = store.record_step(claim, NewStep("1", "n", "[]", "{}", now, STEP_DONE, '"first"'))
+    second = store.record_step(claim, NewStep("1", "n", "[]", "{}", now, STEP_DONE, '"second"'))
     assert first.ours and not second.ours
     assert second.record.result == "first"
     assert [(s.step_id, s.result) for s in store.get_steps(run.id)] == [("1", "first")]
     # Another run may use the same step id.
     other = schedule(chain, 0, database=store)
-    claim_run(store, other.id)
-    assert store.record_step(other.id, "tester", "1", "n", "[]", "{}", STEP_DONE, '"x"', None, now).ours
+    other_claim = claim_run(store, other.id).claim
+    assert store.record_step(other_claim, NewStep("1", "n", "[]", "{}", now, STEP_DONE, '"x"')).ours

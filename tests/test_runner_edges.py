@@ -146,7 +146,7 @@ def test_durable_cleanup_runs_again_after_a_crash_mid_cleanup(store: Any) -> Non
     assert step_rows(store, run.id)[:1] == [("1", STEP_DONE, "vm-web-1")]
     assert [(s.step_id, s.status) for s in store.get_steps(run.id)] == [("1", STEP_DONE), ("2", STEP_FAILED)]
 
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == FAILED
     # The stored attach_ip failure was re-raised, the except branch ran
     # again and delete_vm (never recorded) executed again.
@@ -197,7 +197,7 @@ def test_drain_still_replays_recorded_steps(store: Any) -> None:
     crash_at("3")
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     draining = threading.Event()
     draining.set()
     assert execute_run(store, run.id, draining=draining) == runner.REQUEUED
@@ -239,7 +239,7 @@ def test_a_lost_claim_stops_the_execution_and_writes_nothing_more(db_url: str, s
     run = schedule(three_steps, database=store)
 
     def requeue_from_elsewhere() -> None:
-        assert operator.requeue(run.id, "tester")
+        assert operator.requeue(operator.get_run(run.id).claim)
 
     SHARED["during two"] = requeue_from_elsewhere
     try:
@@ -258,7 +258,7 @@ def test_a_claim_taken_over_by_another_runner(db_url: str, store: Any) -> None:
     run = schedule(three_steps, database=store)
 
     def hand_over() -> None:
-        assert other.requeue(run.id, "tester")
+        assert other.requeue(other.get_run(run.id).claim)
         claim_run(other, run.id, "successor")
 
     SHARED["during one"] = hand_over
@@ -289,7 +289,7 @@ def lost_before_unsafe() -> Any:
 def test_a_lost_claim_prevents_an_unsafe_effect(db_url: str, store: Any) -> None:
     operator = connect(db_url)
     run = schedule(lost_before_unsafe, database=store)
-    SHARED["during one"] = lambda: operator.requeue(run.id, "tester") or None
+    SHARED["during one"] = lambda: operator.requeue(operator.get_run(run.id).claim) or None
     try:
         # Step 1's record is refused, so the unsafe step is never reached.
         assert execute_run(store, run.id) == runner.LOST_CLAIM
@@ -303,7 +303,7 @@ def test_a_lost_claim_prevents_an_unsafe_effect(db_url: str, store: Any) -> None
 def lost_between_steps() -> Any:
     note("one")
     store = SHARED["operator"]
-    assert store.requeue(SHARED["run_id"], "tester")
+    assert store.requeue(store.get_run(SHARED["run_id"]).claim_as("tester"))
     return unsafe_effect()
 
 
@@ -554,7 +554,7 @@ def test_observer_sees_runs_and_executed_steps(store: Any) -> None:
     crash_at("3")
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     recorder = Recorder()
     assert execute_run(store, run.id, observer=recorder) == COMPLETED
     # Replayed steps are not reported as executed.

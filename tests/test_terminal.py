@@ -247,26 +247,26 @@ def simple() -> str:
 def test_finish_run_is_guarded_by_status_and_claimer(store: Any) -> None:
     run = schedule(simple, database=store)
     # Not running yet: nobody can finish it.
-    assert not store.finish_run(run.id, "tester", COMPLETED, serde.dumps("x"), None)
+    assert not store.finish_run(store.get_run(run.id).claim_as("tester"), COMPLETED, serde.dumps("x"), None)
     claim_run(store, run.id, "owner")
     # Another claimer's write is refused.
-    assert not store.finish_run(run.id, "intruder", FAILED, None, serde.dumps({"type": "x", "message": "m"}))
+    assert not store.finish_run(store.get_run(run.id).claim_as("intruder"), FAILED, None, serde.dumps({"type": "x", "message": "m"}))
     current = store.get_run(run.id)
     assert current.status == RUNNING and current.claimed_by == "owner" and current.error is None
-    assert store.finish_run(run.id, "owner", COMPLETED, serde.dumps("ok"), None)
+    assert store.finish_run(store.get_run(run.id).claim_as("owner"), COMPLETED, serde.dumps("ok"), None)
     # Once terminal, even the owner cannot move it again.
-    assert not store.finish_run(run.id, "owner", FAILED, None, serde.dumps({"type": "x", "message": "m"}))
+    assert not store.finish_run(store.get_run(run.id).claim_as("owner"), FAILED, None, serde.dumps({"type": "x", "message": "m"}))
     done = store.get_run(run.id)
     assert done.status == COMPLETED and done.result == "ok"
 
 
 def test_requeue_is_guarded_by_status_and_claimer(store: Any) -> None:
     run = schedule(simple, database=store)
-    assert not store.requeue(run.id, "owner")
+    assert not store.requeue(store.get_run(run.id).claim_as("owner"))
     claim_run(store, run.id, "owner")
-    assert not store.requeue(run.id, "intruder")
+    assert not store.requeue(store.get_run(run.id).claim_as("intruder"))
     assert store.get_run(run.id).status == RUNNING
-    assert store.requeue(run.id, "owner")
+    assert store.requeue(store.get_run(run.id).claim_as("owner"))
     requeued = store.get_run(run.id)
     assert requeued.status == SCHEDULED and requeued.claimed_by is None and requeued.claimed_at is None
 
@@ -276,7 +276,7 @@ def hands_over_mid_body() -> str:
     note("mine")
     # Between steps, an operator requeues the run and another runner claims it.
     store = HANDOVER["store"]
-    assert store.requeue(HANDOVER["run_id"], "tester")
+    assert store.requeue(store.get_run(HANDOVER["run_id"]).claim_as("tester"))
     claim_run(store, HANDOVER["run_id"], "successor")
     return "stale result"
 

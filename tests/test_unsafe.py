@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as dt
 import threading
 from collections import Counter
@@ -24,7 +26,7 @@ from everystep.models import (
     STEP_STARTED,
     STOPPED,
 )
-from everystep.store import connect
+from everystep.store import NewStep, connect
 from tests.support.runs import claim_run, crash_at, execute_run
 
 CALLS: Counter[str] = Counter()
@@ -110,7 +112,7 @@ def blocked_run(store: Any, wf: Any = checkout, order: str = "o-1") -> str:
     crash_at("2")
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == BLOCKED
     return run.id
 
@@ -140,7 +142,7 @@ def test_a_failing_unsafe_step_is_recorded_failed_and_replayed_like_any_failure(
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
     assert statuses(store, run.id) == [("1", STEP_FAILED)]
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == COMPLETED
     assert SEEN == ["card declined for o-2", "card declined for o-2"]
     assert CALLS["declined"] == 1
@@ -156,7 +158,7 @@ def test_crash_in_the_effect_window_blocks_the_run(store: Any) -> None:
     parked = store.get_run(run.id)
     assert parked.status == RUNNING and parked.claimed_by == "tester"
 
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == BLOCKED
     blocked = store.get_run(run.id)
     assert blocked.status == "blocked"
@@ -185,7 +187,7 @@ def test_death_inside_the_effect_leaves_the_started_row(store: Any) -> None:
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
     assert statuses(store, run.id) == [("1", STEP_STARTED)]
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == BLOCKED
     assert CALLS["dies_mid_effect"] == 1
 
@@ -197,7 +199,7 @@ def test_unmarked_step_with_a_leftover_started_row_runs_again(store: Any, monkey
         execute_run(store, run.id)
     # The current code no longer marks the step unsafe: it may repeat.
     monkeypatch.setattr(charge, "unsafe_to_repeat", False)
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == COMPLETED
     assert CALLS["charge"] == 2
     assert statuses(store, run.id) == [("1", STEP_DONE), ("2", STEP_DONE), ("3", STEP_DONE)]
@@ -218,7 +220,7 @@ def test_blocked_is_not_reported_as_a_failure(store: Any) -> None:
     crash_at("2")
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id, observer=recorder)
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id, observer=recorder) == BLOCKED
     assert recorder.statuses == ["crashed", BLOCKED]
 
@@ -280,14 +282,16 @@ def test_racing_claimant_gets_effect_uncertain_without_running_the_effect(store:
 
 def test_started_insert_is_the_atomic_claim_on_the_effect(store: Any) -> None:
     run = schedule(checkout, "o-5", database=store)
-    claim_run(store, run.id, "tester")
+    claim = claim_run(store, run.id, "tester").claim
     now = dt.datetime.now(dt.timezone.utc)
-    first = store.start_step(run.id, "tester", "9", "x.y", "[]", "{}", now)
-    second = store.start_step(run.id, "tester", "9", "x.y", "[]", "{}", now)
+    first = store.start_step(claim, NewStep("9", "x.y", "[]", "{}", now))
+    second = store.start_step(claim, NewStep("9", "x.y", "[]", "{}", now))
     assert first.ours and first.record.status == STEP_STARTED
     assert not second.ours and second.record.status == STEP_STARTED
     # A claimer that does not own the run cannot start a step at all.
-    assert store.start_step(run.id, "intruder", "10", "x.y", "[]", "{}", now) is None
+    assert store.start_step(dataclasses.replace(claim, claimer="intruder"), NewStep("10", "x.y", "[]", "{}", now)) is None
+    # Nor can a stale claim of the right claimer: the epoch fences it.
+    assert store.start_step(dataclasses.replace(claim, epoch=claim.epoch - 1), NewStep("11", "x.y", "[]", "{}", now)) is None
 
 
 @workflow
@@ -310,7 +314,7 @@ def test_effect_uncertain_in_a_branch_is_raised_ahead_of_other_failures(store: A
     with pytest.raises(SimulatedCrash):
         execute_run(store, run.id)
     SEEN.clear()
-    assert store.requeue(run.id, "tester")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == BLOCKED
     assert SEEN == [EffectUncertain]
 
@@ -440,7 +444,7 @@ def test_refuses_a_run_that_is_not_blocked(store: Any, status: str) -> None:
     run = schedule(checkout, "o-10", database=store)
     if status != SCHEDULED:
         claim_run(store, run.id, "tester")
-        assert store.finish_run(run.id, "tester", status, None, None)
+        assert store.finish_run(store.get_run(run.id).claim_as("tester"), status, None, None)
     before = snapshot(store, run.id)
     with pytest.raises(AdminError, match=f"is {status}, not blocked: only blocked runs can be resolved"):
         admin.resolve_step(store, run.id, "2", result=1)

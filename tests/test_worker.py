@@ -244,7 +244,7 @@ def test_drain_deadline_requeues_a_run_stuck_mid_step(
 
 def take_over(store: Store, run_id: str, new_owner: str = "B") -> None:
     """What an operator and another runner do to a run they believe orphaned."""
-    admin.requeue_run(store, run_id)
+    admin.requeue_run(store, run_id, force=True)
     claim_run(store, run_id, claimer=new_owner)
 
 

@@ -235,7 +235,7 @@ def test_drain_deadline_exits_even_when_someone_else_took_the_run(store, tmp_pat
     a.send(signal.SIGTERM)
     a.wait_for_log("draining 1 run(s)")
     # Succeeds only while the run is still A's, i.e. before the deadline.
-    admin.requeue_run(store, run.id)
+    admin.requeue_run(store, run.id, force=True)
     assert a.wait_exit() == 0, a.output()
     assert run_state(store, run.id) == (SCHEDULED, None, [("1", STEP_DONE)])
 

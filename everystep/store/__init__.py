@@ -13,7 +13,7 @@ import os
 import threading
 
 from ..errors import EverystepError
-from .base import LOST, Store, StepWrite, new_run_id, utcnow
+from .base import LOST, ClaimState, NewStep, RunnerInfo, Store, StepWrite, new_run_id, utcnow
 
 DEFAULT_URL = "sqlite:///everystep.db"
 ENV_VAR = "EVERYSTEP_DATABASE_URL"
@@ -67,6 +67,9 @@ __all__ = [
     "DEFAULT_URL",
     "ENV_VAR",
     "LOST",
+    "ClaimState",
+    "NewStep",
+    "RunnerInfo",
     "Store",
     "StepWrite",
     "close_default_stores",

@@ -21,13 +21,13 @@ import os
 import threading
 import dataclasses
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import serde
 from ..errors import EverystepError, RunNotFound, StoreUnavailable
-from ..models import STEP_STARTED, Run, StepRecord
+from ..models import STEP_STARTED, Claim, Run, StepRecord
 from . import migrations, queries
 
 LOST = None
@@ -65,10 +65,41 @@ class RunnerInfo:
     heartbeat_at: dt.datetime | None
     silent_seconds: float
     running: int
+    instance: str = ""
 
     @property
     def expired(self) -> bool:
         return self.silent_seconds > self.lease_seconds
+
+
+@dataclass(frozen=True)
+class NewStep:
+    """A step row as an executor writes it: what ran and, once it ended, how.
+
+    ``args_json``/``kwargs_json``/``result_json``/``error_json`` are already
+    serialized (the runner validates before the effect)."""
+
+    step_id: str
+    name: str
+    args_json: str | None
+    kwargs_json: str | None
+    started_at: dt.datetime
+    status: str = STEP_STARTED
+    result_json: str | None = None
+    error_json: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    """Where a run stands now, as far as the claim on it is concerned."""
+
+    status: str
+    claimed_by: str | None
+    claim_epoch: int
+
+    def held_by(self, claim: Claim) -> bool:
+        return (self.status == "running" and self.claimed_by == claim.claimer
+                and self.claim_epoch == claim.epoch)
 
 
 class StepWrite:
@@ -230,7 +261,8 @@ class Store:
             error=cls._json(row[8]),
             created_at=cls._time(row[9]),
             completed_at=cls._time(row[10]),
-            has_steps=bool(row[11]) if len(row) > 11 else None,
+            claim_epoch=int(row[11]),
+            has_steps=bool(row[12]) if len(row) > 12 else None,
         )
 
     @classmethod
@@ -355,7 +387,9 @@ class Store:
     def claim_own(
         self, claimer: str, limit: int, names: Sequence[str], exclude: Sequence[str] = ()
     ) -> list[Run]:
-        """Runs left ``running`` under ``claimer`` by a process that died."""
+        """Re-claim runs left ``running`` under ``claimer`` by a process that
+        died (or that nothing of ours executes any more): each one's epoch is
+        bumped, so a stale execution of it is fenced."""
         if limit <= 0 or not names:
             return []
         params = {
@@ -366,52 +400,51 @@ class Store:
         }
         return [self._run(row) for row in self._fetchall("claim_own", params)]
 
-    def requeue(self, run_id: str, claimer: str) -> bool:
-        """Give a run back to the queue, if ``claimer`` still holds it."""
-        return self._fetchone("requeue", {"run_id": _run_id(run_id), "claimer": claimer}) is not None
+    @staticmethod
+    def _claim_params(claim: Claim) -> dict[str, Any]:
+        return {"run_id": _run_id(claim.run_id), "claimer": claim.claimer, "claim_epoch": claim.epoch}
+
+    def requeue(self, claim: Claim) -> bool:
+        """Give a run back to the queue, if ``claim`` is still its current one."""
+        return self._fetchone("requeue", self._claim_params(claim)) is not None
 
     def requeue_all(self, claimer: str) -> list[str]:
+        """Requeue everything still claimed under ``claimer`` (its owner's
+        last act at exit, once nothing of it executes any more)."""
         return [str(row[0]) for row in self._fetchall("requeue_all", {"claimer": claimer})]
 
     def finish_run(
         self,
-        run_id: str,
-        claimer: str,
+        claim: Claim,
         status: str,
         result_json: str | None = None,
         error_json: str | None = None,
     ) -> bool:
-        """Move a running run to a terminal status, if ``claimer`` still holds it."""
-        params = self._params(run_id=run_id, claimer=claimer, status=status, result=result_json, error=error_json)
+        """Move a running run to a terminal status, if ``claim`` is still current."""
+        params = self._params(**self._claim_params(claim), status=status, result=result_json, error=error_json)
         return self._fetchone("finish_run", params) is not None
+
+    def claim_states(self, run_ids: Sequence[str]) -> dict[str, ClaimState]:
+        """Where the given runs stand now (missing ids are left out)."""
+        if not run_ids:
+            return {}
+        rows = self._fetchall("claim_states", {"ids": self._names([_run_id(run_id) for run_id in run_ids])})
+        return {str(row[0]): ClaimState(row[1], row[2], int(row[3])) for row in rows}
 
     # -- steps ---------------------------------------------------------------
 
     def load_outcomes(self, run_id: str) -> dict[str, StepRecord]:
         return {record.step_id: record for record in self.get_steps(run_id)}
 
-    def record_step(
-        self,
-        run_id: str,
-        claimer: str,
-        step_id: str,
-        name: str,
-        args_json: str,
-        kwargs_json: str,
-        status: str,
-        result_json: str | None,
-        error_json: str | None,
-        started_at: dt.datetime,
-        decoded: StepRecord | None = None,
-    ) -> StepWrite | None:
-        """Record a finished step. Returns ``LOST`` if the claim is gone, or the
-        record someone else wrote first (``ours=False``). ``decoded`` is the
-        caller's own Python view of the same step, so the store need not parse
-        back what it was just given."""
+    def record_step(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
+        """Record a finished step. Returns ``LOST`` if ``claim`` is no longer
+        current, or the record someone else wrote first (``ours=False``).
+        ``decoded`` is the caller's own Python view of the same step, so the
+        store need not parse back what it was just given."""
         params = self._params(
-            run_id=run_id, claimer=claimer, step_id=step_id, name=name,
-            args=args_json, kwargs=kwargs_json, status=status, result=result_json,
-            error=error_json, started_at=self._time_param(started_at),
+            **self._claim_params(claim), step_id=step.step_id, name=step.name,
+            args=step.args_json, kwargs=step.kwargs_json, status=step.status, result=step.result_json,
+            error=step.error_json, started_at=self._time_param(step.started_at),
         )
         with self.connection() as conn:
             row = conn.execute(self.sql["record_step"], params).fetchone()
@@ -419,22 +452,20 @@ class Store:
                 return self._conflict(conn, params)
         if decoded is None:
             decoded = StepRecord(
-                workflow_id=str(run_id), step_id=step_id, name=name, status=status,
-                result=serde.loads(result_json), error=serde.loads(error_json),
-                args=serde.loads(args_json) or [], kwargs=serde.loads(kwargs_json) or {},
-                started_at=started_at,
+                workflow_id=str(claim.run_id), step_id=step.step_id, name=step.name, status=step.status,
+                result=serde.loads(step.result_json), error=serde.loads(step.error_json),
+                args=serde.loads(step.args_json) or [], kwargs=serde.loads(step.kwargs_json) or {},
+                started_at=step.started_at,
             )
         return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row[0])), ours=True)
 
-    def start_step(
-        self, run_id: str, claimer: str, step_id: str, name: str, args_json: str,
-        kwargs_json: str, started_at: dt.datetime,
-    ) -> StepWrite | None:
+    def start_step(self, claim: Claim, step: NewStep) -> StepWrite | None:
         """Insert the ``started`` row of an unsafe step: the atomic claim on its
-        effect. A conflicting row is returned with ``ours=False``."""
+        effect, itself fenced by ``claim``. A conflicting row is returned
+        with ``ours=False``; ``LOST`` if the claim is no longer current."""
         params = self._params(
-            run_id=run_id, claimer=claimer, step_id=step_id, name=name,
-            args=args_json, kwargs=kwargs_json, started_at=self._time_param(started_at),
+            **self._claim_params(claim), step_id=step.step_id, name=step.name,
+            args=step.args_json, kwargs=step.kwargs_json, started_at=self._time_param(step.started_at),
         )
         with self.connection() as conn:
             row = conn.execute(self.sql["start_step"], params).fetchone()
@@ -442,21 +473,22 @@ class Store:
                 return self._conflict(conn, params)
         return StepWrite(
             StepRecord(
-                workflow_id=str(run_id), step_id=step_id, name=name, status=STEP_STARTED,
-                args=serde.loads(args_json), kwargs=serde.loads(kwargs_json), started_at=started_at,
+                workflow_id=str(claim.run_id), step_id=step.step_id, name=step.name, status=STEP_STARTED,
+                args=serde.loads(step.args_json), kwargs=serde.loads(step.kwargs_json),
+                started_at=step.started_at,
             ),
             ours=True,
         )
 
     def finish_step(
-        self, started: StepRecord, claimer: str, status: str,
+        self, claim: Claim, started: StepRecord, status: str,
         result_json: str | None, error_json: str | None,
         decoded: StepRecord | None = None,
     ) -> StepWrite | None:
         """Turn our ``started`` row into its outcome (``decoded``: as in
         ``record_step``)."""
         params = self._params(
-            run_id=started.workflow_id, claimer=claimer, step_id=started.step_id,
+            **self._claim_params(claim), step_id=started.step_id,
             status=status, result=result_json, error=error_json,
         )
         with self.connection() as conn:
@@ -483,18 +515,40 @@ class Store:
     # -- runners and leases ----------------------------------------------------
 
     def register_runner(
-        self, name: str, instance: str, kind: str, host: str, pid: int, lease: float
-    ) -> tuple[str | None, float | None]:
-        """Announce a live runner under ``name`` (replacing a previous holder).
-        Returns the previous holder's instance id and how long it had been
-        silent, or (None, None)."""
+        self, name: str, instance: str, kind: str, host: str, pid: int, lease: float,
+        vet: Callable[[RunnerInfo], None],
+    ) -> tuple[RunnerInfo | None, list[str]]:
+        """Take the runner name ``name`` for ``instance``.
+
+        If another instance holds the row, ``vet(holder)`` decides inside the
+        same transaction (the row is locked, so concurrent starters under one
+        name serialise): it raises to refuse, or returns to take the name
+        over, in which case the runs still claimed under the name are fenced
+        (their epochs bumped). Returns the previous holder and the fenced
+        run ids."""
         params = self._params(name=name, instance=instance, kind=kind, host=host, pid=pid, lease=lease)
         with self.connection() as conn, self._transaction(conn):
-            return self._register_locked(conn, params)
+            holder = self._runner_row(conn.execute(self.sql["lock_runner"], params).fetchone())
+            if holder is None:
+                if conn.execute(self.sql["insert_runner"], params).fetchone() is not None:
+                    return None, []
+                # Someone inserted it between our read and our insert.
+                holder = self._runner_row(conn.execute(self.sql["lock_runner"], params).fetchone())
+                assert holder is not None
+            if holder.instance != instance:
+                vet(holder)
+            conn.execute(self.sql["replace_runner"], params)
+            fenced = [str(row[0]) for row in conn.execute(self.sql["fence_runner_runs"], params).fetchall()]
+        return holder, fenced
 
-    def _register_locked(self, conn: Any, params: dict[str, Any]) -> tuple[str | None, float | None]:
-        row = conn.execute(self.sql["register_runner"], params).fetchone()
-        return (row[0], float(row[1]) if row[1] is not None else None) if row else (None, None)
+    def _runner_row(self, row: Sequence[Any] | None) -> RunnerInfo | None:
+        if row is None:
+            return None
+        return RunnerInfo(
+            name=row[0], kind=row[1], host=row[2], pid=int(row[3]), lease_seconds=float(row[4]),
+            started_at=self._time(row[5]), heartbeat_at=self._time(row[6]),
+            silent_seconds=max(float(row[7]), 0.0), running=int(row[8]), instance=row[9],
+        )
 
     def heartbeat(self, name: str, instance: str) -> bool:
         """Refresh our lease; False if the row is gone (expired and recovered
@@ -521,14 +575,12 @@ class Store:
 
     def list_runners(self) -> list[RunnerInfo]:
         rows = self._fetchall("list_runners", self._params())
-        return [
-            RunnerInfo(
-                name=row[0], kind=row[1], host=row[2], pid=int(row[3]), lease_seconds=float(row[4]),
-                started_at=self._time(row[5]), heartbeat_at=self._time(row[6]),
-                silent_seconds=max(float(row[7]), 0.0), running=int(row[8]),
-            )
-            for row in rows
-        ]
+        return [info for info in map(self._runner_row, rows) if info is not None]
+
+    def get_runner(self, name: str, conn: Any = None) -> RunnerInfo | None:
+        """The runner row holding ``name``, if any (``conn``: inside the
+        caller's transaction)."""
+        return self._runner_row(self._fetchone("lock_runner", self._params(name=name), conn))
 
     # -- administration ------------------------------------------------------
 
@@ -544,6 +596,13 @@ class Store:
     def locked_step(self, conn: Any, run_id: str, step_id: str) -> StepRecord | None:
         row = conn.execute(self.sql["lock_step"], {"run_id": _run_id(run_id), "step_id": step_id}).fetchone()
         return self._step(row) if row is not None else None
+
+    def notify_fenced(self, conn: Any, runner: str, run_id: str) -> None:
+        """Tell ``runner`` (in ``conn``'s transaction, delivered on commit)
+        that a run it holds was taken from it; backends without
+        notifications leave it to the runner's next heartbeat."""
+        if "notify_fenced" in self.sql:
+            conn.execute(self.sql["notify_fenced"], {"runner": runner, "run_id": _run_id(run_id)})
 
     def execute_named(self, conn: Any, name: str, **params: Any) -> int:
         """Run a named admin statement in ``conn``'s transaction; returns rows touched."""
@@ -584,4 +643,4 @@ def _close_quietly(conn: Any) -> None:
         pass
 
 
-__all__ = ["LOST", "RunnerInfo", "Store", "StepWrite", "new_run_id", "utcnow"]
+__all__ = ["LOST", "ClaimState", "NewStep", "RunnerInfo", "Store", "StepWrite", "new_run_id", "utcnow"]

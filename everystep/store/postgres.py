@@ -25,6 +25,8 @@ from .base import Store
 _MIGRATION_LOCK = 0x657665727973746
 
 NOTIFY_CHANNEL = "everystep_scheduled"
+#: Payload "RUNNER RUN_ID": a run RUNNER holds was taken from it (requeue --force).
+FENCE_CHANNEL = "everystep_fenced"
 
 
 class PostgresStore(Store):
@@ -82,11 +84,13 @@ class PostgresStore(Store):
             return int(conn.execute("SELECT coalesce(max(version), 0) FROM everystep_migration").fetchone()[0])
 
     def listen_connection(self) -> psycopg.Connection[Any]:
-        """A dedicated connection LISTENing for newly scheduled runs.
+        """A dedicated connection LISTENing for newly scheduled runs and for
+        runs taken from their holder.
 
         The caller owns it (it is not pooled) and watches ``fileno()`` in its
         selector; ``conn.notifies(timeout=0)`` drains what arrived.
         """
         conn = self._open()
         conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        conn.execute(f"LISTEN {FENCE_CHANNEL}")
         return conn

@@ -136,17 +136,12 @@ class SQLiteStore(Store):
             applied = {row[0] for row in conn.execute("SELECT version FROM everystep_migration")}
             return self._apply_pending(conn, applied)
 
-    def _register_locked(self, conn: Any, params: dict[str, Any]) -> tuple[str | None, float | None]:
-        previous = conn.execute(self.sql["previous_runner"], params).fetchone()
-        conn.execute(self.sql["register_runner"], params)
-        return (previous[0], float(previous[1])) if previous else (None, None)
-
     def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
         pairs = []
         for (name,) in conn.execute(self.sql["expired_runners"], params).fetchall():
             if conn.execute(self.sql["forget_runner"], {**params, "name": name}).fetchone() is None:
                 continue
-            for (run_id,) in conn.execute(self.sql["requeue_all"], {"claimer": name}).fetchall():
+            for (run_id,) in conn.execute(self.sql["requeue_dead_runners_runs"], {"claimer": name}).fetchall():
                 pairs.append((str(run_id), name))
         return pairs
 

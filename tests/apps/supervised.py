@@ -100,6 +100,26 @@ def gated_flow(spec: dict[str, Any]) -> dict[str, Any]:
     return {"first": first["pid"], "gated": middle["pid"], "last": last["pid"]}
 
 
+@step(unsafe_to_repeat=True)
+def unsafe_gated(spec: dict[str, Any], gate: str) -> dict[str, Any]:
+    """Unsafe to repeat, held on ``gate``: its effect is the pair of lines."""
+    _effect(spec, "unsafe:start")
+    _wait_for(Path(spec["dir"]) / gate)
+    _effect(spec, "unsafe:end")
+    return {"pid": os.getpid()}
+
+
+@workflow
+def fenced_flow(spec: dict[str, Any]) -> dict[str, Any]:
+    """``note first`` → a step held on ``spec["gate"]`` (``unsafe_gated`` when
+    ``spec["unsafe"]``, else ``gated``) → ``note last``: every effect logged,
+    so a test counts how often each ran and in which process."""
+    first = note(spec, "first")
+    held = (unsafe_gated if spec.get("unsafe") else gated)(spec, spec["gate"])
+    last = note(spec, "last")
+    return {"first": first["pid"], "held": held["pid"], "last": last["pid"]}
+
+
 @step
 def whoami(spec: dict[str, Any]) -> int:
     _effect(spec, "whoami")

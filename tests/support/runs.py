@@ -19,7 +19,7 @@ def claim_run(store: Store, run_id: str, claimer: str = "tester") -> Run:
     mine = [item for item in claimed if item.id == run_id]
     for other in claimed:
         if other.id != run_id:
-            store.requeue(other.id, claimer)
+            store.requeue(other.claim)
     assert mine, f"run {run_id} could not be claimed"
     return mine[0]
 
@@ -49,5 +49,5 @@ def crash_at(target: str) -> list[tuple[Any, str]]:
 def resume(store: Store, run_id: str, claimer: str = "tester") -> str:
     """What the next claim after a crash does: the run is requeued (by an
     operator or a drain) and executed again from the top."""
-    assert store.requeue(run_id, claimer)
+    assert store.requeue(store.get_run(run_id).claim_as(claimer))
     return execute_run(store, run_id, claimer)

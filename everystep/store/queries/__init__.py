@@ -13,7 +13,7 @@ from importlib import resources
 
 RUN_COLUMNS = (
     "id", "name", "args", "status", "idempotency_key", "claimed_by", "claimed_at",
-    "result", "error", "created_at", "completed_at",
+    "result", "error", "created_at", "completed_at", "claim_epoch",
 )
 STEP_COLUMNS = (
     "workflow_id", "step_id", "name", "status", "result", "error", "args", "kwargs",

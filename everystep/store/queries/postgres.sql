@@ -38,17 +38,27 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s)
 
 -- name: claim_own
--- Startup catchup: runs a crashed process under this name left running.
-SELECT {run_columns},
-    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = everystep_workflow.id)
-FROM everystep_workflow
-WHERE status = 'running' AND claimed_by = %(claimer)s AND name = ANY(%(names)s)
-  AND NOT (id = ANY(%(exclude)s::uuid[]))
-ORDER BY created_at
-LIMIT %(limit)s
+-- Catch-up: re-claim runs left running under this name by a process that
+-- died (or that nothing here executes any more). Re-claiming bumps the
+-- epoch, so a stale execution of the same run under this name is fenced.
+WITH picked AS (
+    SELECT id FROM everystep_workflow
+    WHERE status = 'running' AND claimed_by = %(claimer)s AND name = ANY(%(names)s)
+      AND NOT (id = ANY(%(exclude)s::uuid[]))
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE
+)
+UPDATE everystep_workflow AS w
+SET claim_epoch = w.claim_epoch + 1
+FROM picked
+WHERE w.id = picked.id AND w.status = 'running' AND w.claimed_by = %(claimer)s
+RETURNING {run_columns_w},
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id)
 
 -- name: record_step
--- Record a finished step, but only while this claimer still owns the run.
+-- Record a finished step, but only while this claim (claimer and epoch) is
+-- still the run's current one.
 -- A leftover `started` row (the step was unsafe in older code) is replaced.
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at)
@@ -57,6 +67,7 @@ SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(st
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
 )
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
@@ -74,6 +85,7 @@ SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, 'sta
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
 )
 ON CONFLICT (workflow_id, step_id) DO NOTHING
 RETURNING started_at
@@ -86,13 +98,15 @@ WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
   AND EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
   )
 RETURNING completed_at
 
 -- name: step_conflict
 -- After a refused step write: do we still own the run, and what is recorded?
 SELECT (SELECT count(*) FROM everystep_workflow
-        WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s),
+        WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+          AND claim_epoch = %(claim_epoch)s),
        {step_columns_s}
 FROM (SELECT 1) AS one
 LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(step_id)s
@@ -109,15 +123,19 @@ SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
     completed_at = clock_timestamp()
 FROM async_commit
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
 RETURNING id
 
 -- name: requeue
 UPDATE everystep_workflow
 SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
 RETURNING id
 
 -- name: requeue_all
+-- A supervisor's last act at exit, once every child is gone: whatever is
+-- still claimed under its name goes back to the queue.
 UPDATE everystep_workflow
 SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
 WHERE status = 'running' AND claimed_by = %(claimer)s
@@ -152,29 +170,50 @@ DELETE FROM everystep_step
 WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
 
 -- name: reschedule
--- Admin transitions back to the queue, guarded on the status seen.
-UPDATE everystep_workflow
-SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL,
-    error = NULL, result = NULL, completed_at = NULL
-WHERE id = %(run_id)s AND status = %(from_status)s
-RETURNING id
-
--- name: register_runner
--- Take the name (a restart under the same name replaces the old row) and
--- report what was there before, so a takeover can be logged.
-WITH previous AS (
-    SELECT instance, extract(epoch FROM clock_timestamp() - heartbeat_at) AS silent
-    FROM everystep_runner WHERE name = %(name)s
-), upserted AS (
-    INSERT INTO everystep_runner (name, instance, kind, host, pid, lease_seconds, started_at, heartbeat_at)
-    VALUES (%(name)s, %(instance)s, %(kind)s, %(host)s, %(pid)s, %(lease)s, clock_timestamp(), clock_timestamp())
-    ON CONFLICT (name) DO UPDATE
-    SET instance = EXCLUDED.instance, kind = EXCLUDED.kind, host = EXCLUDED.host, pid = EXCLUDED.pid,
-        lease_seconds = EXCLUDED.lease_seconds, started_at = EXCLUDED.started_at,
-        heartbeat_at = EXCLUDED.heartbeat_at
-    RETURNING name
+-- Admin transitions back to the queue, guarded on the status seen. The epoch
+-- is bumped, so whoever executed the run before can write nothing more, and
+-- LISTENing runners are woken as for a new run.
+WITH moved AS (
+    UPDATE everystep_workflow
+    SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL,
+        error = NULL, result = NULL, completed_at = NULL, claim_epoch = claim_epoch + 1
+    WHERE id = %(run_id)s AND status = %(from_status)s
+    RETURNING id, name
 )
-SELECT (SELECT instance FROM previous), (SELECT silent FROM previous) FROM upserted
+SELECT moved.id, pg_notify('everystep_scheduled', moved.name)::text FROM moved
+
+-- name: notify_fenced
+-- Tell a supervisor that a run it holds was taken from it (requeue --force),
+-- so it kills the stale child now instead of at its next heartbeat.
+SELECT pg_notify('everystep_fenced', %(runner)s || ' ' || %(run_id)s)
+
+-- name: lock_runner
+-- The current holder of a runner name, locked while a new instance decides
+-- whether it may take the name.
+SELECT name, kind, host, pid, lease_seconds, started_at, heartbeat_at,
+       extract(epoch FROM clock_timestamp() - heartbeat_at), 0, instance
+FROM everystep_runner WHERE name = %(name)s
+FOR UPDATE
+
+-- name: insert_runner
+-- Take a free name; concurrent starters under one name serialise on the
+-- primary key, and all but one find the row taken.
+INSERT INTO everystep_runner (name, instance, kind, host, pid, lease_seconds, started_at, heartbeat_at)
+VALUES (%(name)s, %(instance)s, %(kind)s, %(host)s, %(pid)s, %(lease)s, clock_timestamp(), clock_timestamp())
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+
+-- name: replace_runner
+UPDATE everystep_runner
+SET instance = %(instance)s, kind = %(kind)s, host = %(host)s, pid = %(pid)s,
+    lease_seconds = %(lease)s, started_at = clock_timestamp(), heartbeat_at = clock_timestamp()
+WHERE name = %(name)s
+
+-- name: fence_runner_runs
+-- A takeover: the previous holder's executions can write nothing more.
+UPDATE everystep_workflow SET claim_epoch = claim_epoch + 1
+WHERE status = 'running' AND claimed_by = %(name)s
+RETURNING id
 
 -- name: heartbeat
 UPDATE everystep_runner SET heartbeat_at = clock_timestamp()
@@ -195,7 +234,7 @@ WITH dead AS (
     RETURNING name
 )
 UPDATE everystep_workflow AS w
-SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, claim_epoch = w.claim_epoch + 1
 FROM dead
 WHERE w.status = 'running' AND w.claimed_by = dead.name
 RETURNING w.id, dead.name
@@ -203,6 +242,13 @@ RETURNING w.id, dead.name
 -- name: list_runners
 SELECT r.name, r.kind, r.host, r.pid, r.lease_seconds, r.started_at, r.heartbeat_at,
        extract(epoch FROM clock_timestamp() - r.heartbeat_at),
-       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name)
+       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name),
+       r.instance
 FROM everystep_runner AS r
 ORDER BY r.name
+
+-- name: claim_states
+-- Where the runs a supervisor believes it executes stand now: a run whose
+-- claimer or epoch changed was taken from it, and its child must stop.
+SELECT id, status, claimed_by, claim_epoch FROM everystep_workflow
+WHERE id = ANY(%(ids)s::uuid[])

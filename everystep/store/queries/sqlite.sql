@@ -26,8 +26,9 @@ LIMIT :limit
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = :id ORDER BY id
 
 -- name: claim
+-- Each claim bumps the run's epoch: the fencing token its writes carry.
 UPDATE everystep_workflow
-SET status = 'running', claimed_by = :claimer, claimed_at = :now
+SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1
 WHERE id IN (
     SELECT id FROM everystep_workflow
     WHERE status = 'scheduled' AND name IN (SELECT value FROM json_each(:names))
@@ -37,12 +38,20 @@ WHERE id IN (
 RETURNING {run_columns}
 
 -- name: claim_own
-SELECT {run_columns} FROM everystep_workflow
-WHERE status = 'running' AND claimed_by = :claimer
-  AND name IN (SELECT value FROM json_each(:names))
-  AND id NOT IN (SELECT value FROM json_each(:exclude))
-ORDER BY created_at
-LIMIT :limit
+-- Catch-up: re-claim (bumping the epoch, which fences any stale execution)
+-- runs left running under this name that nothing here executes.
+UPDATE everystep_workflow
+SET claim_epoch = claim_epoch + 1
+WHERE id IN (
+    SELECT id FROM everystep_workflow
+    WHERE status = 'running' AND claimed_by = :claimer
+      AND name IN (SELECT value FROM json_each(:names))
+      AND id NOT IN (SELECT value FROM json_each(:exclude))
+    ORDER BY created_at
+    LIMIT :limit
+)
+RETURNING {run_columns},
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = everystep_workflow.id)
 
 -- name: record_step
 INSERT INTO everystep_step
@@ -51,6 +60,7 @@ SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :star
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
 )
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
@@ -66,6 +76,7 @@ SELECT :run_id, :step_id, :name, :args, :kwargs, 'started', :started_at
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
 )
 ON CONFLICT (workflow_id, step_id) DO NOTHING
 RETURNING started_at
@@ -77,12 +88,14 @@ WHERE workflow_id = :run_id AND step_id = :step_id AND status = 'started'
   AND EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
   )
 RETURNING completed_at
 
 -- name: step_conflict
 SELECT (SELECT count(*) FROM everystep_workflow
-        WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer),
+        WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+          AND claim_epoch = :claim_epoch),
        {step_columns_s}
 FROM (SELECT 1) AS one
 LEFT JOIN everystep_step AS s ON s.workflow_id = :run_id AND s.step_id = :step_id
@@ -91,12 +104,14 @@ LEFT JOIN everystep_step AS s ON s.workflow_id = :run_id AND s.step_id = :step_i
 UPDATE everystep_workflow
 SET status = :status, result = :result, error = :error, completed_at = :now
 WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+  AND claim_epoch = :claim_epoch
 RETURNING id
 
 -- name: requeue
 UPDATE everystep_workflow
 SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
 WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+  AND claim_epoch = :claim_epoch
 RETURNING id
 
 -- name: requeue_all
@@ -132,23 +147,37 @@ DELETE FROM everystep_step
 WHERE workflow_id = :run_id AND step_id = :step_id AND status = 'started'
 
 -- name: reschedule
+-- Admin transitions back to the queue; the epoch bump fences the previous
+-- executor.
 UPDATE everystep_workflow
 SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL,
-    error = NULL, result = NULL, completed_at = NULL
+    error = NULL, result = NULL, completed_at = NULL, claim_epoch = claim_epoch + 1
 WHERE id = :run_id AND status = :from_status
 RETURNING id
 
--- name: previous_runner
-SELECT instance, :epoch - heartbeat_epoch FROM everystep_runner WHERE name = :name
+-- name: lock_runner
+-- Under BEGIN IMMEDIATE, so concurrent starters under one name serialise.
+SELECT name, kind, host, pid, lease_seconds, started_at, heartbeat_at,
+       :epoch - heartbeat_epoch, 0, instance
+FROM everystep_runner WHERE name = :name
 
--- name: register_runner
+-- name: insert_runner
 INSERT INTO everystep_runner
     (name, instance, kind, host, pid, lease_seconds, started_at, heartbeat_at, heartbeat_epoch)
 VALUES (:name, :instance, :kind, :host, :pid, :lease, :now, :now, :epoch)
-ON CONFLICT (name) DO UPDATE
-SET instance = excluded.instance, kind = excluded.kind, host = excluded.host, pid = excluded.pid,
-    lease_seconds = excluded.lease_seconds, started_at = excluded.started_at,
-    heartbeat_at = excluded.heartbeat_at, heartbeat_epoch = excluded.heartbeat_epoch
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+
+-- name: replace_runner
+UPDATE everystep_runner
+SET instance = :instance, kind = :kind, host = :host, pid = :pid, lease_seconds = :lease,
+    started_at = :now, heartbeat_at = :now, heartbeat_epoch = :epoch
+WHERE name = :name
+
+-- name: fence_runner_runs
+UPDATE everystep_workflow SET claim_epoch = claim_epoch + 1
+WHERE status = 'running' AND claimed_by = :name
+RETURNING id
 
 -- name: heartbeat
 UPDATE everystep_runner SET heartbeat_at = :now, heartbeat_epoch = :epoch
@@ -162,6 +191,12 @@ DELETE FROM everystep_runner WHERE name = :name AND instance = :instance
 SELECT name FROM everystep_runner
 WHERE heartbeat_epoch < :epoch - lease_seconds AND name <> :me
 
+-- name: requeue_dead_runners_runs
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, claim_epoch = claim_epoch + 1
+WHERE status = 'running' AND claimed_by = :claimer
+RETURNING id
+
 -- name: forget_runner
 DELETE FROM everystep_runner WHERE name = :name AND heartbeat_epoch < :epoch - lease_seconds
 RETURNING name
@@ -169,6 +204,11 @@ RETURNING name
 -- name: list_runners
 SELECT r.name, r.kind, r.host, r.pid, r.lease_seconds, r.started_at, r.heartbeat_at,
        :epoch - r.heartbeat_epoch,
-       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name)
+       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name),
+       r.instance
 FROM everystep_runner AS r
 ORDER BY r.name
+
+-- name: claim_states
+SELECT id, status, claimed_by, claim_epoch FROM everystep_workflow
+WHERE id IN (SELECT value FROM json_each(:ids))

@@ -1,0 +1,3 @@
+-- Nothing to do on SQLite: PostgreSQL's version 3 moved its claim into a
+-- function with a pinned plan; SQLite's claim is a plain statement under
+-- BEGIN IMMEDIATE. The version exists so both backends number alike.
