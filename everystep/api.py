@@ -8,7 +8,6 @@ replayed) by the runner.
 from __future__ import annotations
 
 import functools
-import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -16,7 +15,7 @@ from typing import Any, TypeVar, overload
 from . import registry, runner, serde
 from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord
-from .store import Store, default_store
+from .store import Store, backend_for_connection, default_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -170,31 +169,9 @@ def schedule(
 
 
 def _schedule_in_transaction(conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
-    # The caller's connection may have any row factory (sqlite3.Row, dict
-    # rows): our cursor reads plain tuples, as the Store's row mapping expects.
-    if isinstance(conn, sqlite3.Connection):
-        from .store.sqlite import SQLiteStore
-
-        cursor = conn.cursor()
-        cursor.row_factory = None
-        try:
-            return SQLiteStore.schedule_on(cursor, name, args_json, idempotency_key)
-        finally:
-            cursor.close()
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        psycopg = None
-    if psycopg is not None and isinstance(conn, psycopg.Connection):
-        from psycopg.rows import tuple_row
-        from psycopg.types.json import set_json_loads
-
-        from .store.postgres import PostgresStore
-
-        with conn.cursor(row_factory=tuple_row) as cursor:
-            set_json_loads(serde.loads, cursor)
-            return PostgresStore.schedule_on(cursor, name, args_json, idempotency_key)
-    raise EverystepError(f"conn must be a psycopg or sqlite3 connection, not {type(conn).__name__}")
+    # Whatever row factory the caller set on its connection, the backend
+    # reads through a cursor of its own.
+    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key)
 
 
 def get_run(run_id: str, database: str | Store | None = None) -> Run:

@@ -131,7 +131,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def cmd_migrate(store: Store, args: argparse.Namespace) -> int:
     applied = store.migrate()
-    version = store.schema_version()  # type: ignore[attr-defined]
+    version = store.schema_version()
     # A fresh SQLite file migrates itself when opened, so there may be
     # nothing left to apply here: say where the schema stands either way.
     print(f"applied {', '.join(applied)}; schema at version {version}" if applied

@@ -92,6 +92,10 @@ class StoreUnavailable(EverystepError):
     """The database could not be reached or refused the operation."""
 
 
+class SchemaMissing(EverystepError):
+    """The database has no everystep tables yet: run ``everystep migrate``."""
+
+
 class StepTimeout(EverystepError):
     """A step ran past its timeout and its process was killed.
 
@@ -134,6 +138,7 @@ __all__ = [
     "EverystepError",
     "NameInUse",
     "RunNotFound",
+    "SchemaMissing",
     "SimulatedCrash",
     "StepFailure",
     "StepKilled",

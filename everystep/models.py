@@ -4,24 +4,43 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from . import serde
 
-# Run statuses (exact strings, stored in everystep_workflow.status).
-SCHEDULED = "scheduled"
-RUNNING = "running"
-COMPLETED = "completed"
-FAILED = "failed"
-STOPPED = "stopped"
-BLOCKED = "blocked"
-RUN_STATUSES = (SCHEDULED, RUNNING, COMPLETED, FAILED, STOPPED, BLOCKED)
+class RunStatus(StrEnum):
+    """Statuses of a run, stored as these exact strings in ``everystep_workflow.status``."""
+
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    BLOCKED = "blocked"
+
+
+class StepStatus(StrEnum):
+    """Statuses of a recorded step (``everystep_step.status``)."""
+
+    STARTED = "started"  # an unsafe step's effect may be under way
+    DONE = "done"
+    FAILED = "failed"
+
+
+SCHEDULED = RunStatus.SCHEDULED
+RUNNING = RunStatus.RUNNING
+COMPLETED = RunStatus.COMPLETED
+FAILED = RunStatus.FAILED
+STOPPED = RunStatus.STOPPED
+BLOCKED = RunStatus.BLOCKED
+RUN_STATUSES = tuple(RunStatus)
+#: Where an execution ends a run (``blocked`` waits for an operator).
 TERMINAL_STATUSES = (COMPLETED, FAILED, STOPPED, BLOCKED)
 
-# Step statuses (everystep_step.status).
-STEP_STARTED = "started"
-STEP_DONE = "done"
-STEP_FAILED = "failed"
+STEP_STARTED = StepStatus.STARTED
+STEP_DONE = StepStatus.DONE
+STEP_FAILED = StepStatus.FAILED
 
 
 @dataclass(frozen=True)

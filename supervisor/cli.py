@@ -15,8 +15,8 @@ import psutil
 
 from everystep import metrics, registry
 from everystep.cliutil import OneLineParser, fail, setup_logging
-from everystep.errors import EverystepError, NameInUse
-from everystep.store import connect
+from everystep.errors import EverystepError, NameInUse, SchemaMissing
+from everystep.store import Store, connect
 
 from . import ctl
 from .config import MAX_PROCS, Config, default_socket_path
@@ -191,12 +191,11 @@ def _run(config: Config) -> int:
         fail(str(exc), prog=PROG)
 
 
-def _check_database(store: object) -> None:
+def _check_database(store: Store) -> None:
     """Fail fast, in one line, on an unreachable or unmigrated database."""
-    version = store.schema_version()  # type: ignore[attr-defined]
-    if version == 0:
-        raise EverystepError(
-            f"database {store.describe()} has no everystep schema; run: everystep migrate --database URL"  # type: ignore[attr-defined]
+    if store.schema_version() == 0:
+        raise SchemaMissing(
+            f"database {store.describe()} has no everystep schema; run: everystep migrate --database URL"
         )
 
 

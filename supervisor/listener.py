@@ -14,9 +14,8 @@ import logging
 import selectors
 import time
 from collections.abc import Callable
-from typing import Any
 
-from everystep.store import Store
+from everystep.store import Notifications, Store
 
 logger = logging.getLogger("everystep.supervisor")
 
@@ -30,9 +29,9 @@ class Listener:
         self.selector = selector
         self.on_notify = on_notify
         self.who = who
-        self.supported = hasattr(store, "listen_connection")
-        self._conn: Any = None
-        self._fd = -1  # as registered: a lost psycopg connection cannot say its fileno()
+        self.supported = store.notifies
+        self._conn: Notifications | None = None
+        self._fd = -1
         self._retry_at = 0.0
 
     @property
@@ -45,11 +44,12 @@ class Listener:
         if not self.supported or self._conn is not None:
             return self._conn is not None
         try:
-            self._conn = self.store.listen_connection()  # type: ignore[attr-defined]
+            self._conn = self.store.listen()
         except Exception as exc:
             logger.warning("%s: LISTEN unavailable, polling only: %s", self.who, exc)
             self._retry_at = time.monotonic() + RETRY
             return False
+        assert self._conn is not None
         self._fd = self._conn.fileno()
         self.selector.register(self._fd, selectors.EVENT_READ, self._readable)
         return True
@@ -60,15 +60,10 @@ class Listener:
         if conn is None:
             return
         try:
-            # By the number we registered: once the server has dropped the
-            # connection, conn.fileno() raises, which would escape the loop.
             self.selector.unregister(fd)
         except (KeyError, ValueError, OSError):
             pass
-        try:
-            conn.close()
-        except Exception:
-            pass
+        conn.close()
 
     def maintain(self, now: float) -> bool:
         """Reconnect when due; True if a new connection was made (whatever
@@ -83,8 +78,8 @@ class Listener:
         whatever it would have delivered was missed."""
         notifications: list[tuple[str, str]] = []
         try:
-            for notify in self._conn.notifies(timeout=0):
-                notifications.append((notify.channel, notify.payload))
+            assert self._conn is not None
+            notifications = self._conn.drain()
         except Exception as exc:
             logger.warning("%s: LISTEN connection lost (%s); polling until it is back", self.who, exc)
             self.close()

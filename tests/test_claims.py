@@ -129,7 +129,7 @@ def test_claim_batches_are_disjoint_between_open_transactions(pg_url: str) -> No
             locked = conn.execute(
                 "SELECT id FROM everystep_workflow WHERE status = 'scheduled' ORDER BY created_at LIMIT 2 FOR UPDATE"
             ).fetchall()
-            assert [str(row[0]) for row in locked] == [runs[0].id, runs[1].id]
+            assert [str(row["id"]) for row in locked] == [runs[0].id, runs[1].id]
             claimed = second.claim("other", 10, [job.name])
             assert [run.id for run in claimed] == [runs[2].id, runs[3].id]
     finally:

@@ -22,6 +22,7 @@ from everystep.models import COMPLETED, RUNNING, SCHEDULED
 from everystep.store import ENV_VAR, connect
 from everystep.store.sqlite import path_from_url
 from tests.support.runs import claim_run, execute_run
+from tests.support.waiting import wait_until
 
 
 @step
@@ -211,16 +212,17 @@ def test_psycopg_validation_happens_before_touching_the_connection(pg_url: str) 
 
 def test_psycopg_notifies_listeners_on_commit_only(pg_url: str) -> None:
     store = connect(pg_url)
-    listener = store.listen_connection()
+    listener = store.listen()
+    assert listener is not None
     try:
         with psycopg.connect(pg_url) as conn:
             schedule(greet, "quiet", conn=conn)
             conn.rollback()
             schedule(greet, "loud", conn=conn)
             conn.commit()
-        notes = list(listener.notifies(timeout=5, stop_after=1))
-        assert [note.payload for note in notes] == [greet.name]
-        assert list(listener.notifies(timeout=0.2)) == []
+        notes = wait_until(listener.drain, "the notification", timeout=30)
+        assert notes == [("everystep_scheduled", greet.name)]
+        assert listener.drain() == []
     finally:
         listener.close()
         store.close()

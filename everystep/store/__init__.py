@@ -4,38 +4,73 @@
 ``postgresql://…`` (or ``postgres://…``) for PostgreSQL, ``sqlite:///path.db``
 for the embedded default. ``resolve_url`` applies the lookup order every
 command uses: explicit URL, then ``EVERYSTEP_DATABASE_URL``, then
-``sqlite:///everystep.db``.
+``sqlite:///everystep.db``. ``backend_for_connection`` finds the backend of
+a caller's own connection (``schedule(conn=...)``).
+
+A backend is one module here, one ``queries/<backend>.sql``, one
+``migrations/<backend>/`` folder and one line in ``BACKENDS``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
+from typing import Any
 
 from ..errors import EverystepError
-from .base import LOST, ClaimState, NewStep, RunnerInfo, Store, StepWrite, new_run_id, utcnow
+from .base import LOST, ClaimState, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow
 
 DEFAULT_URL = "sqlite:///everystep.db"
 ENV_VAR = "EVERYSTEP_DATABASE_URL"
+
+#: URL scheme → the Store class implementing it ("module:Class", imported on use).
+BACKENDS: dict[str, str] = {
+    "postgresql": "everystep.store.postgres:PostgresStore",
+    "postgres": "everystep.store.postgres:PostgresStore",
+    "sqlite": "everystep.store.sqlite:SQLiteStore",
+}
 
 
 def resolve_url(url: str | None = None) -> str:
     return url or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
-def connect(url: str | None = None) -> Store:
-    """Open a Store for ``url`` (resolved as ``resolve_url`` does)."""
+def _backend(path: str) -> type[Store]:
+    module, name = path.split(":")
+    cls: type[Store] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+def connect(url: str | None = None, **options: Any) -> Store:
+    """Open a Store for ``url`` (resolved as ``resolve_url`` does).
+
+    ``options`` go to the backend (``statement_timeout`` and
+    ``connect_timeout`` for PostgreSQL, ``busy_timeout`` for SQLite)."""
     url = resolve_url(url)
     scheme = url.split(":", 1)[0].lower()
-    if scheme in ("postgresql", "postgres") or scheme.startswith("postgresql+"):
-        from .postgres import PostgresStore
+    scheme, _, driver = scheme.partition("+")  # SQLAlchemy-style postgresql+psycopg://
+    if scheme not in BACKENDS:
+        expected = ", ".join(f"{name}://…" for name in BACKENDS)
+        raise EverystepError(f"unsupported database URL {url!r}: expected one of {expected}")
+    if driver:
+        url = scheme + url[url.index(":"):]
+    return _backend(BACKENDS[scheme])(url, **options)
 
-        return PostgresStore(url.replace("postgresql+psycopg://", "postgresql://", 1))
-    if scheme == "sqlite":
-        from .sqlite import SQLiteStore
 
-        return SQLiteStore(url)
-    raise EverystepError(f"unsupported database URL {url!r}: expected postgresql://… or sqlite:///path.db")
+def backend_for_connection(conn: Any) -> type[Store]:
+    """The Store class whose backend ``conn`` (a caller's own DB-API
+    connection) belongs to."""
+    drivers = []
+    for path in dict.fromkeys(BACKENDS.values()):
+        try:
+            cls = _backend(path)
+        except ImportError:  # an optional driver that is not installed
+            continue
+        if cls.accepts(conn):
+            return cls
+        drivers.append(cls.driver)
+    raise EverystepError(f"conn must be a {' or '.join(drivers)} connection, not {type(conn).__name__}")
 
 
 _defaults: dict[tuple[str, int], Store] = {}
@@ -64,14 +99,17 @@ def close_default_stores() -> None:
 
 
 __all__ = [
+    "BACKENDS",
     "DEFAULT_URL",
     "ENV_VAR",
     "LOST",
     "ClaimState",
     "NewStep",
+    "Notifications",
     "RunnerInfo",
     "Store",
     "StepWrite",
+    "backend_for_connection",
     "close_default_stores",
     "connect",
     "default_store",

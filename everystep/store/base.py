@@ -4,36 +4,47 @@ A ``Store`` owns a small pool of connections to one database. A connection
 is used by one thread at a time and never crosses ``fork()``: the pool
 remembers the pid that opened it and refuses to hand out inherited
 connections, and ``close()`` before forking leaves nothing for a child to
-finalise. Backends supply the SQL (``queries/<backend>.sql``), how to open a
-connection, how to run a write transaction and how to read their column
-types; the logic of each operation lives here once.
+finalise. A backend is one subclass (how to open a connection, run a write
+transaction, serialise migrations, read its column types, recognise a
+caller's connection), one ``queries/<backend>.sql`` with every statement it
+runs, by name, and one ``migrations/<backend>/`` folder; the logic of each
+operation lives here once. Rows are read by column name.
 
-Every state change a runner makes is conditional on the run still being
-``running`` and claimed by that runner, so a stale writer can never clobber a
-run that moved on: the methods return ``False``/``LOST`` instead.
+Every state change an executor makes carries its ``Claim`` (claimer name
+and claim epoch) and is conditional on it, so a stale writer can never
+clobber a run that moved on: the methods return ``False``/``LOST`` instead.
+
+Driver errors leave through one choke point (``connection()``):
+``StoreUnavailable`` when the database cannot be reached, ``SchemaMissing``
+when everystep's tables do not exist, ``EverystepError`` for anything else
+it refused, each with the driver's exception chained.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import threading
-import dataclasses
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import serde
-from ..errors import EverystepError, RunNotFound, StoreUnavailable
-from ..models import STEP_STARTED, Claim, Run, StepRecord
+from ..errors import EverystepError, RunNotFound, SchemaMissing, StoreUnavailable
+from ..models import STEP_STARTED, Claim, Run, RunStatus, StepRecord
 from . import migrations, queries
 
 LOST = None
-"""Returned by step writes when this claimer no longer owns the run."""
+"""Returned by step writes when this claim is no longer the run's current one."""
 
 MAX_IDLE_CONNECTIONS = 8
+
+Row = Mapping[str, Any]
+"""A result row, read by column name (``dict_row`` or ``sqlite3.Row``)."""
 
 
 def utcnow() -> dt.datetime:
@@ -98,7 +109,7 @@ class ClaimState:
     claim_epoch: int
 
     def held_by(self, claim: Claim) -> bool:
-        return (self.status == "running" and self.claimed_by == claim.claimer
+        return (self.status == RunStatus.RUNNING and self.claimed_by == claim.claimer
                 and self.claim_epoch == claim.epoch)
 
 
@@ -112,13 +123,34 @@ class StepWrite:
         self.ours = ours
 
 
-class Store:
+class Notifications(abc.ABC):
+    """A dedicated connection on which the database pushes notifications:
+    watch ``fileno()`` in a selector, then ``drain()`` what arrived."""
+
+    @abc.abstractmethod
+    def fileno(self) -> int: ...
+
+    @abc.abstractmethod
+    def drain(self) -> list[tuple[str, str]]:
+        """(channel, payload) pairs received so far; raises when the
+        connection is lost."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class Store(abc.ABC):
     """Base class; see ``postgres.PostgresStore`` and ``sqlite.SQLiteStore``."""
 
-    backend: str = ""
+    backend: ClassVar[str] = ""
+    #: The DB-API module whose connections ``schedule(conn=...)`` accepts.
+    driver: ClassVar[str] = ""
+    #: Whether ``listen()`` delivers notifications (LISTEN/NOTIFY); where it
+    #: does not, runners poll.
+    notifies: ClassVar[bool] = False
     #: Exceptions of the driver that mean "the database is unreachable".
-    _unavailable: tuple[type[BaseException], ...] = ()
-    _driver_errors: tuple[type[BaseException], ...] = ()
+    _unavailable: ClassVar[tuple[type[BaseException], ...]] = ()
+    _driver_errors: ClassVar[tuple[type[BaseException], ...]] = ()
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -133,17 +165,46 @@ class Store:
 
     # -- backend hooks -------------------------------------------------------
 
+    @abc.abstractmethod
     def _open(self) -> Any:
-        raise NotImplementedError
+        """A new connection in autocommit mode whose rows read by name."""
 
+    @abc.abstractmethod
     def _transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         """A write transaction that takes its locks up front."""
-        raise NotImplementedError
 
     def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         """Around the claim statement: nothing where that one statement is
         atomic and disjoint on its own (PostgreSQL's SKIP LOCKED)."""
         return contextlib.nullcontext(conn)
+
+    def _migration_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """A transaction that serialises concurrent migrators."""
+        return self._transaction(conn)
+
+    @classmethod
+    @abc.abstractmethod
+    def accepts(cls, conn: Any) -> bool:
+        """Whether ``conn`` (a caller's own connection) belongs to this backend."""
+
+    @classmethod
+    @abc.abstractmethod
+    def _caller_cursor(cls, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """A cursor on a caller's connection that reads rows by name and
+        decodes like ours, whatever the caller configured on it."""
+
+    def listen(self) -> Notifications | None:
+        """A dedicated connection receiving notifications of newly scheduled
+        runs and of runs taken from their holder; ``None`` where the backend
+        has none (runners poll)."""
+        return None
+
+    def _healthy(self, conn: Any) -> bool:
+        return True
+
+    def _schema_missing(self, exc: BaseException) -> bool:
+        """Whether a driver error says everystep's tables do not exist."""
+        return False
 
     @classmethod
     def _names(cls, names: Sequence[str]) -> Any:
@@ -151,7 +212,7 @@ class Store:
 
     @classmethod
     def _time(cls, value: Any) -> dt.datetime | None:
-        return value
+        return value  # type: ignore[no-any-return]
 
     @classmethod
     def _json(cls, value: Any) -> Any:
@@ -160,9 +221,6 @@ class Store:
     @classmethod
     def _time_param(cls, value: dt.datetime) -> Any:
         return value
-
-    def _migrate_locked(self, conn: Any) -> list[str]:
-        raise NotImplementedError
 
     def describe(self) -> str:
         """The URL without its password, for logs and errors."""
@@ -174,8 +232,9 @@ class Store:
     def connection(self) -> Iterator[Any]:
         """Check out a connection for this thread; broken ones are discarded.
 
-        Driver errors come out as ``StoreUnavailable`` (connection trouble)
-        or ``EverystepError`` (anything else the database refused), with the
+        Driver errors come out as ``StoreUnavailable`` (connection trouble),
+        ``SchemaMissing`` (no everystep tables: ``everystep migrate``) or
+        ``EverystepError`` (anything else the database refused), with the
         driver's exception chained.
         """
         if os.getpid() != self._pid:
@@ -191,6 +250,10 @@ class Store:
             raise StoreUnavailable(f"database {self.describe()} unavailable: {_first_line(exc)}") from exc
         except self._driver_errors as exc:
             self._release_after_error(conn)
+            if self._schema_missing(exc):
+                raise SchemaMissing(
+                    f"database {self.describe()} has no everystep schema; run: everystep migrate --database URL"
+                ) from exc
             raise EverystepError(f"database error: {_first_line(exc)}") from exc
         except BaseException:
             self._release_after_error(conn)
@@ -213,9 +276,6 @@ class Store:
         else:
             self._discard(conn)
 
-    def _healthy(self, conn: Any) -> bool:
-        return True
-
     def _discard(self, conn: Any) -> None:
         if conn is not None:
             _close_quietly(conn)
@@ -228,13 +288,13 @@ class Store:
             for conn in idle:
                 _close_quietly(conn)
 
-    def _fetchall(self, name: str, params: dict[str, Any], conn: Any = None) -> list[Any]:
+    def _fetchall(self, name: str, params: Mapping[str, Any], conn: Any = None) -> list[Row]:
         if conn is not None:
-            return conn.execute(self.sql[name], params).fetchall()
+            return conn.execute(self.sql[name], params).fetchall()  # type: ignore[no-any-return]
         with self.connection() as own:
-            return own.execute(self.sql[name], params).fetchall()
+            return own.execute(self.sql[name], params).fetchall()  # type: ignore[no-any-return]
 
-    def _fetchone(self, name: str, params: dict[str, Any], conn: Any = None) -> Any:
+    def _fetchone(self, name: str, params: Mapping[str, Any], conn: Any = None) -> Row | None:
         rows = self._fetchall(name, params, conn)
         return rows[0] if rows else None
 
@@ -242,86 +302,104 @@ class Store:
     def _params(cls, **params: Any) -> dict[str, Any]:
         now = utcnow()
         params["now"] = cls._time_param(now)
-        params["epoch"] = now.timestamp()
+        params["now_epoch"] = now.timestamp()
         return params
+
+    @staticmethod
+    def _claim_params(claim: Claim) -> dict[str, Any]:
+        return {"run_id": _run_id(claim.run_id), "claimer": claim.claimer, "claim_epoch": claim.epoch}
 
     # -- row mapping ---------------------------------------------------------
 
     @classmethod
-    def _run(cls, row: Sequence[Any]) -> Run:
+    def _run(cls, row: Row) -> Run:
         return Run(
-            id=str(row[0]),
-            name=row[1],
-            args=cls._json(row[2]),
-            status=row[3],
-            idempotency_key=row[4],
-            claimed_by=row[5],
-            claimed_at=cls._time(row[6]),
-            result=cls._json(row[7]),
-            error=cls._json(row[8]),
-            created_at=cls._time(row[9]),
-            completed_at=cls._time(row[10]),
-            claim_epoch=int(row[11]),
-            has_steps=bool(row[12]) if len(row) > 12 else None,
+            id=str(row["id"]),
+            name=row["name"],
+            args=cls._json(row["args"]),
+            status=row["status"],
+            idempotency_key=row["idempotency_key"],
+            claimed_by=row["claimed_by"],
+            claimed_at=cls._time(row["claimed_at"]),
+            result=cls._json(row["result"]),
+            error=cls._json(row["error"]),
+            created_at=cls._time(row["created_at"]),
+            completed_at=cls._time(row["completed_at"]),
+            claim_epoch=int(row["claim_epoch"]),
+            has_steps=bool(row["has_steps"]) if "has_steps" in row.keys() else None,
         )
 
     @classmethod
-    def _step(cls, row: Sequence[Any]) -> StepRecord:
+    def _step(cls, row: Row) -> StepRecord:
         return StepRecord(
-            workflow_id=str(row[0]),
-            step_id=row[1],
-            name=row[2],
-            status=row[3],
-            result=cls._json(row[4]),
-            error=cls._json(row[5]),
-            args=cls._json(row[6]) or [],
-            kwargs=cls._json(row[7]) or {},
-            started_at=cls._time(row[8]),
-            completed_at=cls._time(row[9]),
+            workflow_id=str(row["workflow_id"]),
+            step_id=row["step_id"],
+            name=row["name"],
+            status=row["status"],
+            result=cls._json(row["result"]),
+            error=cls._json(row["error"]),
+            args=cls._json(row["args"]) or [],
+            kwargs=cls._json(row["kwargs"]) or {},
+            started_at=cls._time(row["started_at"]),
+            completed_at=cls._time(row["completed_at"]),
+        )
+
+    def _runner_row(self, row: Row | None) -> RunnerInfo | None:
+        if row is None:
+            return None
+        return RunnerInfo(
+            name=row["name"], kind=row["kind"], host=row["host"], pid=int(row["pid"]),
+            lease_seconds=float(row["lease_seconds"]), started_at=self._time(row["started_at"]),
+            heartbeat_at=self._time(row["heartbeat_at"]), silent_seconds=max(float(row["silent"]), 0.0),
+            running=int(row["running"]), instance=row["instance"],
         )
 
     # -- schema --------------------------------------------------------------
 
     def migrate(self) -> list[str]:
-        """Apply pending migrations; returns the names applied (idempotent)."""
+        """Apply pending migrations; returns the names applied (idempotent,
+        safe to run concurrently: the backend serialises migrators)."""
+        with self.connection() as conn, self._migration_transaction(conn):
+            conn.execute(self.sql["create_migration_table"])
+            applied = {int(row["version"]) for row in conn.execute(self.sql["applied_migrations"]).fetchall()}
+            done = []
+            for migration in migrations.available(self.backend):
+                if migration.version in applied:
+                    continue
+                for statement in migration.statements():
+                    conn.execute(statement)
+                conn.execute(self.sql["insert_migration"], self._params(version=migration.version,
+                                                                         name=migration.name))
+                done.append(f"{migration.version:04d}_{migration.name}")
+            return done
+
+    def schema_version(self) -> int:
+        """The highest migration applied (0 on a database without everystep)."""
         with self.connection() as conn:
-            return self._migrate_locked(conn)
-
-    def _apply_pending(self, conn: Any, applied: set[int]) -> list[str]:
-        done = []
-        for migration in migrations.available(self.backend):
-            if migration.version in applied:
-                continue
-            for statement in migration.statements():
-                conn.execute(statement)
-            conn.execute(
-                self._insert_migration_sql,
-                {"version": migration.version, "name": migration.name, "now": self._time_param(utcnow())},
-            )
-            done.append(f"{migration.version:04d}_{migration.name}")
-        return done
-
-    _insert_migration_sql = ""
+            if not conn.execute(self.sql["migration_table_exists"]).fetchone()["present"]:
+                return 0
+            return int(conn.execute(self.sql["schema_version"]).fetchone()["version"])
 
     # -- scheduling and reading ----------------------------------------------
 
-    def schedule(
-        self, name: str, args_json: str, idempotency_key: str | None = None, conn: Any = None
-    ) -> Run:
-        """Insert a scheduled run (in ``conn``'s open transaction when given).
+    def schedule(self, name: str, args_json: str, idempotency_key: str | None = None) -> Run:
+        """Insert a scheduled run and commit it.
 
         With an idempotency key, an existing run of the same workflow and key
         is returned instead of inserting a second one.
         """
-        if conn is not None:
-            return self.schedule_on(conn, name, args_json, idempotency_key)
-        with self.connection() as own:
-            return self.schedule_on(own, name, args_json, idempotency_key)
+        with self.connection() as conn:
+            return self._schedule_through(conn, name, args_json, idempotency_key)
 
     @classmethod
     def schedule_on(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
-        """Insert a run through ``conn`` (a connection or cursor of this
-        backend) inside whatever transaction it has open."""
+        """Insert a run through a caller's own connection of this backend,
+        inside whatever transaction it has open."""
+        with cls._caller_cursor(conn) as cursor:
+            return cls._schedule_through(cursor, name, args_json, idempotency_key)
+
+    @classmethod
+    def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
         params = cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key)
         sql = cls.statements()
         row = conn.execute(sql["schedule"], params).fetchone()
@@ -351,30 +429,30 @@ class Store:
     def queue_stats(self) -> dict[str, float]:
         """Counts of scheduled, running and blocked runs and the age in seconds
         of the oldest scheduled one (0 when the queue is empty)."""
-        row = self._fetchone("queue_stats", {})
-        oldest = row[3]
-        if isinstance(oldest, str):
-            oldest = (utcnow() - dt.datetime.fromisoformat(oldest)).total_seconds()
+        row = self._fetchone("queue_stats", self._params())
+        assert row is not None
         return {
-            "pending": int(row[0]),
-            "running": int(row[1]),
-            "blocked": int(row[2]),
-            "oldest_pending_age_seconds": max(float(oldest or 0.0), 0.0),
+            "pending": int(row["pending"]),
+            "running": int(row["running"]),
+            "blocked": int(row["blocked"]),
+            "oldest_pending_age_seconds": max(float(row["oldest_age"] or 0.0), 0.0),
         }
 
     def ping(self) -> None:
         """Round-trip to the database (health checks); raises if unreachable."""
-        with self.connection() as conn:
-            conn.execute("SELECT 1").fetchone()
+        self._fetchone("ping", {})
 
     def count_scheduled(self, names: Sequence[str]) -> int:
-        return int(self._fetchone("count_scheduled", {"names": self._names(names)})[0])
+        row = self._fetchone("count_scheduled", {"names": self._names(names)})
+        assert row is not None
+        return int(row["scheduled"])
 
     # -- claiming ------------------------------------------------------------
 
     def claim(self, claimer: str, limit: int, names: Sequence[str]) -> list[Run]:
         """Claim up to ``limit`` scheduled runs of the given workflows, oldest
-        first. Concurrent claimers get disjoint sets."""
+        first, bumping each one's claim epoch. Concurrent claimers get
+        disjoint sets."""
         if limit <= 0 or not names:
             return []
         params = self._params(claimer=claimer, limit=limit, names=self._names(names))
@@ -398,11 +476,9 @@ class Store:
             "names": self._names(names),
             "exclude": self._names([_run_id(run_id) for run_id in exclude]),
         }
-        return [self._run(row) for row in self._fetchall("claim_own", params)]
-
-    @staticmethod
-    def _claim_params(claim: Claim) -> dict[str, Any]:
-        return {"run_id": _run_id(claim.run_id), "claimer": claim.claimer, "claim_epoch": claim.epoch}
+        with self.connection() as conn, self._claim_transaction(conn):
+            rows = conn.execute(self.sql["claim_own"], params).fetchall()
+        return sorted((self._run(row) for row in rows), key=lambda run: (run.created_at or utcnow(), run.id))
 
     def requeue(self, claim: Claim) -> bool:
         """Give a run back to the queue, if ``claim`` is still its current one."""
@@ -411,7 +487,7 @@ class Store:
     def requeue_all(self, claimer: str) -> list[str]:
         """Requeue everything still claimed under ``claimer`` (its owner's
         last act at exit, once nothing of it executes any more)."""
-        return [str(row[0]) for row in self._fetchall("requeue_all", {"claimer": claimer})]
+        return [str(row["id"]) for row in self._fetchall("requeue_all", {"claimer": claimer})]
 
     def finish_run(
         self,
@@ -429,7 +505,8 @@ class Store:
         if not run_ids:
             return {}
         rows = self._fetchall("claim_states", {"ids": self._names([_run_id(run_id) for run_id in run_ids])})
-        return {str(row[0]): ClaimState(row[1], row[2], int(row[3])) for row in rows}
+        return {str(row["id"]): ClaimState(row["status"], row["claimed_by"], int(row["claim_epoch"]))
+                for row in rows}
 
     # -- steps ---------------------------------------------------------------
 
@@ -457,7 +534,7 @@ class Store:
                 args=serde.loads(step.args_json) or [], kwargs=serde.loads(step.kwargs_json) or {},
                 started_at=step.started_at,
             )
-        return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row[0])), ours=True)
+        return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row["completed_at"])), ours=True)
 
     def start_step(self, claim: Claim, step: NewStep) -> StepWrite | None:
         """Insert the ``started`` row of an unsafe step: the atomic claim on its
@@ -499,18 +576,16 @@ class Store:
             decoded = dataclasses.replace(
                 started, status=status, result=serde.loads(result_json), error=serde.loads(error_json)
             )
-        return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row[0])), ours=True)
+        return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row["completed_at"])), ours=True)
 
-    def _conflict(self, conn: Any, params: dict[str, Any]) -> StepWrite | None:
+    def _conflict(self, conn: Any, params: Mapping[str, Any]) -> StepWrite | None:
         row = conn.execute(self.sql["step_conflict"], params).fetchone()
-        if not row[0]:
+        if not row["owned"] or row["step_id"] is None:
+            # Not our claim any more; or ours, yet the write changed nothing
+            # and no row exists (it vanished in between): either way the run
+            # is replayed from what is recorded.
             return LOST
-        if row[2] is None:
-            # We own the run, yet the write changed nothing and no row exists:
-            # only possible if the row vanished in between. Treat as lost so
-            # the run is replayed from what is recorded.
-            return LOST
-        return StepWrite(self._step(row[1:]), ours=False)
+        return StepWrite(self._step(row), ours=False)
 
     # -- runners and leases ----------------------------------------------------
 
@@ -538,17 +613,8 @@ class Store:
             if holder.instance != instance:
                 vet(holder)
             conn.execute(self.sql["replace_runner"], params)
-            fenced = [str(row[0]) for row in conn.execute(self.sql["fence_runner_runs"], params).fetchall()]
+            fenced = [str(row["id"]) for row in conn.execute(self.sql["fence_runner_runs"], params).fetchall()]
         return holder, fenced
-
-    def _runner_row(self, row: Sequence[Any] | None) -> RunnerInfo | None:
-        if row is None:
-            return None
-        return RunnerInfo(
-            name=row[0], kind=row[1], host=row[2], pid=int(row[3]), lease_seconds=float(row[4]),
-            started_at=self._time(row[5]), heartbeat_at=self._time(row[6]),
-            silent_seconds=max(float(row[7]), 0.0), running=int(row[8]), instance=row[9],
-        )
 
     def heartbeat(self, name: str, instance: str) -> bool:
         """Refresh our lease; False if the row is gone (expired and recovered
@@ -556,8 +622,7 @@ class Store:
         return self._fetchone("heartbeat", self._params(name=name, instance=instance)) is not None
 
     def unregister_runner(self, name: str, instance: str) -> None:
-        with self.connection() as conn:
-            conn.execute(self.sql["unregister_runner"], {"name": name, "instance": instance})
+        self._fetchall("unregister_runner", {"name": name, "instance": instance})
 
     def recover_expired(self, me: str) -> dict[str, list[str]]:
         """Forget runners silent past their lease and requeue their runs,
@@ -571,7 +636,9 @@ class Store:
         return recovered
 
     def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
-        return [(str(row[0]), row[1]) for row in conn.execute(self.sql["recover_expired"], params).fetchall()]
+        """(run id, dead runner) pairs; one statement where the backend can."""
+        rows = conn.execute(self.sql["recover_expired"], params).fetchall()
+        return [(str(row["id"]), row["runner"]) for row in rows]
 
     def list_runners(self) -> list[RunnerInfo]:
         rows = self._fetchall("list_runners", self._params())
@@ -579,7 +646,7 @@ class Store:
 
     def get_runner(self, name: str, conn: Any = None) -> RunnerInfo | None:
         """The runner row holding ``name``, if any (``conn``: inside the
-        caller's transaction)."""
+        caller's transaction, where the row stays locked)."""
         return self._runner_row(self._fetchone("lock_runner", self._params(name=name), conn))
 
     # -- administration ------------------------------------------------------
@@ -601,7 +668,7 @@ class Store:
         """Tell ``runner`` (in ``conn``'s transaction, delivered on commit)
         that a run it holds was taken from it; backends without
         notifications leave it to the runner's next heartbeat."""
-        if "notify_fenced" in self.sql:
+        if self.notifies:
             conn.execute(self.sql["notify_fenced"], {"runner": runner, "run_id": _run_id(run_id)})
 
     def execute_named(self, conn: Any, name: str, **params: Any) -> int:
@@ -611,7 +678,7 @@ class Store:
         cursor = conn.execute(self.sql[name], self._params(**params))
         if cursor.description is not None:
             return len(cursor.fetchall())
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 def _run_id(run_id: str) -> str:
@@ -643,4 +710,7 @@ def _close_quietly(conn: Any) -> None:
         pass
 
 
-__all__ = ["LOST", "ClaimState", "NewStep", "RunnerInfo", "Store", "StepWrite", "new_run_id", "utcnow"]
+__all__ = [
+    "LOST", "ClaimState", "NewStep", "Notifications", "Row", "RunnerInfo", "Store",
+    "StepWrite", "new_run_id", "utcnow",
+]

@@ -2,27 +2,30 @@
 
 Connections run in autocommit mode: each step record is its own short
 transaction, and multi-statement operations (claims, admin changes) open an
-explicit one. json columns (stored verbatim, so key order survives replay) are parsed straight into tagged Python values by
-a per-connection loader, so rows need no second decoding pass. psycopg
-prepares a statement server-side after it has been executed a few times on a
-connection, which suits the handful of hot statements a runner repeats.
+explicit one. json columns (stored verbatim, so key order survives replay)
+are parsed straight into tagged Python values by a per-connection loader,
+and rows are read by column name. psycopg prepares a statement server-side
+after it has been executed a few times on a connection, which suits the
+handful of hot statements a runner repeats.
+
+``statement_timeout`` bounds every statement on this store's connections
+(the supervisor parent sets one, so a stuck lock can never freeze its loop);
+``connect_timeout`` bounds opening one.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import psycopg.errors
+from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from .. import serde
-from .base import Store
-
-# Any fixed 64-bit number: the advisory lock that serialises migrations.
-_MIGRATION_LOCK = 0x657665727973746
+from .base import Notifications, Store
 
 NOTIFY_CHANNEL = "everystep_scheduled"
 #: Payload "RUNNER RUN_ID": a run RUNNER holds was taken from it (requeue --force).
@@ -30,30 +33,37 @@ FENCE_CHANNEL = "everystep_fenced"
 
 
 class PostgresStore(Store):
-    backend = "postgres"
+    driver: ClassVar[str] = "psycopg"
+    backend: ClassVar[str] = "postgres"
+    notifies: ClassVar[bool] = True
     # Connection loss, shutdowns, failovers (a demoted primary refuses writes)
-    # and cancelled statements are transient: the run is retried, never failed.
-    _unavailable = (
+    # and cancelled statements (statement_timeout) are transient: the run is
+    # retried, never failed.
+    _unavailable: ClassVar[tuple[type[BaseException], ...]] = (
         psycopg.OperationalError,
         psycopg.InterfaceError,
         psycopg.errors.ReadOnlySqlTransaction,
     )
-    _driver_errors = (psycopg.Error,)
-    _insert_migration_sql = (
-        "INSERT INTO everystep_migration (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s)"
-    )
+    _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg.Error,)
 
-    def __init__(self, url: str, connect_timeout: float = 10.0, application_name: str = "everystep") -> None:
+    def __init__(self, url: str, connect_timeout: float = 10.0, statement_timeout: float | None = None,
+                 application_name: str = "everystep") -> None:
         super().__init__(url)
         self.connect_timeout = connect_timeout
+        self.statement_timeout = statement_timeout
         self.application_name = application_name
 
     def _open(self) -> psycopg.Connection[Any]:
+        options = {}
+        if self.statement_timeout:
+            options["options"] = f"-c statement_timeout={int(self.statement_timeout * 1000)}"
         conn = psycopg.connect(
             self.url,
             autocommit=True,
             connect_timeout=max(1, int(self.connect_timeout)),
             application_name=self.application_name,
+            row_factory=dict_row,
+            **options,
         )
         set_json_loads(serde.loads, conn)
         return conn
@@ -61,36 +71,49 @@ class PostgresStore(Store):
     def _healthy(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken
 
+    def _schema_missing(self, exc: BaseException) -> bool:
+        return isinstance(exc, psycopg.errors.UndefinedTable) and "everystep_" in str(exc)
+
     @contextlib.contextmanager
     def _transaction(self, conn: Any) -> Iterator[Any]:
         with conn.transaction():
             yield conn
 
-    def _migrate_locked(self, conn: Any) -> list[str]:
+    @contextlib.contextmanager
+    def _migration_transaction(self, conn: Any) -> Iterator[Any]:
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS everystep_migration ("
-                " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL)"
-            )
-            applied = {row[0] for row in conn.execute("SELECT version FROM everystep_migration")}
-            return self._apply_pending(conn, applied)
+            conn.execute(self.sql["migration_lock"])
+            yield conn
 
-    def schema_version(self) -> int:
-        with self.connection() as conn:
-            exists = conn.execute("SELECT to_regclass('everystep_migration') IS NOT NULL").fetchone()[0]
-            if not exists:
-                return 0
-            return int(conn.execute("SELECT coalesce(max(version), 0) FROM everystep_migration").fetchone()[0])
+    @classmethod
+    def accepts(cls, conn: Any) -> bool:
+        return isinstance(conn, psycopg.Connection)
 
-    def listen_connection(self) -> psycopg.Connection[Any]:
+    @classmethod
+    @contextlib.contextmanager
+    def _caller_cursor(cls, conn: Any) -> Iterator[Any]:
+        with conn.cursor(row_factory=dict_row) as cursor:
+            set_json_loads(serde.loads, cursor)
+            yield cursor
+
+    def listen(self) -> Notifications:
         """A dedicated connection LISTENing for newly scheduled runs and for
-        runs taken from their holder.
+        runs taken from their holder. The caller owns it (it is not pooled)."""
+        return _Listening(self._open(), self.sql["listen"])
 
-        The caller owns it (it is not pooled) and watches ``fileno()`` in its
-        selector; ``conn.notifies(timeout=0)`` drains what arrived.
-        """
-        conn = self._open()
-        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        conn.execute(f"LISTEN {FENCE_CHANNEL}")
-        return conn
+
+class _Listening(Notifications):
+    def __init__(self, conn: psycopg.Connection[Any], listen_sql: str) -> None:
+        self._conn = conn
+        conn.execute(listen_sql)
+        self._fd = conn.fileno()
+
+    def fileno(self) -> int:
+        return self._fd  # a lost connection cannot say its fileno() any more
+
+    def drain(self) -> list[tuple[str, str]]:
+        return [(notify.channel, notify.payload) for notify in self._conn.notifies(timeout=0)]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()

@@ -17,7 +17,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import serde
 from ..errors import EverystepError
@@ -26,7 +26,7 @@ from .base import Store
 BUSY_TIMEOUT_SECONDS = 30.0
 
 
-def _use_wal(conn: sqlite3.Connection) -> None:
+def _use_wal(conn: sqlite3.Connection, sql: dict[str, str]) -> None:
     """Put the database file in WAL mode (persistent, so usually a no-op).
 
     Switching the journal mode needs an exclusive lock and SQLite reports
@@ -38,9 +38,9 @@ def _use_wal(conn: sqlite3.Connection) -> None:
     delay = 0.001
     while True:
         try:
-            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+            if conn.execute(sql["journal_mode"]).fetchone()[0].lower() == "wal":
                 return
-            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(sql["use_wal"])
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() >= deadline:
@@ -68,15 +68,14 @@ def path_from_url(url: str) -> str:
 
 
 class SQLiteStore(Store):
-    backend = "sqlite"
-    _unavailable = (sqlite3.OperationalError,)
-    _driver_errors = (sqlite3.Error,)
-    _insert_migration_sql = (
-        "INSERT INTO everystep_migration (version, name, applied_at) VALUES (:version, :name, :now)"
-    )
+    driver: ClassVar[str] = "sqlite3"
+    backend: ClassVar[str] = "sqlite"
+    _unavailable: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.OperationalError,)
+    _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, busy_timeout: float = BUSY_TIMEOUT_SECONDS) -> None:
         super().__init__(url)
+        self.busy_timeout = busy_timeout
         self.path = path_from_url(url)
         if self.path == ":memory:":
             raise EverystepError(
@@ -88,28 +87,40 @@ class SQLiteStore(Store):
         self.migrate()
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
-        )
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
-        _use_wal(conn)
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        _use_wal(conn, self.sql)
+        for statement in self.sql["connection_setup"].split(";"):
+            conn.execute(statement)
         return conn
 
     @contextlib.contextmanager
     def _transaction(self, conn: Any) -> Iterator[Any]:
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(self.sql["begin_write"])
         try:
             yield conn
         except BaseException:
-            conn.execute("ROLLBACK")
+            conn.execute(self.sql["rollback"])
             raise
         else:
-            conn.execute("COMMIT")
+            conn.execute(self.sql["commit"])
 
     def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         return self._transaction(conn)  # BEGIN IMMEDIATE: the write lock first
+
+    @classmethod
+    def accepts(cls, conn: Any) -> bool:
+        return isinstance(conn, sqlite3.Connection)
+
+    @classmethod
+    @contextlib.contextmanager
+    def _caller_cursor(cls, conn: Any) -> Iterator[Any]:
+        cursor = conn.cursor()
+        cursor.row_factory = sqlite3.Row
+        try:
+            yield cursor
+        finally:
+            cursor.close()
 
     @classmethod
     def _names(cls, names: Sequence[str]) -> str:
@@ -127,25 +138,14 @@ class SQLiteStore(Store):
     def _time_param(cls, value: dt.datetime) -> str:
         return value.isoformat()
 
-    def _migrate_locked(self, conn: Any) -> list[str]:
-        with self._transaction(conn):
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS everystep_migration ("
-                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-            )
-            applied = {row[0] for row in conn.execute("SELECT version FROM everystep_migration")}
-            return self._apply_pending(conn, applied)
-
     def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
+        # No DELETE … RETURNING inside a CTE here: forget each expired runner
+        # (guarded again, under the write lock) and requeue what it held.
         pairs = []
-        for (name,) in conn.execute(self.sql["expired_runners"], params).fetchall():
+        for row in conn.execute(self.sql["expired_runners"], params).fetchall():
+            name = row["name"]
             if conn.execute(self.sql["forget_runner"], {**params, "name": name}).fetchone() is None:
                 continue
-            for (run_id,) in conn.execute(self.sql["requeue_dead_runners_runs"], {"claimer": name}).fetchall():
-                pairs.append((str(run_id), name))
+            for requeued in conn.execute(self.sql["requeue_dead_runners_runs"], {"claimer": name}).fetchall():
+                pairs.append((str(requeued["id"]), name))
         return pairs
-
-    def schema_version(self) -> int:
-        with self.connection() as conn:
-            row = conn.execute("SELECT coalesce(max(version), 0) FROM everystep_migration").fetchone()
-            return int(row[0])

@@ -30,6 +30,9 @@ LIMIT %(limit)s
 -- name: get_steps
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 
+-- name: ping
+SELECT 1 AS one
+
 -- name: claim
 -- Oldest first; SKIP LOCKED lets concurrent claimers take disjoint sets
 -- without waiting on each other. Only workflows this runner knows. The
@@ -54,7 +57,7 @@ SET claim_epoch = w.claim_epoch + 1
 FROM picked
 WHERE w.id = picked.id AND w.status = 'running' AND w.claimed_by = %(claimer)s
 RETURNING {run_columns_w},
-    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id)
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
 
 -- name: record_step
 -- Record a finished step, but only while this claim (claimer and epoch) is
@@ -106,7 +109,7 @@ RETURNING completed_at
 -- After a refused step write: do we still own the run, and what is recorded?
 SELECT (SELECT count(*) FROM everystep_workflow
         WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-          AND claim_epoch = %(claim_epoch)s),
+          AND claim_epoch = %(claim_epoch)s) AS owned,
        {step_columns_s}
 FROM (SELECT 1) AS one
 LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(step_id)s
@@ -143,14 +146,14 @@ RETURNING id
 
 -- name: queue_stats
 SELECT
-    (SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled'),
-    (SELECT count(*) FROM everystep_workflow WHERE status = 'running'),
-    (SELECT count(*) FROM everystep_workflow WHERE status = 'blocked'),
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled') AS pending,
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'running') AS running,
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'blocked') AS blocked,
     (SELECT extract(epoch FROM clock_timestamp() - min(created_at))
-       FROM everystep_workflow WHERE status = 'scheduled')
+       FROM everystep_workflow WHERE status = 'scheduled') AS oldest_age
 
 -- name: count_scheduled
-SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled' AND name = ANY(%(names)s)
+SELECT count(*) AS scheduled FROM everystep_workflow WHERE status = 'scheduled' AND name = ANY(%(names)s)
 
 -- name: lock_run
 SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s FOR UPDATE
@@ -180,18 +183,21 @@ WITH moved AS (
     WHERE id = %(run_id)s AND status = %(from_status)s
     RETURNING id, name
 )
-SELECT moved.id, pg_notify('everystep_scheduled', moved.name)::text FROM moved
+SELECT moved.id, pg_notify('everystep_scheduled', moved.name)::text AS notified FROM moved
 
 -- name: notify_fenced
 -- Tell a supervisor that a run it holds was taken from it (requeue --force),
 -- so it kills the stale child now instead of at its next heartbeat.
-SELECT pg_notify('everystep_fenced', %(runner)s || ' ' || %(run_id)s)
+SELECT pg_notify('everystep_fenced', %(runner)s || ' ' || %(run_id)s) AS notified
 
 -- name: lock_runner
 -- The current holder of a runner name, locked while a new instance decides
 -- whether it may take the name.
 SELECT name, kind, host, pid, lease_seconds, started_at, heartbeat_at,
-       extract(epoch FROM clock_timestamp() - heartbeat_at), 0, instance
+       extract(epoch FROM clock_timestamp() - heartbeat_at) AS silent,
+       (SELECT count(*) FROM everystep_workflow w
+        WHERE w.status = 'running' AND w.claimed_by = %(name)s) AS running,
+       instance
 FROM everystep_runner WHERE name = %(name)s
 FOR UPDATE
 
@@ -237,12 +243,13 @@ UPDATE everystep_workflow AS w
 SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, claim_epoch = w.claim_epoch + 1
 FROM dead
 WHERE w.status = 'running' AND w.claimed_by = dead.name
-RETURNING w.id, dead.name
+RETURNING w.id, dead.name AS runner
 
 -- name: list_runners
 SELECT r.name, r.kind, r.host, r.pid, r.lease_seconds, r.started_at, r.heartbeat_at,
-       extract(epoch FROM clock_timestamp() - r.heartbeat_at),
-       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name),
+       extract(epoch FROM clock_timestamp() - r.heartbeat_at) AS silent,
+       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name)
+           AS running,
        r.instance
 FROM everystep_runner AS r
 ORDER BY r.name
@@ -252,3 +259,30 @@ ORDER BY r.name
 -- claimer or epoch changed was taken from it, and its child must stop.
 SELECT id, status, claimed_by, claim_epoch FROM everystep_workflow
 WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: migration_lock
+-- Any fixed 64-bit number: the advisory lock that serialises migrators,
+-- released when their transaction ends.
+SELECT pg_advisory_xact_lock(7309466358203447156)
+
+-- name: create_migration_table
+CREATE TABLE IF NOT EXISTS everystep_migration (
+    version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL)
+
+-- name: applied_migrations
+SELECT version FROM everystep_migration
+
+-- name: insert_migration
+INSERT INTO everystep_migration (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s)
+
+-- name: migration_table_exists
+SELECT to_regclass('everystep_migration') IS NOT NULL AS present
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM everystep_migration
+
+-- name: listen
+-- Newly scheduled runs (payload: the workflow name) and runs taken from
+-- their holder (payload: "RUNNER RUN_ID").
+LISTEN everystep_scheduled;
+LISTEN everystep_fenced

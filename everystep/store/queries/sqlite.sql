@@ -25,6 +25,9 @@ LIMIT :limit
 -- name: get_steps
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = :id ORDER BY id
 
+-- name: ping
+SELECT 1 AS one
+
 -- name: claim
 -- Each claim bumps the run's epoch: the fencing token its writes carry.
 UPDATE everystep_workflow
@@ -51,7 +54,7 @@ WHERE id IN (
     LIMIT :limit
 )
 RETURNING {run_columns},
-    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = everystep_workflow.id)
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = everystep_workflow.id) AS has_steps
 
 -- name: record_step
 INSERT INTO everystep_step
@@ -95,7 +98,7 @@ RETURNING completed_at
 -- name: step_conflict
 SELECT (SELECT count(*) FROM everystep_workflow
         WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
-          AND claim_epoch = :claim_epoch),
+          AND claim_epoch = :claim_epoch) AS owned,
        {step_columns_s}
 FROM (SELECT 1) AS one
 LEFT JOIN everystep_step AS s ON s.workflow_id = :run_id AND s.step_id = :step_id
@@ -122,13 +125,14 @@ RETURNING id
 
 -- name: queue_stats
 SELECT
-    (SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled'),
-    (SELECT count(*) FROM everystep_workflow WHERE status = 'running'),
-    (SELECT count(*) FROM everystep_workflow WHERE status = 'blocked'),
-    (SELECT min(created_at) FROM everystep_workflow WHERE status = 'scheduled')
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled') AS pending,
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'running') AS running,
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'blocked') AS blocked,
+    (SELECT :now_epoch - (julianday(min(created_at)) - 2440587.5) * 86400.0
+       FROM everystep_workflow WHERE status = 'scheduled') AS oldest_age
 
 -- name: count_scheduled
-SELECT count(*) FROM everystep_workflow
+SELECT count(*) AS scheduled FROM everystep_workflow
 WHERE status = 'scheduled' AND name IN (SELECT value FROM json_each(:names))
 
 -- name: lock_run
@@ -158,20 +162,23 @@ RETURNING id
 -- name: lock_runner
 -- Under BEGIN IMMEDIATE, so concurrent starters under one name serialise.
 SELECT name, kind, host, pid, lease_seconds, started_at, heartbeat_at,
-       :epoch - heartbeat_epoch, 0, instance
+       :now_epoch - heartbeat_epoch AS silent,
+       (SELECT count(*) FROM everystep_workflow w
+        WHERE w.status = 'running' AND w.claimed_by = :name) AS running,
+       instance
 FROM everystep_runner WHERE name = :name
 
 -- name: insert_runner
 INSERT INTO everystep_runner
     (name, instance, kind, host, pid, lease_seconds, started_at, heartbeat_at, heartbeat_epoch)
-VALUES (:name, :instance, :kind, :host, :pid, :lease, :now, :now, :epoch)
+VALUES (:name, :instance, :kind, :host, :pid, :lease, :now, :now, :now_epoch)
 ON CONFLICT (name) DO NOTHING
 RETURNING name
 
 -- name: replace_runner
 UPDATE everystep_runner
 SET instance = :instance, kind = :kind, host = :host, pid = :pid, lease_seconds = :lease,
-    started_at = :now, heartbeat_at = :now, heartbeat_epoch = :epoch
+    started_at = :now, heartbeat_at = :now, heartbeat_epoch = :now_epoch
 WHERE name = :name
 
 -- name: fence_runner_runs
@@ -180,7 +187,7 @@ WHERE status = 'running' AND claimed_by = :name
 RETURNING id
 
 -- name: heartbeat
-UPDATE everystep_runner SET heartbeat_at = :now, heartbeat_epoch = :epoch
+UPDATE everystep_runner SET heartbeat_at = :now, heartbeat_epoch = :now_epoch
 WHERE name = :name AND instance = :instance
 RETURNING name
 
@@ -189,7 +196,7 @@ DELETE FROM everystep_runner WHERE name = :name AND instance = :instance
 
 -- name: expired_runners
 SELECT name FROM everystep_runner
-WHERE heartbeat_epoch < :epoch - lease_seconds AND name <> :me
+WHERE heartbeat_epoch < :now_epoch - lease_seconds AND name <> :me
 
 -- name: requeue_dead_runners_runs
 UPDATE everystep_workflow
@@ -198,13 +205,14 @@ WHERE status = 'running' AND claimed_by = :claimer
 RETURNING id
 
 -- name: forget_runner
-DELETE FROM everystep_runner WHERE name = :name AND heartbeat_epoch < :epoch - lease_seconds
+DELETE FROM everystep_runner WHERE name = :name AND heartbeat_epoch < :now_epoch - lease_seconds
 RETURNING name
 
 -- name: list_runners
 SELECT r.name, r.kind, r.host, r.pid, r.lease_seconds, r.started_at, r.heartbeat_at,
-       :epoch - r.heartbeat_epoch,
-       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name),
+       :now_epoch - r.heartbeat_epoch AS silent,
+       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name)
+           AS running,
        r.instance
 FROM everystep_runner AS r
 ORDER BY r.name
@@ -212,3 +220,41 @@ ORDER BY r.name
 -- name: claim_states
 SELECT id, status, claimed_by, claim_epoch FROM everystep_workflow
 WHERE id IN (SELECT value FROM json_each(:ids))
+
+-- name: create_migration_table
+CREATE TABLE IF NOT EXISTS everystep_migration (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)
+
+-- name: applied_migrations
+SELECT version FROM everystep_migration
+
+-- name: insert_migration
+INSERT INTO everystep_migration (version, name, applied_at) VALUES (:version, :name, :now)
+
+-- name: migration_table_exists
+SELECT count(*) AS present FROM sqlite_master WHERE type = 'table' AND name = 'everystep_migration'
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM everystep_migration
+
+-- name: connection_setup
+-- Run on every new connection (the busy timeout is the driver's connect
+-- argument; journal_mode is set apart, see sqlite.py).
+PRAGMA synchronous = NORMAL;
+PRAGMA foreign_keys = ON
+
+-- name: journal_mode
+PRAGMA journal_mode
+
+-- name: use_wal
+PRAGMA journal_mode = WAL
+
+-- name: begin_write
+-- Take the write lock before reading: what makes claimers disjoint.
+BEGIN IMMEDIATE
+
+-- name: commit
+COMMIT
+
+-- name: rollback
+ROLLBACK
