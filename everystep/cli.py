@@ -268,7 +268,7 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     # loop would log and retry it forever as if it were a passing outage.
     # Taking the runner name now refuses a name a live runner holds.
     store.count_scheduled(registry.workflow_names())
-    worker.lease.register()
+    worker.loop.lease.register()
     setup_logging(args.log_level, args.log_format)
     leftovers = worker.run()
     if leftovers:

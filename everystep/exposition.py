@@ -19,6 +19,11 @@ from .store import Store
 logger = logging.getLogger("everystep")
 
 
+def bind_error(bind: str, port: int, exc: OSError) -> str:
+    """The one line to say when the metrics port cannot be served."""
+    return f"cannot serve metrics on {bind}:{port}: {exc.strerror or exc}"
+
+
 def respond(path: str, store: Store | None) -> tuple[int, str, bytes]:
     """(status, content type, body) for a GET of ``path``."""
     route = path.split("?", 1)[0]

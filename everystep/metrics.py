@@ -33,7 +33,7 @@ logger = logging.getLogger("everystep")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SUPERVISOR_COMMANDS = ("status", "kill", "scale", "reload", "drain")
-RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill")
+RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced")
 
 
 @dataclass(frozen=True)

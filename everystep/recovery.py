@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from .errors import StoreUnavailable
+from . import outcomes
 from .models import Claim
 from .store import Store
 
@@ -29,7 +30,7 @@ def requeue_patiently(store: Store, claim: Claim, backoff: Sequence[float] = BAC
     """
     for attempt, delay in enumerate((*backoff, None)):
         try:
-            return store.requeue(claim)
+            return outcomes.requeue(store, claim)
         except StoreUnavailable as exc:
             if delay is None:
                 break

@@ -36,9 +36,10 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from . import registry, sentry, serde, telemetry
+from . import outcomes, registry, serde, telemetry
 from .context import (
     NOT_AN_INTERRUPT,
     Context,
@@ -61,13 +62,9 @@ from .errors import (
     WorkflowCodeError,
 )
 from .models import (
-    BLOCKED,
-    COMPLETED,
-    FAILED,
     STEP_DONE,
     STEP_FAILED,
     STEP_STARTED,
-    STOPPED,
     Run,
     StepRecord,
 )
@@ -85,10 +82,27 @@ logger = logging.getLogger("everystep")
 #: process death would.
 fault: Callable[[Context, str], None] | None = None
 
-# Outcomes of ``execute`` besides the terminal run statuses.
-REQUEUED = "requeued"
-LOST_CLAIM = "lost"
-UNFINISHED = "unfinished"
+class Outcome(StrEnum):
+    """Where one execution of a run left it: a run status, or one of the
+    three ways an execution ends without writing one."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    BLOCKED = "blocked"
+    REQUEUED = "requeued"  # drained at a step boundary, back in the queue
+    LOST = "lost"  # the claim moved on: nothing more was written
+    UNFINISHED = "unfinished"  # the database failed mid-run; still claimed, to be retried
+
+    @property
+    def settled(self) -> bool:
+        """The run reached a resting point (a status, or back in the queue)."""
+        return self not in (Outcome.LOST, Outcome.UNFINISHED)
+
+
+REQUEUED = Outcome.REQUEUED
+LOST_CLAIM = Outcome.LOST
+UNFINISHED = Outcome.UNFINISHED
 
 
 # -- steps -----------------------------------------------------------------
@@ -268,7 +282,8 @@ def run_parallel(branches: tuple[Any, ...], name: str | None) -> tuple[Any, ...]
 
 def _branch_body(branch: Any, index: int) -> Callable[[], Any]:
     if callable(branch):
-        return branch
+        body: Callable[[], Any] = branch
+        return body
     if isinstance(branch, (list, tuple)) and all(callable(item) for item in branch):
         return lambda: tuple(item() for item in branch)
     raise EverystepError(
@@ -330,13 +345,13 @@ def execute(
     claimer: str,
     draining: Flag | None = None,
     observer: Observer | None = None,
-) -> str:
-    """Execute a run this ``claimer`` holds, from the top, to its next resting
-    point. Returns the run's new status (``completed``, ``failed``,
-    ``stopped``, ``blocked``), or ``requeued`` (drained at a step boundary),
-    ``lost`` (someone else holds the run now; nothing written) or
-    ``unfinished`` (the database failed mid-run; the caller should requeue).
-    ``SimulatedCrash`` propagates with nothing written.
+) -> Outcome:
+    """Execute a run this ``claimer`` holds (at ``run.claim_epoch``), from the
+    top, to its next resting point. Returns the run's new status
+    (``completed``, ``failed``, ``stopped``, ``blocked``), or ``requeued``
+    (drained at a step boundary), ``lost`` (the claim moved on; nothing
+    written) or ``unfinished`` (the database failed mid-run; the caller
+    should requeue). ``SimulatedCrash`` propagates with nothing written.
     """
     observer = Observers([*telemetry.default_observers(), *([observer] if observer else [])])
     workflow = registry.get_workflow(run.name)
@@ -365,10 +380,10 @@ def execute(
     finally:
         _current.reset(context_token)
     status, error = _settle(ex, value, raised)
-    observer.run_finished(run, ctx, status, error, token)
-    if status == "crashed":
-        assert error is not None
+    if isinstance(error, SimulatedCrash):
+        observer.run_finished(run, ctx, "crashed", error, token)
         raise error
+    observer.run_finished(run, ctx, status, error, token)
     return status
 
 
@@ -379,7 +394,7 @@ def execute_guarded(
     claimer: str,
     draining: Flag | None = None,
     observer: Observer | None = None,
-) -> str:
+) -> Outcome:
     """``execute`` for runners: never raises an ``Exception``.
 
     A database outage (even before the first step) gives the run back to the
@@ -392,53 +407,54 @@ def execute_guarded(
         status = execute(store, run, claimer=claimer, draining=draining, observer=observer)
     except StoreUnavailable as exc:
         logger.warning("everystep: run %s interrupted by the database: %s", run.id, exc)
-        status = UNFINISHED
+        status = Outcome.UNFINISHED
     except Exception as exc:
         logger.exception("everystep: run %s (%s) crashed outside the runner", run.id, run.name)
-        sentry.report_failure(exc, run.id, run.name, runner=claimer)
         try:
-            store.finish_run(run.claim_as(claimer), FAILED, None, serde.dumps(serde.encode_exception(exc), "run error"))
+            failed = outcomes.fail_run(store, run.claim_as(claimer), run, exc)
         except Exception:
             logger.exception("everystep: could not mark run %s failed", run.id)
-        return FAILED
-    if status == UNFINISHED:
-        return REQUEUED if requeue_patiently(store, run.claim_as(claimer)) else UNFINISHED
+            failed = False
+        return Outcome.FAILED if failed else Outcome.LOST
+    if status == Outcome.UNFINISHED:
+        return Outcome.REQUEUED if requeue_patiently(store, run.claim_as(claimer)) else Outcome.UNFINISHED
     return status
 
 
-def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[str, BaseException | None]:
-    """Decide and write the run's outcome; returns (status, exception)."""
+def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Outcome, BaseException | None]:
+    """Decide and write the run's outcome; returns (outcome, exception). A
+    ``SimulatedCrash`` comes back as the exception with nothing written."""
     outcome = ex.interrupt or raised
     if isinstance(outcome, SimulatedCrash):
-        return "crashed", outcome
+        return Outcome.LOST, outcome
     if isinstance(outcome, (ClaimLost, StoreUnavailable)):
-        return (LOST_CLAIM if isinstance(outcome, ClaimLost) else UNFINISHED), outcome
+        return (Outcome.LOST if isinstance(outcome, ClaimLost) else Outcome.UNFINISHED), outcome
     if isinstance(outcome, DrainOrphan):
-        ex.observer.run_settling(ex.run, REQUEUED)
+        ex.observer.run_settling(ex.run, Outcome.REQUEUED)
         try:
-            requeued = ex.store.requeue(ex.claim)
+            requeued = outcomes.requeue(ex.store, ex.claim)
         except StoreUnavailable as exc:
-            return UNFINISHED, exc
-        return (REQUEUED if requeued else LOST_CLAIM), outcome
+            return Outcome.UNFINISHED, exc
+        return (Outcome.REQUEUED if requeued else Outcome.LOST), outcome
     result_json = None
     if isinstance(outcome, Terminal):
-        status = STOPPED
+        status = Outcome.STOPPED
     elif isinstance(outcome, EffectUncertain):
-        status = BLOCKED
+        status = Outcome.BLOCKED
     elif outcome is not None:
-        status = FAILED
+        status = Outcome.FAILED
     else:
         try:
             result_json = serde.dumps(value, f"result of run {ex.run.id}")
-            status = COMPLETED
+            status = Outcome.COMPLETED
         except EverystepError as exc:
-            status, outcome = FAILED, exc
+            status, outcome = Outcome.FAILED, exc
     error_json = serde.dumps(serde.encode_exception(outcome), "run error") if outcome is not None else None
     ex.observer.run_settling(ex.run, status)
     try:
         written = ex.store.finish_run(ex.claim, status, result_json, error_json)
     except StoreUnavailable as exc:
-        return UNFINISHED, exc
+        return Outcome.UNFINISHED, exc
     if not written:
-        return LOST_CLAIM, outcome
+        return Outcome.LOST, outcome
     return status, outcome

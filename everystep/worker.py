@@ -34,24 +34,18 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
-from . import metrics, registry, runner
+from . import exposition, metrics, outcomes, runner
+from .claimloop import ClaimLoop
 from .context import SignalFlag
-from .errors import EverystepError, StoreUnavailable
+from .errors import EverystepError
 from .exposition import ThreadedMetricsServer
 from .lease import DEFAULT_LEASE, Lease
 from .models import Run
 from .observer import Observer
-from .outage import OutageLog
+from .runner import Outcome
 from .store import Store, default_store
 
 logger = logging.getLogger("everystep")
-
-
-RECONCILE_EVERY = 5.0
-"""Seconds between checks for runs held under our name that no thread is
-executing. Claims and terminal writes commit asynchronously on PostgreSQL: a
-database crash can roll a finished run back to ``running`` under its runner,
-and this check resumes it (replay writes the same outcome again)."""
 
 
 class Worker:
@@ -82,14 +76,12 @@ class Worker:
         self.observer = observer
         self.metrics_port = metrics_port
         self.metrics_bind = metrics_bind
-        self.lease = Lease(self.store, self.name, "worker", lease, takeover=takeover)
-        self._claims_outage = OutageLog(logger, f"everystep worker {self.name}", "claiming")
+        self.loop = ClaimLoop(self.store, self.name, "worker", lease=lease, poll=poll, takeover=takeover,
+                              logger=logger)
         self.metrics_server: ThreadedMetricsServer | None = None
         self._stopping = SignalFlag()
         self._draining = SignalFlag()
         self._active: dict[Future[None], Run] = {}
-        self._catching_up = True
-        self._next_reconcile = 0.0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -98,8 +90,15 @@ class Worker:
         # to a descriptor number the host may have reused for its own file.
         self._wake_lock = threading.Lock()
         self._wake_closed = False
-        self.claimed = 0
         self.requeued = 0
+
+    @property
+    def lease(self) -> Lease:
+        return self.loop.lease
+
+    @property
+    def claimed(self) -> int:
+        return self.loop.claimed
 
     # -- control ---------------------------------------------------------------
 
@@ -152,19 +151,12 @@ class Worker:
         still busy at the drain deadline (empty after a clean drain). Each
         was requeued unless another runner had taken it meanwhile; either
         way its thread is stuck, so a standalone process must not join it."""
-        if not self.lease.registered:
-            self.lease.register()  # raises NameInUse before anything is claimed
-        names = registry.workflow_names()
-        if not names:
-            logger.warning("everystep worker %s: no workflows registered (did you pass --app?)", self.name)
-        metrics.runner_started(self.name, self.pool_size)
+        self.loop.start(self.pool_size)  # raises NameInUse before anything is claimed
         if self.metrics_port:
             try:
                 self.metrics_server = ThreadedMetricsServer(self.metrics_port, self.metrics_bind, self.store).start()
             except OSError as exc:
-                raise EverystepError(
-                    f"cannot serve metrics on {self.metrics_bind}:{self.metrics_port}: {exc.strerror or exc}"
-                ) from None
+                raise EverystepError(exposition.bind_error(self.metrics_bind, self.metrics_port, exc)) from None
             logger.info("everystep worker %s: metrics on http://%s:%d/metrics", self.name, self.metrics_bind,
                         self.metrics_server.port)
         executor = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="everystep-worker")
@@ -180,17 +172,17 @@ class Worker:
             try:
                 while not self._stopping.is_set():
                     self._reap()
-                    self._keep_lease()
-                    if not self._catching_up and time.monotonic() >= self._next_reconcile:
-                        self._catching_up = True  # periodic: see RECONCILE_EVERY
-                    if self._catching_up:
-                        self._submit(executor, self._catchup(names))
-                    self._submit(executor, self._claim(names))
-                    if selector.select(self._wait_time()):
+                    now = time.monotonic()
+                    if not self.loop.keep_lease(now):
+                        self.stop()  # another instance holds our name now
+                        break
+                    executing = [run.id for run in self._active.values()]
+                    self._submit(executor, self.loop.take(now, self._capacity(), executing))
+                    if selector.select(self._wait_time(time.monotonic())):
                         self._drain_wake_pipe()
             finally:
                 leftovers = self._shutdown(executor)
-                self.lease.release()
+                self.loop.stop()
                 self._count_inflight()
                 if self.metrics_server is not None:
                     self.metrics_server.close()
@@ -199,60 +191,25 @@ class Worker:
         logger.info("everystep worker %s: stopped", self.name)
         return leftovers
 
-    def _catchup(self, names: list[str]) -> list[Run]:
-        """Re-claim what a crashed process under this name left running.
+    def _capacity(self) -> int:
+        return self.pool_size - len(self._active)
 
-        A dead predecessor may have held more runs than this pool has
-        threads, and nobody else will ever take them (they are ``running``
-        under our name), so catchup goes on, as capacity frees up and ahead
-        of new claims, until a batch comes back short of the free capacity.
-        """
-        capacity = self.pool_size - len(self._active)
-        if capacity <= 0 or not names:
-            return []
-        executing = [run.id for run in self._active.values()]
-        try:
-            runs = self.store.claim_own(self.name, capacity, names, exclude=executing)
-        except StoreUnavailable as exc:
-            logger.warning("everystep worker %s: catchup failed, will retry: %s", self.name, exc)
-            return []
-        if len(runs) < capacity:
-            self._catching_up = False
-            self._next_reconcile = time.monotonic() + RECONCILE_EVERY
-        if runs:
-            logger.info("everystep worker %s: resuming %d run(s) left running under this name", self.name, len(runs))
-        return runs
-
-    def _claim(self, names: list[str]) -> list[Run]:
-        capacity = self.pool_size - len(self._active)
-        if capacity <= 0 or not names:
-            return []
-        try:
-            runs = self.store.claim(self.name, capacity, names)
-        except StoreUnavailable as exc:
-            self._claims_outage.failed(exc)
-            return []
-        self._claims_outage.ok()
-        return runs
-
-    def _keep_lease(self) -> None:
-        """Heartbeat, and requeue the runs of runners that missed their lease."""
-        self.lease.tick(time.monotonic())
-        if self.lease.lost_name:
-            self.stop()
-
-    def _wait_time(self) -> float:
-        return max(0.0, min(self.poll, self.lease.next_due() - time.monotonic()))
+    def _wait_time(self, now: float) -> float:
+        """Until the claim loop has something to do; with no free thread, a
+        finishing run wakes us (its done-callback writes to the pipe)."""
+        due = self.loop.next_due(now) if self._capacity() > 0 else self.loop.lease.next_due()
+        return max(0.0, min(self.poll, due - now))
 
     def _submit(self, executor: ThreadPoolExecutor, runs: list[Run]) -> None:
         for run in runs:
             future = executor.submit(self._execute, run)
             self._active[future] = run
-            future.add_done_callback(lambda _: self._wake())
-        self.claimed += len(runs)
-        if runs:
-            metrics.record(lambda m: m.claims.labels(self.name).inc(len(runs)))
+            future.add_done_callback(self._run_ended)
         self._count_inflight()
+
+    def _run_ended(self, future: Future[None]) -> None:
+        self.loop.wake()  # a thread is free: claim at once
+        self._wake()
 
     def _reap(self) -> None:
         for future in [future for future in self._active if future.done()]:
@@ -273,29 +230,18 @@ class Worker:
     # -- executing one run -------------------------------------------------------
 
     def _execute(self, run: Run) -> None:
-        status = runner.execute_guarded(
+        outcome = runner.execute_guarded(
             self.store, run, claimer=self.name, draining=self._draining, observer=self.observer
         )
-        if status == runner.REQUEUED:
+        if outcome == Outcome.REQUEUED:
             self.requeued += 1
-            metrics.record(lambda m: m.requeued.labels(self.name).inc())
-            logger.info("everystep worker %s: run %s (%s) requeued", self.name, run.id, run.name)
-        elif status == runner.LOST_CLAIM:
-            logger.warning("everystep worker %s: run %s is no longer ours; stopped executing it", self.name, run.id)
-        else:
-            logger.info("everystep worker %s: run %s (%s) %s", self.name, run.id, run.name, status)
+        outcomes.log_outcome(logger, f"everystep worker {self.name}", run, outcome)
 
     def _requeue(self, run: Run) -> bool:
         """Give a run back to the queue at shutdown (if the database is away,
         the run stays ours: a restart or another runner's lease sweep takes it)."""
-        try:
-            requeued = self.store.requeue(run.claim_as(self.name))
-        except StoreUnavailable as exc:
-            logger.warning("everystep worker %s: could not requeue run %s: %s", self.name, run.id, exc)
-            requeued = False
-        if requeued:
-            self.requeued += 1
-            metrics.record(lambda m: m.requeued.labels(self.name).inc())
+        requeued = self.loop.requeue(run)
+        self.requeued += requeued
         return requeued
 
     # -- shutdown ----------------------------------------------------------------

@@ -1,39 +1,31 @@
-"""The supervisor parent: a single-threaded event loop over selectors.
+"""The supervisor parent: process management around a single-threaded loop.
 
-The parent claims runs (never more than it has idle children), hands each to
-a forked child over a socketpair, and watches: the signal wake-up pipe, the
-children's channels (an EOF is a death), the control socket and, on
-PostgreSQL, a LISTEN connection that makes a newly committed run claimable
-within milliseconds. It never runs workflow code.
+The arbiter forks children, hands each a run at a time, and watches, in one
+``select``: the signal wake-up pipe, the children's channels (an EOF is a
+death), the control socket, the metrics port and, on PostgreSQL, a LISTEN
+connection that makes a newly committed run claimable within milliseconds.
+It never runs workflow code, and it never waits on one thing: it writes to
+children without blocking (a child that stops reading is killed as
+unresponsive), and its database connections carry a statement timeout, so
+no child's step deadline is ever enforced late because of another.
 
-Signal handlers only append to a queue (``signal.set_wakeup_fd`` wakes the
-select); reaping, logging and database writes happen in the loop. Every
-deadline uses ``time.monotonic()``.
+What it does not decide itself: where runs come from (``ClaimLoop``, shared
+with the threaded worker), what becomes of a run whose child died
+(``fate.decide``, a pure function), how outcomes are written
+(``everystep.outcomes``), what the messages look like (``protocol``).
 
 Fork safety: before forking, the parent closes its pooled database
-connections and its LISTEN connection, so no child can inherit a live
-psycopg connection (and finalize it, which would terminate the parent's
-session). They reopen lazily afterwards, and a claim follows at once in case
-a notification arrived while LISTEN was closed.
-
-What a child's death means depends on why it died:
-- step timeout: the step is recorded failed with ``StepTimeout`` (not for an
-  unsafe-to-repeat step: its ``started`` row stays, so the run goes
-  ``blocked`` on replay) and the run goes to a fresh child;
-- ``ctl kill``: the same with ``StepKilled``, or a plain requeue;
-- fenced (the run was taken from this execution: an operator's forced
-  requeue, or a re-claim at a newer epoch): nothing, its writes would be
-  refused anyway and the run's current holder carries on;
-- drain deadline or fast stop: the run is requeued;
-- anything else is a crash: the run is re-dispatched, and ends ``failed``
-  after ``--max-crashes`` deaths.
+connections and its LISTEN connection (and calls ``Config.before_fork``
+hooks), so no child can inherit a live connection and finalize it, which
+would terminate the parent's session. They reopen lazily afterwards, and a
+claim follows at once in case a notification arrived while LISTEN was
+closed. Every deadline uses ``time.monotonic()``.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib
 import logging
 import os
 import selectors
@@ -41,49 +33,52 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
 
-from everystep import exposition, metrics, registry, sentry, serde, traces
-from everystep.errors import ChildCrashed, EverystepError, StepKilled, StepTimeout, StoreUnavailable
-from everystep.lease import Lease
-from everystep.models import FAILED, STEP_FAILED, TERMINAL_STATUSES, Run
-from everystep.outage import OutageLog
-from everystep.store import NewStep, Store, close_default_stores, utcnow
+from everystep import exposition, metrics, outcomes, traces
+from everystep.claimloop import ClaimLoop
+from everystep.errors import EverystepError, StoreUnavailable
+from everystep.models import TERMINAL_STATUSES, Run
+from everystep.runner import Outcome
+from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
 
 from . import child as child_process
 from . import reporting, titles
-from .children import (
-    BOOTING,
-    BUSY,
-    FINISHING,
-    IDLE,
-    KILLED,
-    RETIRING,
-    Child,
-    StepInFlight,
-    describe_exit,
-)
+from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
-from .control import ControlServer, ControlSocketError
+from .control import ControlServer, ControlSocketError, Peer
+from .fate import Action, ChildEnd, Decision, decide, restart_reason
 from .http import LoopHTTPServer
 from .listener import Listener
-from .protocol import Channel, ChannelClosed
+from .protocol import (
+    Bye,
+    Channel,
+    ChannelClosed,
+    Dispatch,
+    Done,
+    ErrorReply,
+    Exit,
+    Finishing,
+    Message,
+    Ready,
+    ReloadReply,
+    Reply,
+    Request,
+    StepEnded,
+    StepStarted,
+)
+from .reload import ReloadFailed, reimport
 from .sdnotify import Notifier
+from .signals import SignalQueue
+from .states import ByeReason, ChildState, KillReason, StopMode
 from .stepboard import StepBoard
 
 logger = logging.getLogger("everystep.supervisor")
 
 MAX_BOOT_FAILURES = 5
-RECONCILE_EVERY = 5.0
 PROGRESS_EVERY = 2.0
 STATUS_EVERY = 5.0
-CONTROL_SWEEP_EVERY = 1.0
-
-_HANDLED_SIGNALS = (
-    signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP,
-    signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD,
-)
+SWEEP_EVERY = 1.0
 
 
 class Arbiter:
@@ -93,146 +88,95 @@ class Arbiter:
         self.notifier = notifier or Notifier(None)
         self.name = config.name
         self.procs = config.procs
+        self.who = f"everystep-supervisor {config.name}"
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, Child] = {}
-        self.ready: collections.deque[Run] = collections.deque()
+        self.ready: collections.deque[Run] = collections.deque()  # claimed, waiting for a child
         self.crashes: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
         self.restarts: collections.Counter[str] = collections.Counter()
-        self.stopping: str | None = None
+        self.stopping: StopMode | None = None
         self.drain_deadline: float | None = None
         self.exit_code = 0
         self.started = time.monotonic()
-        self._signals: collections.deque[int] = collections.deque()
-        self._claim_due = True
-        self._next_poll = 0.0
-        self._next_reconcile = 0.0
+        self.signals = SignalQueue()
+        self.loop = ClaimLoop(store, config.name, "supervisor", lease=config.lease, poll=config.poll,
+                              takeover=config.takeover, logger=logger)
+        self.control = ControlServer(config.socket, self.handle_request, self.selector,
+                                     idle_timeout=config.control_timeout, on_request=self._count_request)
+        self.listener = Listener(store, self.selector, self._on_notify, self.who)
+        self.http: LoopHTTPServer | None = None
         self._next_fence_check = 0.0
-        self._caught_up = False
         self._boot_failures = 0
         self._reload_requested = False
-        self._wake_r = self._wake_w = -1
         self._last_progress = 0.0
         self._last_progress_line = ""
         self._last_status = 0.0
         self._last_sweep = 0.0
-        self._names: list[str] = registry.workflow_names()
-        self.control = ControlServer(config.socket, self.handle_request, self.selector,
-                                     on_request=self._count_request)
-        self.http: LoopHTTPServer | None = None
-        self.lease = Lease(store, config.name, "supervisor", config.lease, takeover=config.takeover)
-        self.listener = Listener(store, self.selector, self._on_notify, f"everystep-supervisor {config.name}")
-        self._claims_outage = OutageLog(logger, f"everystep-supervisor {config.name}", "claiming")
 
-    # -- setup / teardown -----------------------------------------------------------
+    # -- running -------------------------------------------------------------------
 
     def run(self) -> int:
         """Supervise until stopped; returns the process exit code."""
         titles.master(self.name)
-        self.lease.register()  # NameInUse: refuse to start under a live runner's name
+        self.loop.start(self.procs)  # NameInUse: never under a live runner's name
         try:
             self.control.open()
         except BaseException:
-            self.lease.release()
+            self.loop.stop()
             raise
-        self._install_signals()
+        self.signals.install(self.selector)
         try:
             self._open_metrics()
             self.listener.open()
-            self._catchup()
             self._spawn_missing()
             self.notifier.ready(reporting.status_line(self))
-            logger.info(
-                "everystep-supervisor %s: master pid %d, %d children, %s, control socket %s",
-                self.name, os.getpid(), self.procs, self.store.describe(), self.config.socket,
-            )
-            if not self._names:
-                logger.warning("everystep-supervisor %s: no workflows registered (did you pass --app?)", self.name)
+            logger.info("%s: master pid %d, %s, %s, control socket %s", self.who, os.getpid(),
+                        reporting.plural(self.procs, "child", "children"), self.store.describe(),
+                        self.config.socket)
             while not (self.stopping and not self.children):
                 self._tick()
         finally:
             self._teardown()
+        logger.info("%s: stopped (exit code %d)", self.who, self.exit_code)
         return self.exit_code
 
     def _open_metrics(self) -> None:
-        metrics.runner_started(self.name, self.procs)
         if not self.config.metrics_port:
             return
         try:
             self.http = LoopHTTPServer(self.config.metrics_bind, self.config.metrics_port, self.selector,
                                        self._respond_http)
         except OSError as exc:
-            raise ControlSocketError(
-                f"cannot serve metrics on {self.config.metrics_bind}:{self.config.metrics_port}: {exc.strerror or exc}"
-            ) from None
-        logger.info("everystep-supervisor %s: metrics on http://%s:%d/metrics", self.name,
-                    self.config.metrics_bind, self.http.port)
-
-    def _respond_http(self, path: str) -> tuple[int, str, bytes]:
-        self._gauge_children()  # gauges of the process tree are read when scraped
-        return exposition.respond(path, self.store)
-
-    def _count_request(self, command: str) -> None:
-        label = metrics.control_command_label(command)
-        metrics.record(lambda m: m.control_requests.labels(self.name, label).inc())
-
-    def _gauge_children(self) -> None:
-        alive = len(self.children)
-        busy = sum(1 for kid in self.children.values() if kid.run is not None)
-        metrics.record(lambda m: (m.children.labels(self.name).set(alive), m.inflight.labels(self.name).set(busy),
-                                m.pool_size.labels(self.name).set(self.procs)))
-
-    def _install_signals(self) -> None:
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_blocking(fd, False)
-            os.set_inheritable(fd, False)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        for sig in _HANDLED_SIGNALS:
-            signal.signal(sig, self._on_signal)
-        self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wakeup)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self._signals.append(signum)  # only record: the loop does the work
-
-    def _on_wakeup(self, mask: int) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
+            raise ControlSocketError(exposition.bind_error(self.config.metrics_bind, self.config.metrics_port,
+                                                           exc)) from None
+        logger.info("%s: metrics on http://%s:%d/metrics", self.who, self.config.metrics_bind, self.http.port)
 
     def _teardown(self) -> None:
         for kid in list(self.children.values()):
-            kid.kill("shutdown")
+            kid.kill(KillReason.SHUTDOWN)
         self._reap(block=True)
-        if self.stopping and self.lease.still_ours():
+        if self.stopping and self.loop.lease.still_ours():
             # Only while the name is still ours: after a takeover, what is
             # claimed under it belongs to the new holder.
             try:
                 leftover = self.store.requeue_all(self.name)
             except EverystepError as exc:
                 leftover = []
-                logger.error("everystep-supervisor %s: final requeue failed: %s", self.name, exc)
+                logger.error("%s: final requeue failed: %s", self.who, exc)
             if leftover:
-                logger.warning("everystep-supervisor %s: requeued %d run(s) still claimed at exit", self.name, len(leftover))
+                logger.warning("%s: requeued %d run(s) still claimed at exit", self.who, len(leftover))
         self.listener.close()
-        self.lease.release()
+        self.loop.stop()
         self.control.close()
         if self.http is not None:
             self.http.close()
-        signal.set_wakeup_fd(-1)
-        for sig in _HANDLED_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
+        self.signals.uninstall(self.selector)
         self.selector.close()
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
         self.store.close()
         self.notifier.stopping()
         if self.config.show_progress:
-            logger.info("everystep-supervisor %s: %s", self.name, reporting.summary_line(self))
-
-    # -- the loop -----------------------------------------------------------------
+            logger.info("%s: %s", self.who, reporting.summary_line(self))
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -244,68 +188,71 @@ class Arbiter:
         self._enforce_deadlines(now)
         if self._reload_requested:
             self._reload_requested = False
-            self._reload()
+            self.reload("SIGHUP")
         self._keep_lease(now)
         if now >= self._next_fence_check:
             self._check_fences(now)
-        if now >= self._next_reconcile and not self.stopping:
-            self._catchup()
         self._spawn_missing()
         if not self.stopping and self.listener.maintain(now):
-            self._claim_due = True
+            self.loop.wake()
             self._next_fence_check = now  # a fence notice may have been missed too
         self._dispatch(now)
         self._periodic(now)
 
-    def _keep_lease(self, now: float) -> None:
-        """Heartbeat; requeue the runs of runners that missed their lease."""
-        if self.stopping:
-            return
-        if self.lease.tick(now):
-            self._claim_due = True  # recovered runs are claimable now
-        if self.lease.lost_name:
-            self.exit_code = 1
-            self.begin_drain()
-
     def _timeout(self, now: float) -> float:
-        candidates = [max(self._next_poll - now, 0.0), 1.0, max(self.lease.next_due() - now, 0.0),
-                      max(self._next_fence_check - now, 0.0)]
-        if self._claim_due and self._idle_children() and not self.stopping:
-            candidates.append(0.0)
+        candidates = [1.0, max(self._next_fence_check - now, 0.0)]
+        if not self.stopping:
+            due = self.loop.next_due(now) if self._available() else self.loop.lease.next_due()
+            candidates.append(max(due - now, 0.0))
+            if self.ready and self._available():
+                candidates.append(0.0)
         for kid in self.children.values():
-            for step in kid.steps.values():
+            for step in kid.timed_steps.values():
                 if step.timeout is not None:
                     candidates.append(max(step.started + step.timeout - now, 0.0))
+            if kid.channel.stalled_since is not None:
+                candidates.append(max(kid.channel.stalled_since + self.config.stall_timeout - now, 0.0))
         if self.drain_deadline is not None:
             candidates.append(max(self.drain_deadline - now, 0.0))
         until_watchdog = self.notifier.seconds_until_watchdog(now)
         if until_watchdog is not None:
             candidates.append(until_watchdog)
-        if self._signals:
+        if self.signals.waiting:
             candidates.append(0.0)
         return min(candidates)
 
     def _handle_signals(self) -> None:
-        while self._signals:
-            sig = self._signals.popleft()
-            if sig in (signal.SIGTERM, signal.SIGINT):
-                logger.info("everystep-supervisor %s: %s received, draining", self.name, signal.Signals(sig).name)
+        for sig in self.signals.pop_all():
+            if sig == signal.SIGINT and self.stopping == StopMode.DRAIN:
+                logger.warning("%s: SIGINT again, stopping now: killing children and requeueing their runs",
+                               self.who)
+                self.fast_stop()
+            elif sig in (signal.SIGTERM, signal.SIGINT):
+                hint = " (Ctrl-C again to stop at once)" if sig == signal.SIGINT else ""
+                logger.info("%s: %s received, draining%s", self.who, signal.Signals(sig).name, hint)
                 self.begin_drain()
             elif sig == signal.SIGQUIT:
-                logger.info("everystep-supervisor %s: SIGQUIT received, fast stop", self.name)
+                logger.info("%s: SIGQUIT received, fast stop", self.who)
                 self.fast_stop()
             elif sig == signal.SIGHUP:
-                logger.info("everystep-supervisor %s: SIGHUP received, reloading", self.name)
-                self.request_reload()
+                logger.info("%s: SIGHUP received, reloading", self.who)
+                self._reload_requested = True
             elif sig == signal.SIGTTIN:
-                self.scale(self.procs + 1)
+                self.scale(self.procs + 1, "SIGTTIN")
             elif sig == signal.SIGTTOU:
-                self.scale(max(self.procs - 1, 0))
+                self.scale(max(self.procs - 1, 0), "SIGTTOU")
             # SIGCHLD: reaping happens every tick anyway.
+
+    def _keep_lease(self, now: float) -> None:
+        if self.stopping:
+            return
+        if not self.loop.keep_lease(now):
+            self.exit_code = 1
+            self.begin_drain()
 
     def _periodic(self, now: float) -> None:
         self.notifier.maybe_watchdog(now)
-        if now - self._last_sweep >= CONTROL_SWEEP_EVERY:
+        if now - self._last_sweep >= SWEEP_EVERY:
             self._last_sweep = now
             self.control.sweep(now)
             if self.http is not None:
@@ -321,10 +268,10 @@ class Arbiter:
 
     # -- children -----------------------------------------------------------------
 
-    def _idle_children(self) -> list[Child]:
+    def _available(self) -> list[Child]:
         """Children that can take a run now: idle, or finishing one (the run
         waits in the channel until the terminal write is done)."""
-        return [kid for kid in self.children.values() if kid.state in (IDLE, FINISHING)]
+        return [kid for kid in self.children.values() if kid.state.available]
 
     def _active_children(self) -> list[Child]:
         return [kid for kid in self.children.values() if kid.active]
@@ -349,11 +296,16 @@ class Arbiter:
         self.store.close()
         close_default_stores()
         self.listener.close()
+        for hook in self.config.before_fork:
+            try:
+                hook()
+            except Exception:
+                logger.exception("%s: a before_fork hook failed", self.who)
 
     def _after_fork(self) -> None:
         if not self.stopping:
             self.listener.open()
-        self._claim_due = True  # a notification may have come while LISTEN was closed
+        self.loop.wake()  # a notification may have come while LISTEN was closed
 
     def _free_slot(self) -> int:
         used = {kid.slot for kid in self.children.values()}
@@ -376,21 +328,22 @@ class Arbiter:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            child_process.main(spec, Channel(child_sock), inherited)
+            child_process.main(spec, Channel(child_sock, incoming=Dispatch.KEY), inherited)
         child_sock.close()
         try:
             os.setpgid(pid, pid)  # also done by the child: whoever runs first wins
         except OSError:
             pass
         parent_sock.setblocking(False)
-        kid = Child(slot=slot, pid=pid, channel=Channel(parent_sock), spawned=time.monotonic(), board=board)
+        kid = Child(slot=slot, pid=pid, channel=Channel(parent_sock, incoming=Ready.KEY),
+                    spawned=time.monotonic(), board=board)
         self.children[pid] = kid
-        self.selector.register(parent_sock, selectors.EVENT_READ, lambda mask, k=kid: self._on_child(k))
-        logger.info("everystep-supervisor %s: child %d started (pid %d)", self.name, slot, pid,
+        self.selector.register(parent_sock, selectors.EVENT_READ, lambda mask, k=kid: self._on_channel(k, mask))
+        logger.info("%s: child %d started (pid %d)", self.who, slot, pid,
                     extra={"child_pid": pid, "event": "child_started"})
 
     def _inherited_fds(self) -> list[int]:
-        fds = [self._wake_r, self._wake_w, self.notifier.fileno()]
+        fds = self.signals.fds() + [self.notifier.fileno()]
         if isinstance(self.selector, selectors.EpollSelector):
             fds.append(self.selector.fileno())
         fds += self.control.fds()
@@ -404,26 +357,50 @@ class Arbiter:
         extra = len(self._active_children()) - self.procs
         if extra <= 0:
             return
-        ordered = sorted(self._active_children(), key=lambda kid: (kid.state in (BUSY, FINISHING), -kid.slot))
+        busy = (ChildState.BUSY, ChildState.FINISHING)
+        ordered = sorted(self._active_children(), key=lambda kid: (kid.state in busy, -kid.slot))
         for kid in ordered[:extra]:
-            if kid.state in (BUSY, FINISHING):
-                kid.state = RETIRING
+            if kid.state in busy:
+                kid.state = ChildState.RETIRING
             else:
-                self._ask_exit(kid, "scale")
+                self._ask_exit(kid, ByeReason.SCALE)
 
-    def _ask_exit(self, kid: Child, reason: str) -> None:
-        kid.state = RETIRING
+    def _ask_exit(self, kid: Child, reason: ByeReason) -> None:
+        kid.state = ChildState.RETIRING
+        self._send(kid, Exit(reason))
+
+    def _send(self, kid: Child, message: Message) -> bool:
+        """Queue ``message`` for ``kid`` without blocking; False (and the
+        child killed) if its channel is gone."""
         try:
-            kid.channel.send({"op": "exit", "reason": reason}, timeout=1.0)
+            kid.channel.send(message)
         except ChannelClosed:
-            kid.kill(reason)
+            kid.kill(KillReason.UNRESPONSIVE)
+            return False
+        self._watch_channel(kid)
+        return True
 
-    def _on_child(self, kid: Child) -> None:
-        messages, closed = kid.channel.read_available()
-        for message in messages:
-            self._on_message(kid, message)
-        if closed:
-            self._close_channel(kid)
+    def _watch_channel(self, kid: Child) -> None:
+        if not kid.channel_open:
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if kid.channel.pending else 0)
+        self.selector.modify(kid.channel.sock, events, lambda mask, k=kid: self._on_channel(k, mask))
+
+    def _on_channel(self, kid: Child, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE:
+            try:
+                kid.channel.flush()
+            except ChannelClosed:
+                pass  # the EOF on the read side says it
+            if not kid.channel.pending:
+                kid.delivered = True
+                self._watch_channel(kid)
+        if mask & selectors.EVENT_READ:
+            messages, closed = kid.channel.read_available()
+            for message in messages:
+                self._on_message(kid, message)
+            if closed:
+                self._close_channel(kid)
 
     def _close_channel(self, kid: Child) -> None:
         if kid.channel_open:
@@ -434,63 +411,56 @@ class Arbiter:
                 pass
             kid.channel.close()
 
-    def _on_message(self, kid: Child, message: dict[str, Any]) -> None:
-        event = message.get("ev")
-        now = time.monotonic()
-        if event == "ready":
+    def _on_message(self, kid: Child, message: Message) -> None:
+        run = kid.run
+        if isinstance(message, Ready):
             self._boot_failures = 0
-            if kid.state == BOOTING:
-                kid.state = IDLE
-        elif event == "step" and kid.run is not None and message.get("run") == kid.run.id:
-            timeout = message.get("timeout")
-            kid.steps[message["step"]] = StepInFlight(
-                step_id=message["step"], name=message.get("name", ""), started=now,
-                timeout=float(timeout) if timeout else None, unsafe=bool(message.get("unsafe")),
-            )
-        elif event == "step_end":
-            kid.steps.pop(message.get("step"), None)
-        elif event == "finishing":
-            if kid.state == BUSY and kid.run is not None and message.get("run") == kid.run.id:
-                kid.state = FINISHING
-                kid.steps.clear()
-        elif event == "done":
+            if kid.state == ChildState.BOOTING:
+                kid.state = ChildState.IDLE
+        elif isinstance(message, StepStarted):
+            if run is not None and message.step.run == run.id:
+                kid.timed_steps[message.step.step] = message.step
+        elif isinstance(message, StepEnded):
+            kid.timed_steps.pop(message.step, None)
+        elif isinstance(message, Finishing):
+            if kid.state == ChildState.BUSY and run is not None and message.run == run.id:
+                kid.state = ChildState.FINISHING
+                kid.timed_steps.clear()
+        elif isinstance(message, Done):
             self._run_done(kid, message)
-        elif event == "bye":
-            kid.bye_reason = kid.bye_reason or message.get("reason")
+        elif isinstance(message, Bye):
+            kid.bye_reason = kid.bye_reason or _bye_reason(message.reason)
             if kid.active:
-                kid.state = RETIRING
+                kid.state = ChildState.RETIRING
 
-    def _run_done(self, kid: Child, message: dict[str, Any]) -> None:
-        finished_early = kid.finishing_run is not None and message.get("run") == kid.finishing_run.id
+    def _run_done(self, kid: Child, done: Done) -> None:
+        finished_early = kid.finishing_run is not None and done.run == kid.finishing_run.id
         run = kid.finishing_run if finished_early else kid.run
-        if run is None or message.get("run") != run.id:
+        if run is None or done.run != run.id:
             return
-        status = str(message.get("status"))
-        kid.rss = int(message.get("rss") or 0) or kid.rss
+        outcome = Outcome(done.outcome)
+        kid.rss = done.rss or kid.rss
         kid.runs_done += 1
         if finished_early:
             kid.finishing_run = None  # ``kid.run`` is its next run, already handed over
         else:
             kid.run = None
             kid.run_started = None
-            kid.steps.clear()
-        self.counts[status] += 1
-        if status in TERMINAL_STATUSES or status == "requeued":
+            kid.timed_steps.clear()
+        self.counts[outcome] += 1
+        if outcome.settled:
             self.crashes.pop(run.id, None)
-        if status == "unfinished":
+        if outcome == Outcome.UNFINISHED:
             self._redispatch(run)  # still ours: the database blinked, replay recovers
-        elif status == "requeued":
-            metrics.record(lambda m: m.requeued.labels(self.name).inc())
-        logger.info("everystep-supervisor %s: run %s (%s) %s in child %d (pid %d)",
-                    self.name, run.id, run.name, status, kid.slot, kid.pid,
-                    extra={"run_id": run.id, "workflow": run.name, "child_pid": kid.pid, "event": "run_" + status})
-        self._claim_due = True
+        outcomes.log_outcome(logger, self.who, run, outcome, f" in child {kid.slot} (pid {kid.pid})",
+                             child_pid=kid.pid)
+        self.loop.wake()
         if finished_early:
             return
-        if kid.state in (BUSY, FINISHING):
-            kid.state = IDLE
-        elif kid.state == RETIRING and kid.bye_reason is None:
-            self._ask_exit(kid, "scale")
+        if kid.state in (ChildState.BUSY, ChildState.FINISHING):
+            kid.state = ChildState.IDLE
+        elif kid.state == ChildState.RETIRING and kid.bye_reason is None:
+            self._ask_exit(kid, ByeReason.SCALE)
 
     # -- reaping ------------------------------------------------------------------
 
@@ -516,242 +486,148 @@ class Arbiter:
 
     def _on_exit(self, kid: Child, status: int) -> None:
         if kid.channel_open:
-            self._on_child(kid)  # messages sent just before exiting
+            self._on_channel(kid, selectors.EVENT_READ)  # messages sent just before exiting
             self._close_channel(kid)
-        how, signalled = describe_exit(status)
-        if kid.finishing_run is not None:
-            # It died settling one run with the next one still unread in its
-            # channel: that one never started, the settling one is the victim.
-            self._redispatch(kid.run)
+        how, _ = describe_exit(status, kid.kill_reason)
+        if kid.finishing_run is not None or not kid.delivered:
+            # The run handed to it last never started there (it was still in
+            # the channel, behind the one settling or not even delivered):
+            # another child takes it; the settling one, if any, is the victim.
+            if kid.run is not None:
+                self._redispatch(kid.run)
             kid.run, kid.finishing_run = kid.finishing_run, None
         run = kid.run
+        clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == child_process.BOOT_ERROR and kid.runs_done == 0:
             self._boot_failures += 1
-            logger.error("everystep-supervisor %s: child %d failed to boot (%d in a row)",
-                         self.name, kid.slot, self._boot_failures)
+            logger.error("%s: child %d failed to boot (%d in a row)", self.who, kid.slot, self._boot_failures)
             if self._boot_failures >= MAX_BOOT_FAILURES and not self.stopping:
-                logger.error("everystep-supervisor %s: children keep failing to boot; stopping", self.name)
+                logger.error("%s: children keep failing to boot; stopping", self.who)
                 self.exit_code = 1
                 self.begin_drain()
-        reason = self._restart_reason(kid, run)
+        reason = restart_reason(kid.kill_reason, kid.bye_reason, run is not None)
         if not self.stopping:
             self.restarts[reason] += 1  # a replacement is spawned
             metrics.record(lambda m: m.child_restarts.labels(self.name, reason).inc())
-        level = logging.WARNING if reason == "crash" else logging.INFO
-        logger.log(level, "everystep-supervisor %s: child %d (pid %d) %s%s", self.name, kid.slot, kid.pid, how,
-                   f" while running {run.id} ({run.name})" if run else "",
+        crashed = kid.kill_reason is None and (kid.bye_reason is None or run is not None) and not clean_exit
+        logger.log(logging.WARNING if crashed else logging.INFO, "%s: child %d (pid %d) %s%s", self.who,
+                   kid.slot, kid.pid, how, f" while running {run.id} ({run.name})" if run else "",
                    extra={"child_pid": kid.pid, "run_id": run.id if run else None, "event": "child_exit"})
-        if run is not None:
-            clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-            self._recover_run(kid, run, how, clean_exit)
+        if run is None:
+            return
+        steps = kid.overdue_steps if kid.kill_reason == KillReason.TIMEOUT else kid.in_flight()
+        end = ChildEnd(
+            run=run, pid=kid.pid, how=how, clean_exit=clean_exit, kill_reason=kid.kill_reason,
+            bye_reason=kid.bye_reason, steps=tuple(steps), crashes=self.crashes[run.id],
+            max_crashes=self.config.max_crashes, stopping=self.stopping is not None,
+        )
+        self._apply(end, decide(end))
 
-    @staticmethod
-    def _restart_reason(kid: Child, run: Run | None) -> str:
-        if kid.kill_reason == "timeout":
-            return "timeout"
-        if kid.kill_reason == "fenced":
-            return "fenced"
-        if kid.kill_reason in ("kill", "kill-requeue"):
-            return "kill"
-        if kid.kill_reason is not None:
-            return "exit"
-        if kid.bye_reason in ("max-runs", "max-memory", "reload"):
-            return "recycle"
-        if kid.bye_reason is not None and run is None:
-            return "exit"
-        return "crash"
-
-    def _recover_run(self, kid: Child, run: Run, how: str, clean_exit: bool) -> None:
-        """Decide what happens to the run a dead child was executing."""
-        reason = kid.kill_reason
+    def _apply(self, end: ChildEnd, decision: Decision) -> None:
+        """Carry out what ``fate.decide`` said about a dead child's run."""
+        run = end.run
+        claim = run.claim_as(self.name)
+        if decision.crashed:
+            self.crashes[run.id] += 1
         try:
-            if reason is None and kid.bye_reason is not None and clean_exit:
-                # It said goodbye before our run message reached it: the run
-                # never started there, so this is no crash of the run.
+            for step, error in decision.fail_steps:
+                outcomes.fail_step(self.store, claim, run.name, step.step, step.name, error)
+            if decision.action == Action.REDISPATCH:
                 self._redispatch(run)
-            elif reason == "fenced":
-                logger.info("everystep-supervisor %s: run %s was taken from child %d (pid %d); "
-                            "its current holder carries on", self.name, run.id, kid.slot, kid.pid)
-            elif reason == "timeout":
-                for step in kid.overdue_steps:
-                    if not step.unsafe:
-                        self._fail_step(run, step.step_id, step.name, StepTimeout(
-                            f"step {step.step_id} ({step.name}) ran past its timeout of {step.timeout:g}s "
-                            f"and its process (pid {kid.pid}) was killed"))
-                self._redispatch(run)
-            elif reason == "kill":
-                in_flight = kid.in_flight()
-                for step in in_flight:
-                    if not step.get("unsafe"):
-                        self._fail_step(run, step["step"], step["name"], StepKilled(
-                            f"step {step['step']} ({step['name']}) was killed by an operator (pid {kid.pid})"))
-                if in_flight:
-                    self._redispatch(run)
-                else:
-                    self._finish_failed(run, StepKilled(f"run {run.id} was killed by an operator between steps"))
-            elif reason is not None or self.stopping:
-                self._requeue(run)
+            elif decision.action == Action.REQUEUE:
+                self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
+            elif decision.action == Action.FAIL_RUN:
+                self.crashes.pop(run.id, None)
+                assert decision.run_error is not None
+                if outcomes.fail_run(self.store, claim, run, decision.run_error):
+                    self.counts[Outcome.FAILED] += 1
             else:
-                self.crashes[run.id] += 1
-                if self.crashes[run.id] >= self.config.max_crashes:
-                    self.crashes.pop(run.id, None)
-                    self._finish_failed(run, ChildCrashed(
-                        f"the process running this run died {self.config.max_crashes} times; "
-                        f"last: {how}"))
-                else:
-                    self._redispatch(run)
+                logger.info("%s: run %s was taken from the child (pid %d) that executed it; its current "
+                            "holder carries on", self.who, run.id, end.pid)
         except StoreUnavailable as exc:
-            logger.warning("everystep-supervisor %s: cannot record what happened to run %s (%s); retrying it",
-                           self.name, run.id, exc)
+            logger.warning("%s: cannot record what happened to run %s (%s); retrying it", self.who, run.id, exc)
             self._redispatch(run)
 
     def _redispatch(self, run: Run) -> None:
         if self.stopping:
-            self._requeue(run)
+            self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
         else:
             # It may have recorded steps since it was claimed: the next child
             # must read them rather than trust the claim-time answer.
             self.ready.appendleft(dataclasses.replace(run, has_steps=None))
 
-    def _requeue(self, run: Run) -> None:
-        try:
-            if self.store.requeue(run.claim_as(self.name)):
-                self.counts["requeued"] += 1
-                metrics.record(lambda m: m.requeued.labels(self.name).inc())
-        except StoreUnavailable as exc:
-            logger.error("everystep-supervisor %s: could not requeue run %s: %s", self.name, run.id, exc)
-
-    def _fail_step(self, run: Run, step_id: str, step_name: str, exc: BaseException) -> None:
-        error = serde.dumps(serde.encode_exception(exc), "step error")
-        write = self.store.record_step(run.claim_as(self.name), NewStep(
-            step_id, step_name, None, None, utcnow(), status=STEP_FAILED, error_json=error))
-        if write is not None and write.ours:
-            metrics.record(lambda m: m.step_runs.labels(run.name, step_name, STEP_FAILED).inc())
-
-    def _finish_failed(self, run: Run, exc: BaseException) -> None:
-        error = serde.dumps(serde.encode_exception(exc), "run error")
-        if self.store.finish_run(run.claim_as(self.name), FAILED, None, error):
-            self.counts[FAILED] += 1
-            metrics.record(lambda m: m.workflow_runs.labels(run.name, FAILED).inc())
-            sentry.report_failure(exc, run.id, run.name, runner=self.name)
-            # Warning, not error: it is reported to Sentry explicitly above, and
-            # Sentry's logging integration would report an error line again.
-            logger.warning("everystep-supervisor %s: run %s (%s) failed: %s", self.name, run.id, run.name, exc,
-                         extra={"run_id": run.id, "workflow": run.name, "event": "run_failed"})
-
     # -- deadlines ------------------------------------------------------------------
 
     def _enforce_deadlines(self, now: float) -> None:
         for kid in list(self.children.values()):
-            if kid.state == KILLED:
+            if kid.state == ChildState.KILLED:
                 continue
-            overdue = [step for step in kid.steps.values() if step.overdue(now)]
+            overdue = [step for step in kid.timed_steps.values() if step.overdue(now)]
             if overdue:
                 kid.overdue_steps = overdue
-                logger.warning("everystep-supervisor %s: step %s of run %s exceeded its timeout; killing child %d (pid %d)",
-                               self.name, overdue[0].step_id, kid.run.id if kid.run else "?", kid.slot, kid.pid)
-                kid.kill("timeout")
+                logger.warning("%s: step %s of run %s exceeded its timeout; killing child %d (pid %d)",
+                               self.who, overdue[0].step, overdue[0].run, kid.slot, kid.pid)
+                kid.kill(KillReason.TIMEOUT)
                 metrics.record(lambda m: m.step_timeouts.labels(self.name).inc(len(overdue)))
+            elif kid.channel.stalled_since is not None and now - kid.channel.stalled_since >= self.config.stall_timeout:
+                logger.warning("%s: child %d (pid %d) has not read its channel for %.0fs; killing it",
+                               self.who, kid.slot, kid.pid, now - kid.channel.stalled_since)
+                kid.kill(KillReason.UNRESPONSIVE)
         if self.drain_deadline is not None and now >= self.drain_deadline:
             self.drain_deadline = None
-            left = [kid for kid in self.children.values() if kid.state != KILLED]
+            left = [kid for kid in self.children.values() if kid.state != ChildState.KILLED]
             if left:
-                logger.warning("everystep-supervisor %s: drain deadline passed; killing %d child(ren) and requeueing their runs",
-                               self.name, len(left))
+                logger.warning("%s: drain deadline passed; killing %s and requeueing their runs",
+                               self.who, reporting.plural(len(left), "child", "children"))
             for kid in left:
-                kid.kill("drain-deadline")
+                kid.kill(KillReason.DRAIN_DEADLINE)
 
     # -- claiming and dispatch --------------------------------------------------------
 
-    def _catchup(self) -> None:
-        """Runs held under this name that nothing here is executing.
-
-        At startup: what a previous incarnation left running. Afterwards,
-        every ``RECONCILE_EVERY`` seconds: claims and terminal writes commit
-        asynchronously, so a database crash can roll a finished run back to
-        ``running`` under our name; this resumes it (replay writes the same
-        outcome again) instead of leaving it claimed while we live.
-        """
-        self._next_reconcile = time.monotonic() + RECONCILE_EVERY
+    def _held(self) -> list[str]:
         held = [run.id for run in self.ready]
         for kid in self.children.values():
             held += [run.id for run in (kid.run, kid.finishing_run) if run is not None]
-        try:
-            runs = self.store.claim_own(self.name, 100_000, self._names, exclude=held)
-        except EverystepError as exc:
-            logger.warning("everystep-supervisor %s: catchup failed: %s", self.name, exc)
-            return
-        if runs and not self._caught_up:
-            logger.info("everystep-supervisor %s: resuming %d run(s) left running under this name",
-                        self.name, len(runs))
-        elif runs:
-            logger.warning("everystep-supervisor %s: resuming %d run(s) held under this name that no child "
-                           "was executing (a write lost in a database crash?)", self.name, len(runs))
-        self._caught_up = True
-        self.ready.extend(runs)
+        return held
 
     def _dispatch(self, now: float) -> None:
         if self.stopping:
             return
-        idle = self._idle_children()
-        while idle and self.ready:
-            self._give(idle.pop(), self.ready.popleft())
-        if not idle:
-            return
-        if now >= self._next_poll:
-            self._claim_due = True
-        if not self._claim_due:
-            return
-        try:
-            runs = self.store.claim(self.name, len(idle), self._names)
-        except EverystepError as exc:
-            self._claims_outage.failed(exc)
-            runs = []
-            self._claim_due = False
-            self._next_poll = now + max(self.config.poll, 1.0)
-            return
-        self._claims_outage.ok()
-        self._claim_due = len(runs) == len(idle)
-        self._next_poll = now + self.config.poll
-        self.counts["claimed"] += len(runs)
-        if runs:
-            metrics.record(lambda m: m.claims.labels(self.name).inc(len(runs)))
-        for run in runs:
-            self._give(idle.pop(), run)
+        available = self._available()
+        while available and self.ready:
+            self._give(available.pop(), self.ready.popleft())
+        if available:
+            for run in self.loop.take(now, len(available), self._held()):
+                self._give(available.pop(), run)
 
     def _give(self, kid: Child, run: Run) -> None:
         self._fence_older_executions(run)
-        if kid.state == FINISHING:
+        if kid.state == ChildState.FINISHING:
             kid.finishing_run = kid.run
-        try:
-            with traces.dispatch_span(run):
-                kid.channel.send({"op": "run", "run": child_process.run_to_message(run), "trace": traces.inject()})
-        except ChannelClosed:
-            self.ready.appendleft(run)
-            kid.run, kid.finishing_run = kid.finishing_run or kid.run, None
-            kid.kill("unreachable")
-            return
-        kid.state = BUSY
+        with traces.dispatch_span(run):
+            message = Dispatch(run=child_process.run_to_message(run), trace=traces.inject())
+        kid.state = ChildState.BUSY
         kid.run = run
         kid.run_started = time.monotonic()
-        kid.steps.clear()
+        kid.timed_steps.clear()
+        kid.delivered = False
+        if self._send(kid, message) and not kid.channel.pending:
+            kid.delivered = True
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == FENCE_CHANNEL:
             if payload.rsplit(" ", 1)[0] == self.name:
                 self._next_fence_check = 0.0
             return
-        self._claim_due = True
+        self.loop.wake()
 
     # -- fencing --------------------------------------------------------------------
 
     def _executing(self, settling: bool = False) -> list[tuple[Child, Run]]:
-        """Children and the run each is executing now: not one merely queued
-        behind a finishing run, nor (unless ``settling``) one whose terminal
-        write is under way."""
-        skip = (KILLED,) if settling else (KILLED, FINISHING)
-        return [(kid, kid.run) for kid in self.children.values()
-                if kid.run is not None and kid.finishing_run is None and kid.state not in skip]
+        """Children and the run each is executing now; unless ``settling``,
+        not one whose terminal write is under way."""
+        return [(kid, kid.executing) for kid in self.children.values()
+                if kid.executing is not None and (settling or kid.state != ChildState.FINISHING)]
 
     def _fence_older_executions(self, run: Run) -> None:
         """A run re-claimed at a newer epoch while a child still executes an
@@ -764,13 +640,13 @@ class Arbiter:
         """Kill children executing a run whose claim moved on without them.
 
         Their writes are refused anyway (every write carries the epoch); the
-        kill stops the step in flight at once instead of at its end. Runs it
-        finished or that reached another terminal state are left alone: the
-        child is merely reporting late. Runs claimed but not yet dispatched
-        are dropped the same way. Checked at every heartbeat period, and at
-        once on a fence notification (PostgreSQL).
+        kill stops the step in flight at once instead of at its end. Runs
+        that reached a terminal status are left alone: the child is merely
+        reporting late. Claimed runs not yet dispatched are dropped the same
+        way. Checked every heartbeat period, and at once on a fence
+        notification (PostgreSQL).
         """
-        self._next_fence_check = now + self.lease.beat_every
+        self._next_fence_check = now + self.loop.lease.beat_every
         executing = self._executing()
         ids = [run.id for _, run in executing] + [run.id for run in self.ready]
         if not ids:
@@ -778,116 +654,156 @@ class Arbiter:
         try:
             states = self.store.claim_states(ids)
         except EverystepError as exc:
-            logger.debug("everystep-supervisor %s: fence check failed: %s", self.name, exc)
+            logger.debug("%s: fence check failed: %s", self.who, exc)
             return
+
         def taken(run: Run) -> bool:
             state = states.get(run.id)
-            return (state is not None and state.status in ("running", "scheduled")
-                    and not state.held_by(run.claim_as(self.name)))
+            return state is not None and state.moved_on_from(run.claim_as(self.name))
+
         for kid, run in executing:
             if taken(run):
                 self._kill_fenced(kid, run, "its claim moved on")
-        kept = [run for run in self.ready if not taken(run)]
-        if len(kept) != len(self.ready):
-            self.ready = collections.deque(kept)
+        self.ready = collections.deque(run for run in self.ready if not taken(run))
 
     def _kill_fenced(self, kid: Child, run: Run, why: str) -> None:
-        logger.warning("everystep-supervisor %s: run %s was taken from this execution (%s); killing child %d "
-                       "(pid %d)", self.name, run.id, why, kid.slot, kid.pid,
+        logger.warning("%s: run %s was taken from this execution (%s); killing child %d (pid %d)",
+                       self.who, run.id, why, kid.slot, kid.pid,
                        extra={"run_id": run.id, "child_pid": kid.pid, "event": "fenced"})
-        kid.kill("fenced")
+        kid.kill(KillReason.FENCED)
 
     # -- operator actions ---------------------------------------------------------------
 
     def begin_drain(self) -> None:
         if self.stopping:
             return
-        self.stopping = "drain"
+        self.stopping = StopMode.DRAIN
         self.drain_deadline = time.monotonic() + self.config.drain if self.config.drain > 0 else None
         titles.master(self.name, "draining")
         self.notifier.stopping()
         self.listener.close()
         while self.ready:
-            self._requeue(self.ready.popleft())
+            run = self.ready.popleft()
+            self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
         for kid in list(self.children.values()):
-            if kid.state in (IDLE, BOOTING):
-                self._ask_exit(kid, "drain")
-            if kid.state != KILLED:
+            if kid.state in (ChildState.IDLE, ChildState.BOOTING):
+                self._ask_exit(kid, ByeReason.DRAIN)
+            if kid.state != ChildState.KILLED:
                 kid.terminate()
 
     def fast_stop(self) -> None:
-        if self.stopping != "drain":
+        if self.stopping != StopMode.DRAIN:
             self.begin_drain()
-        self.stopping = "quit"
+        self.stopping = StopMode.QUIT
         for kid in list(self.children.values()):
-            kid.kill("quit")
+            kid.kill(KillReason.QUIT)
 
-    def scale(self, procs: int) -> None:
-        procs = max(0, min(procs, MAX_PROCS))
-        if procs != self.procs:
-            logger.info("everystep-supervisor %s: scaling from %d to %d children", self.name, self.procs, procs)
-        self.procs = procs
+    def scale(self, procs: int, who: str) -> int:
+        """Set the number of children (0 to ``MAX_PROCS``); returns the previous number."""
+        previous, self.procs = self.procs, max(0, min(procs, MAX_PROCS))
+        if self.procs != previous:
+            logger.info("%s: scaling from %d to %d children (%s)", self.who, previous, self.procs, who)
+        metrics.record(lambda m: m.pool_size.labels(self.name).set(self.procs))
         self._retire_extra()
+        return previous
 
-    def _reload(self) -> None:
-        """HUP: re-import the app modules, then replace every child."""
+    def reload(self, who: str) -> Reply:
+        """Re-import the app modules, then replace every child: idle ones at
+        once, busy ones at their next step boundary. A module that fails to
+        import leaves everything as it was, and says so."""
         if self.stopping:
-            return
+            return ErrorReply("the supervisor is stopping")
         self.notifier.reloading()
-        for module in self.config.app:
-            try:
-                importlib.reload(sys.modules[module]) if module in sys.modules else importlib.import_module(module)
-            except Exception:
-                logger.exception("everystep-supervisor %s: reload of %s failed; keeping the running code", self.name, module)
-                self.notifier.ready(reporting.status_line(self))
-                return
-        self._names = registry.workflow_names()
+        try:
+            modules = reimport(self.config.app)
+        except ReloadFailed as exc:
+            logger.error("%s: %s; keeping the running code (%s)", self.who, exc, who,
+                         exc_info=exc.__cause__ is not None and logger.isEnabledFor(logging.DEBUG))
+            self.notifier.ready(reporting.status_line(self))
+            return ErrorReply(f"{exc}; keeping the running code")
+        self.loop.refresh_names()
+        replacing = 0
         for kid in list(self.children.values()):
-            if kid.state in (IDLE, BOOTING):
-                self._ask_exit(kid, "reload")
-            elif kid.state in (BUSY, FINISHING, RETIRING):
-                kid.bye_reason = kid.bye_reason or "reload"
+            if kid.state in (ChildState.IDLE, ChildState.BOOTING):
+                self._ask_exit(kid, ByeReason.RELOAD)
+            elif kid.state in (ChildState.BUSY, ChildState.FINISHING, ChildState.RETIRING):
+                kid.bye_reason = kid.bye_reason or ByeReason.RELOAD
                 kid.terminate()
+            else:
+                continue
+            replacing += 1
         self.notifier.ready(reporting.status_line(self))
-
-    def request_reload(self) -> None:
-        self._reload_requested = True
+        logger.info("%s: reloaded %s; replacing %s (%s)", self.who, ", ".join(modules) or "no modules",
+                    reporting.plural(replacing, "child", "children"), who)
+        return ReloadReply(modules=modules, replacing=replacing)
 
     def kill_run(self, run_id: str, requeue: bool) -> Child | None:
         executing = [(kid, run) for kid, run in self._executing(settling=True) if run.id == run_id]
         if not executing:
             return None
         kid, _ = max(executing, key=lambda pair: pair[1].claim_epoch)  # the current execution
-        kid.kill("kill-requeue" if requeue else "kill")
+        kid.kill(KillReason.KILL_REQUEUE if requeue else KillReason.KILL)
         return kid
 
-    # -- control requests -----------------------------------------------------------------
-
-    def handle_request(self, request: dict[str, Any]) -> dict[str, Any]:
+    def handle_request(self, request: Request, peer: Peer) -> Reply:
         from .commands import handle
 
-        return handle(self, request)
+        return handle(self, request, peer)
 
-    def status(self) -> dict[str, Any]:
-        return reporting.status(self)
+    # -- reporting ------------------------------------------------------------------
 
-    # -- progress, burst ------------------------------------------------------------------
+    def _respond_http(self, path: str) -> tuple[int, str, bytes]:
+        self._gauge_children()  # gauges of the process tree are read when scraped
+        return exposition.respond(path, self.store)
+
+    def _count_request(self, command: str) -> None:
+        label = metrics.control_command_label(command)
+        metrics.record(lambda m: m.control_requests.labels(self.name, label).inc())
+
+    def _gauge_children(self) -> None:
+        alive = len(self.children)
+        busy = reporting.busy(self)
+
+        def update(m: metrics.Metrics) -> None:
+            m.children.labels(self.name).set(alive)
+            m.inflight.labels(self.name).set(busy)
+            m.pool_size.labels(self.name).set(self.procs)
+
+        metrics.record(update)
 
     def _log_progress(self) -> None:
         try:
-            queued: int | None = self.store.count_scheduled(self._names)
+            queued: int | None = self.store.count_scheduled(self.loop.names)
         except EverystepError:
             queued = None
         line = reporting.progress_line(self, queued)
         if line != self._last_progress_line:
             self._last_progress_line = line
-            logger.info("everystep-supervisor %s: %s", self.name, line)
+            logger.info("%s: %s", self.who, line)
 
     def _check_burst(self) -> None:
-        if not self.config.burst or self.stopping or self.ready or self._claim_due:
+        """``--burst``: stop once nothing is left to claim and every child is idle."""
+        if not self.config.burst or self.stopping or self.ready:
             return
-        kids = list(self.children.values())
-        if self.procs > 0 and (not kids or any(kid.state != IDLE for kid in kids)):
-            return
-        logger.info("everystep-supervisor %s: burst mode: nothing left to run", self.name)
+        if self.procs == 0:
+            try:
+                if self.store.count_scheduled(self.loop.names):
+                    logger.warning("%s: burst mode with --procs 0: runs are scheduled but no child "
+                                   "will execute them", self.who)
+            except EverystepError:
+                pass
+        else:
+            kids = list(self.children.values())
+            if not kids or any(kid.state != ChildState.IDLE for kid in kids) or self.loop.due:
+                return
+        logger.info("%s: burst mode: nothing left to run", self.who)
         self.begin_drain()
+
+def _bye_reason(text: str) -> ByeReason:
+    try:
+        return ByeReason(text)
+    except ValueError:
+        return ByeReason.EXIT
+
+
+__all__ = ["Arbiter", "TERMINAL_STATUSES"]

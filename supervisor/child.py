@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import logging
 import os
 import signal
@@ -35,7 +36,21 @@ from everystep.observer import Observer, Observers
 from everystep.store import connect
 
 from . import titles
-from .protocol import Channel, ChannelClosed
+from .protocol import (
+    Bye,
+    Channel,
+    ChannelClosed,
+    Dispatch,
+    Done,
+    Exit,
+    Finishing,
+    Message,
+    Ready,
+    StepEnded,
+    StepInFlight,
+    StepStarted,
+)
+from .states import ByeReason
 from .stepboard import StepBoard
 
 logger = logging.getLogger("everystep.supervisor")
@@ -130,46 +145,49 @@ def _set_pdeathsig(sig: int) -> None:
 class Reporter(Observer):
     """Tells the parent what this child is doing (from any branch thread).
 
-    When a run's body is done and only its terminal write is left, the
-    reporter says so ("finishing"), so the parent can claim this child's next
-    run while that write commits; or it says goodbye, if this child is to be
+    Every step goes on the step board; a step with a deadline is also
+    announced by message, so the parent can enforce it. When a run's body
+    is done and only its terminal write is left, the reporter says so
+    (``Finishing``), so the parent can hand this child its next run while
+    that write commits; or it says goodbye (``Bye``), if this child is to be
     replaced after the run, so the parent hands it nothing more.
     """
 
-    def __init__(self, channel: Channel, spec: ChildSpec, leaving: Callable[[], str | None]) -> None:
+    def __init__(self, channel: Channel, spec: ChildSpec, leaving: Callable[[], ByeReason | None]) -> None:
         self.channel = channel
         self.slot = spec.slot
         self.board = spec.board
         self.default_timeout = spec.step_timeout
         self.leaving = leaving
-        self.announced: str | None = None  # at settling: the reason we leave, or "" to stay
-        self._inflight: dict[str, dict[str, Any]] = {}
+        #: Set at settling: whether the run reached it, and the reason we
+        #: announced for leaving after it (None: we said we stay).
+        self.settled = False
+        self.announced: ByeReason | None = None
+        self._inflight: dict[str, StepInFlight] = {}
         self._lock = threading.Lock()
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Message) -> None:
         with self._lock:
             try:
-                self.channel.send(message)
+                self.channel.send_blocking(message)
             except ChannelClosed:
                 pass  # the parent is gone; PDEATHSIG drains us
 
     def _publish(self) -> None:
         if self.board is not None:
-            self.board.publish(sorted(self._inflight.values(), key=lambda step: step["since"]))
+            steps = sorted(self._inflight.values(), key=lambda step: step.started)
+            self.board.publish([dataclasses.asdict(step) for step in steps])
 
     def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
-        """Every step goes on the board; only a step with a deadline is also
-        announced, so the parent can enforce it."""
         titles.child_busy(self.slot, ctx.workflow_name, ctx.workflow_id, step_id)
-        timeout = timeout or self.default_timeout
+        step = StepInFlight(run=ctx.workflow_id, step=step_id, name=name, started=time.monotonic(),
+                            timeout=timeout or self.default_timeout, unsafe=unsafe)
         with self._lock:
-            self._inflight[step_id] = {"run": ctx.workflow_id, "step": step_id, "name": name,
-                                       "since": time.time(), "unsafe": unsafe}
+            self._inflight[step_id] = step
             self._publish()
-        if timeout:
-            self.send({"ev": "step", "run": ctx.workflow_id, "step": step_id, "name": name,
-                       "timeout": timeout, "unsafe": unsafe})
-        return timeout
+        if step.timeout:
+            self.send(StepStarted(step))
+        return step.timeout
 
     def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
                       error: BaseException | None, token: Any) -> None:
@@ -177,7 +195,7 @@ class Reporter(Observer):
             self._inflight.pop(step_id, None)
             self._publish()
         if token:
-            self.send({"ev": "step_end", "run": ctx.workflow_id, "step": step_id, "status": status})
+            self.send(StepEnded(run=ctx.workflow_id, step=step_id, status=status))
 
     def run_ended(self) -> None:
         with self._lock:
@@ -186,11 +204,11 @@ class Reporter(Observer):
 
     def run_settling(self, run: Run, status: str) -> None:
         reason = self.leaving()
-        self.announced = reason or ""
+        self.settled, self.announced = True, reason
         if reason:
-            self.send({"ev": "bye", "reason": reason})
+            self.send(Bye(reason))
         else:
-            self.send({"ev": "finishing", "run": run.id})
+            self.send(Finishing(run.id))
 
 
 def run_from_message(message: dict[str, Any], claimer: str) -> Run:
@@ -232,61 +250,68 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
     def rss() -> int:
         return process.memory_info().rss if spec.max_memory_mb else 0
 
-    def leaving_after_this_run() -> str | None:
+    def leaving_after_this_run() -> ByeReason | None:
         if draining.is_set():
-            return "drain"
+            return ByeReason.DRAIN
         return _recycle_reason(spec, runs_done + 1, rss())
 
     reporter = Reporter(channel, spec, leaving_after_this_run)
     observer = Observers([reporter, *spec.observers])
-    reporter.send({"ev": "ready", "pid": os.getpid()})
+    reporter.send(Ready(os.getpid()))
     while True:
         if draining.is_set() or os.getppid() != spec.parent_pid:
-            reporter.send({"ev": "bye", "reason": "drain"})
+            reporter.send(Bye(ByeReason.DRAIN))
             return 0
         try:
             message = channel.receive(IDLE_WAKEUP)
         except (ChannelClosed, OSError):
             return 0
-        if message is None:
-            continue
-        if message.get("op") == "exit":
-            reporter.send({"ev": "bye", "reason": message.get("reason", "exit")})
+        if isinstance(message, Exit):
+            reporter.send(Bye(_bye_reason(message.reason)))
             return 0
-        if message.get("op") != "run":
+        if not isinstance(message, Dispatch):
             continue
-        run = run_from_message(message["run"], spec.name)
+        run = run_from_message(message.run, spec.name)
         titles.child_busy(spec.slot, run.name, run.id)
-        trace_token = traces.attach_remote(message.get("trace"))
+        trace_token = traces.attach_remote(message.trace)
         try:
-            status = runner.execute_guarded(store, run, claimer=spec.name, draining=draining, observer=observer)
+            outcome = runner.execute_guarded(store, run, claimer=spec.name, draining=draining, observer=observer)
         finally:
             traces.detach(trace_token)
-        announced, reporter.announced = reporter.announced, None
-        if announced:
-            leaving: str | None = announced  # the parent already knows
-        else:
+        settled, announced = reporter.settled, reporter.announced
+        reporter.settled, reporter.announced = False, None
+        leaving: ByeReason | None = announced  # if announced, the parent already knows
+        if announced is None:
             # No terminal write (crash, lost claim, outage), or we said we
-            # would stay and a drain came since. "bye" goes before "done": a
-            # parent that read "done" first would take us for idle. If it
+            # would stay and a drain came since. Bye goes before Done: a
+            # parent that read Done first would take us for idle. If it
             # already sent our next run, we do not start it; the parent gives
             # it to another child.
-            leaving = leaving_after_this_run() if announced is None else (
-                "drain" if draining.is_set() else None)
+            if not settled:
+                leaving = leaving_after_this_run()
+            elif draining.is_set():
+                leaving = ByeReason.DRAIN
             if leaving:
-                reporter.send({"ev": "bye", "reason": leaving})
+                reporter.send(Bye(leaving))
         runs_done += 1
         reporter.run_ended()
-        reporter.send({"ev": "done", "run": run.id, "status": status, "rss": rss()})
+        reporter.send(Done(run=run.id, outcome=outcome, rss=rss()))
         titles.child_idle(spec.slot)
         if leaving:
             return 0
 
 
-def _recycle_reason(spec: ChildSpec, runs_done: int, rss: int) -> str | None:
+def _bye_reason(text: str) -> ByeReason:
+    try:
+        return ByeReason(text)
+    except ValueError:
+        return ByeReason.EXIT
+
+
+def _recycle_reason(spec: ChildSpec, runs_done: int, rss: int) -> ByeReason | None:
     """Why this child should be replaced now, between runs (or None)."""
     if spec.max_runs and runs_done >= spec.max_runs:
-        return "max-runs"
+        return ByeReason.MAX_RUNS
     if spec.max_memory_mb and rss > spec.max_memory_mb * 1024 * 1024:
-        return "max-memory"
+        return ByeReason.MAX_MEMORY
     return None

@@ -11,29 +11,9 @@ import psutil
 
 from everystep.models import Run
 
-from .protocol import Channel
+from .protocol import Channel, ProtocolError, StepInFlight, build
 from .stepboard import StepBoard
-
-# Child states, as shown by ``ctl status``.
-BOOTING = "booting"      # forked, not yet ready
-IDLE = "idle"            # waiting for a run
-BUSY = "busy"            # executing a run
-FINISHING = "finishing"  # its run's terminal write is under way: can take the next run
-RETIRING = "retiring"    # exits when its run ends (scale down)
-STOPPING = "stopping"    # SIGTERM sent: drains at the next step boundary
-KILLED = "killed"        # SIGKILL sent, waiting to be reaped
-
-
-@dataclass
-class StepInFlight:
-    step_id: str
-    name: str
-    started: float
-    timeout: float | None
-    unsafe: bool
-
-    def overdue(self, now: float) -> bool:
-        return self.timeout is not None and now - self.started >= self.timeout
+from .states import ByeReason, ChildState, KillReason
 
 
 @dataclass(eq=False)
@@ -42,41 +22,58 @@ class Child:
     pid: int
     channel: Channel
     spawned: float
-    state: str = BOOTING
+    state: ChildState = ChildState.BOOTING
     run: Run | None = None
     finishing_run: Run | None = None  # settling while ``run`` waits in the channel
     run_started: float | None = None
     board: StepBoard | None = None
     #: Steps with a deadline, announced by message as they start; every step
     #: in flight, timed or not, is on ``board``.
-    steps: dict[str, StepInFlight] = field(default_factory=dict)
+    timed_steps: dict[str, StepInFlight] = field(default_factory=dict)
     runs_done: int = 0
     rss: int = 0
-    kill_reason: str | None = None
+    kill_reason: KillReason | None = None
     overdue_steps: list[StepInFlight] = field(default_factory=list)
-    bye_reason: str | None = None
+    bye_reason: ByeReason | None = None
     channel_open: bool = True
+    #: The last run handed over has left the parent's buffer entirely (until
+    #: then the child cannot have started it).
+    delivered: bool = True
     _process: psutil.Process | None = None
 
     @property
     def active(self) -> bool:
-        """Counts toward ``--procs`` (not on its way out)."""
-        return self.state in (BOOTING, IDLE, BUSY, FINISHING)
+        return self.state.active
 
-    def in_flight(self) -> list[dict[str, Any]]:
+    @property
+    def executing(self) -> Run | None:
+        """The run this child executes now (not one merely queued in its
+        channel behind a run it is finishing)."""
+        if self.finishing_run is not None or self.state == ChildState.KILLED:
+            return None
+        return self.run
+
+    def in_flight(self) -> list[StepInFlight]:
         """Every step the child is executing, oldest first (parallel branches
-        may run several): ``run``, ``step``, ``name``, ``since`` (epoch
-        seconds), ``unsafe``."""
+        may run several), from its step board."""
         if self.board is None or self.run is None:
             return []
-        return [step for step in self.board.read() if step.get("run") == self.run.id]
+        steps = []
+        for entry in self.board.read():
+            try:
+                step = build(StepInFlight, entry)
+            except ProtocolError:
+                continue
+            if step.run == self.run.id:
+                steps.append(step)
+        return steps
 
-    def kill(self, reason: str) -> None:
+    def kill(self, reason: KillReason) -> None:
         """SIGKILL the child's whole process group (steps may have spawned
         grandchildren); the parent acts on the death when it reaps it."""
         if self.kill_reason is None:
             self.kill_reason = reason
-        self.state = KILLED
+        self.state = ChildState.KILLED
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
@@ -87,9 +84,9 @@ class Child:
 
     def terminate(self) -> None:
         """SIGTERM: drain at the next step boundary, then exit."""
-        if self.state == KILLED:
+        if self.state == ChildState.KILLED:
             return
-        self.state = STOPPING
+        self.state = ChildState.STOPPING
         try:
             os.kill(self.pid, signal.SIGTERM)
         except OSError:
@@ -106,14 +103,18 @@ class Child:
             return {"rss": self.rss, "cpu_percent": None}
 
 
-def describe_exit(status: int) -> tuple[str, bool]:
-    """Human description of a wait status, and whether it was a signal death."""
+def describe_exit(status: int, kill_reason: KillReason | None = None) -> tuple[str, bool]:
+    """How a child ended, from its wait status, and whether a signal killed
+    it. A kill the supervisor made says why; only a SIGKILL nobody here sent
+    gets the out-of-memory hint."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         try:
             name = signal.Signals(sig).name
         except ValueError:
             name = f"signal {sig}"
+        if kill_reason is not None and sig == signal.SIGKILL:
+            return f"killed by SIGKILL ({kill_reason.describe()})", True
         hint = " (out of memory?)" if sig == signal.SIGKILL else ""
         return f"killed by {name}{hint}", True
     if os.WIFEXITED(status):

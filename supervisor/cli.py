@@ -9,7 +9,8 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import psutil
 
@@ -26,8 +27,8 @@ METRICS_DIR_PREFIX = "everystep-metrics-"
 logger = logging.getLogger("everystep.supervisor")
 
 
-def _positive(kind: type, minimum: float) -> object:
-    def parse(text: str) -> object:
+def _positive(kind: Callable[[str], Any], minimum: float) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
@@ -82,6 +83,14 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--metrics-port", type=_positive(int, 0), default=0, metavar="PORT",
                         help="serve /metrics (all processes aggregated) and /healthz on this port (default: off)")
     parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
+    parser.add_argument("--db-timeout", type=_positive(float, 0.1), default=defaults.db_timeout, metavar="S",
+                        help="bound on every database statement the parent makes, and on connecting "
+                             "(default 5); children are not bounded")
+    parser.add_argument("--control-timeout", type=_positive(float, 0.1), default=defaults.control_timeout,
+                        metavar="S", help="drop control-socket clients silent for S seconds (default 10)")
+    parser.add_argument("--stall-timeout", type=_positive(float, 0.1), default=defaults.stall_timeout,
+                        metavar="S", help="kill a child that has not read a run handed to it for S seconds "
+                                          "(default 10)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
     return parser
@@ -135,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         takeover=args.takeover,
         metrics_port=args.metrics_port,
         metrics_bind=args.metrics_bind,
+        db_timeout=args.db_timeout,
+        control_timeout=args.control_timeout,
+        stall_timeout=args.stall_timeout,
     )
     if config.procs > MAX_PROCS:
         fail(f"--procs must be at most {MAX_PROCS}", prog=PROG)
@@ -179,7 +191,7 @@ def _run(config: Config) -> int:
 
     try:
         registry.import_apps(config.app)
-        store = connect(config.database)
+        store = connect(config.database, statement_timeout=config.db_timeout)
         _check_database(store)
     except EverystepError as exc:
         fail(str(exc), prog=PROG)

@@ -1,58 +1,70 @@
-"""Control-socket requests: validate, then act on the arbiter.
+"""Control requests, validated by the codec, carried out on the arbiter.
 
-Requests are ``{"cmd": NAME, ...}``; replies are ``{"ok": true, ...}`` or
-``{"ok": false, "error": "one line"}``. Absurd but well-formed requests
-(killing an unknown run, scaling to 10,000) get an error reply, never an
-exception.
+Every request gets a reply saying what happened (an ``ErrorReply`` with one
+line for anything absurd: killing an unknown run, scaling to 10,000), and
+every action that changes something is logged with who asked for it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import logging
+from typing import TYPE_CHECKING
 
 from .config import MAX_PROCS
+from .control import Peer
+from .protocol import (
+    DrainReply,
+    DrainRequest,
+    ErrorReply,
+    KillReply,
+    KillRequest,
+    ReloadRequest,
+    Reply,
+    Request,
+    ScaleReply,
+    ScaleRequest,
+    StatusRequest,
+)
 
 if TYPE_CHECKING:
     from .arbiter import Arbiter
 
-COMMANDS = ("status", "kill", "scale", "reload", "drain")
+logger = logging.getLogger("everystep.supervisor")
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"ok": False, "error": message}
+def handle(arbiter: Arbiter, request: Request, peer: Peer) -> Reply:
+    if isinstance(request, StatusRequest):
+        from .reporting import status
 
-
-def handle(arbiter: Arbiter, request: dict[str, Any]) -> dict[str, Any]:
-    cmd = request.get("cmd")
-    if cmd == "status":
-        return {"ok": True, **arbiter.status()}
-    if cmd == "kill":
-        run_id = request.get("run")
-        if not isinstance(run_id, str) or not run_id:
-            return _error('kill needs "run": RUN_ID')
-        requeue = request.get("requeue", False)
-        if not isinstance(requeue, bool):
-            return _error('"requeue" must be true or false')
-        kid = arbiter.kill_run(run_id, requeue)
-        if kid is None:
-            return _error(f"run {run_id} is not executing in this supervisor")
-        action = "requeued" if requeue else "in-flight step recorded as StepKilled"
-        return {"ok": True, "run": run_id, "pid": kid.pid, "slot": kid.slot, "action": action}
-    if cmd == "scale":
-        procs = request.get("procs")
-        if not isinstance(procs, int) or isinstance(procs, bool) or not 0 <= procs <= MAX_PROCS:
-            return _error(f'scale needs "procs": an integer from 0 to {MAX_PROCS}')
+        return status(arbiter)
+    if isinstance(request, KillRequest):
+        return _kill(arbiter, request, peer)
+    if isinstance(request, ScaleRequest):
+        if not 0 <= request.procs <= MAX_PROCS:
+            return ErrorReply(f'scale needs "procs": an integer from 0 to {MAX_PROCS}')
         if arbiter.stopping:
-            return _error("the supervisor is stopping")
-        previous = arbiter.procs
-        arbiter.scale(procs)
-        return {"ok": True, "procs": arbiter.procs, "previous": previous}
-    if cmd == "reload":
-        if arbiter.stopping:
-            return _error("the supervisor is stopping")
-        arbiter.request_reload()
-        return {"ok": True, "reloading": True}
-    if cmd == "drain":
+            return ErrorReply("the supervisor is stopping")
+        previous = arbiter.scale(request.procs, str(peer))
+        return ScaleReply(procs=arbiter.procs, previous=previous)
+    if isinstance(request, ReloadRequest):
+        return arbiter.reload(str(peer))
+    if isinstance(request, DrainRequest):
+        if not arbiter.stopping:
+            logger.info("%s: draining (%s)", arbiter.who, peer)
         arbiter.begin_drain()
-        return {"ok": True, "draining": True}
-    return _error(f"unknown command {str(cmd)[:40]!r}; expected one of: {', '.join(COMMANDS)}")
+        from .reporting import busy
+
+        return DrainReply(busy=busy(arbiter))
+    return ErrorReply(f"unsupported command {request.TAG!r}")
+
+
+def _kill(arbiter: Arbiter, request: KillRequest, peer: Peer) -> Reply:
+    if not request.run:
+        return ErrorReply('kill needs "run": RUN_ID')
+    kid = arbiter.kill_run(request.run, request.requeue)
+    if kid is None:
+        return ErrorReply(f"run {request.run} is not executing in this supervisor")
+    action = "requeued" if request.requeue else "in-flight step recorded as StepKilled"
+    logger.warning("%s: killing child %d (pid %d) running %s: %s (%s)", arbiter.who, kid.slot, kid.pid,
+                   request.run, action, peer)
+    return KillReply(run=request.run, pid=kid.pid, slot=kid.slot, action=action)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SOCKET_NAME = "everystep-supervisor.sock"
@@ -35,6 +36,16 @@ class Config:
     takeover: bool = False
     metrics_port: int = 0
     metrics_bind: str = "0.0.0.0"
+    #: Every database statement the parent makes (and connecting) is
+    #: bounded by this, so its loop never waits long on the database.
+    db_timeout: float = 5.0
+    #: Control-socket clients silent this long are dropped.
+    control_timeout: float = 10.0
+    #: A child that has not read a run handed to it for this long is killed.
+    stall_timeout: float = 10.0
+    #: Called in the parent before each fork (a host framework closing its
+    #: own database connections, say), after everystep closed its own.
+    before_fork: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def show_progress(self) -> bool:

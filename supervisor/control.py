@@ -1,5 +1,5 @@
-"""The control socket: one JSON object per line each way, served from the
-supervisor's event loop without ever blocking it.
+"""The control socket: one JSON object per line each way (``protocol``),
+served from the supervisor's event loop without ever blocking it.
 
 Hostile clients are expected. The socket file is mode 0600 and every
 connection's peer uid is checked (SO_PEERCRED: our uid or root). A line
@@ -7,13 +7,13 @@ longer than ``max_line`` gets an error and the connection is closed; a
 client that sends nothing for ``idle_timeout`` seconds, or stops reading its
 replies, is dropped; past ``max_clients`` new connections are closed at once.
 The request handler's failures become error replies: nothing a client sends
-can stop or stall the supervisor.
+can stop or stall the supervisor. The handler learns who asked (the peer's
+pid and uid), so every operator action is logged with its author.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import selectors
@@ -22,15 +22,26 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from .protocol import MAX_CONTROL_LINE, ErrorReply, LineReader, ProtocolError, Reply, Request, decode, encode
 
 logger = logging.getLogger("everystep.supervisor")
 
-MAX_LINE = 64 * 1024
 MAX_PENDING_OUTPUT = 1024 * 1024
 MAX_UNIX_PATH = 107
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is on the other end of a control connection (SO_PEERCRED)."""
+
+    pid: int | None
+    uid: int | None
+
+    def __str__(self) -> str:
+        return f"ctl pid {self.pid} uid {self.uid}"
+
+
+Handler = Callable[[Request, Peer], Reply]
 
 
 class ControlSocketError(Exception):
@@ -40,18 +51,20 @@ class ControlSocketError(Exception):
 @dataclass(eq=False)
 class _Client:
     sock: socket.socket
+    peer: Peer
     last_active: float
-    inbuf: bytearray = field(default_factory=bytearray)
+    reader: LineReader
     outbuf: bytearray = field(default_factory=bytearray)
     close_after_flush: bool = False
 
 
-def peer_uid(sock: socket.socket) -> int | None:
+def peer_of(sock: socket.socket) -> Peer:
     try:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
-        return None
-    return struct.unpack("3i", creds)[1]
+        return Peer(None, None)
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return Peer(pid, uid)
 
 
 class ControlServer:
@@ -61,7 +74,7 @@ class ControlServer:
         handler: Handler,
         selector: selectors.BaseSelector,
         max_clients: int = 64,
-        max_line: int = MAX_LINE,
+        max_line: int = MAX_CONTROL_LINE,
         idle_timeout: float = 10.0,
         on_request: Callable[[str], None] | None = None,
     ) -> None:
@@ -148,22 +161,23 @@ class ControlServer:
 
     def _admit(self, sock: socket.socket) -> None:
         sock.setblocking(False)
-        uid = peer_uid(sock)
-        if uid not in self.allowed_uids:
-            self._reply_and_close(sock, {"ok": False, "error": "permission denied"})
-            logger.warning("everystep-supervisor: refused control connection from uid %s", uid)
+        peer = peer_of(sock)
+        if peer.uid not in self.allowed_uids:
+            self._reply_and_close(sock, ErrorReply("permission denied"))
+            logger.warning("everystep-supervisor: refused control connection from uid %s (pid %s)",
+                           peer.uid, peer.pid)
             return
         if len(self._clients) >= self.max_clients:
-            self._reply_and_close(sock, {"ok": False, "error": "too many control connections"})
+            self._reply_and_close(sock, ErrorReply("too many control connections"))
             return
-        client = _Client(sock=sock, last_active=time.monotonic())
+        client = _Client(sock=sock, peer=peer, last_active=time.monotonic(), reader=LineReader(self.max_line))
         self._clients[sock.fileno()] = client
         self.selector.register(sock, selectors.EVENT_READ, lambda mask, c=client: self._on_client(c, mask))
 
     @staticmethod
-    def _reply_and_close(sock: socket.socket, reply: dict[str, Any]) -> None:
+    def _reply_and_close(sock: socket.socket, reply: Reply) -> None:
         try:
-            sock.send((json.dumps(reply) + "\n").encode())
+            sock.send(encode(reply))
         except OSError:
             pass
         sock.close()
@@ -186,44 +200,35 @@ class ControlServer:
             self._drop(client)
             return
         client.last_active = time.monotonic()
-        client.inbuf += chunk
-        while True:
-            end = client.inbuf.find(b"\n")
-            if end < 0:
-                break
-            line = bytes(client.inbuf[:end])
-            del client.inbuf[: end + 1]
-            if len(line) > self.max_line:
-                self._send(client, {"ok": False, "error": f"request larger than {self.max_line} bytes"})
-                client.close_after_flush = True
-                break
-            if line.strip():
-                self._send(client, self._answer(line))
-        if len(client.inbuf) > self.max_line and not client.close_after_flush:
-            client.inbuf.clear()
-            self._send(client, {"ok": False, "error": f"request larger than {self.max_line} bytes"})
+        try:
+            lines = client.reader.feed(chunk)
+        except ProtocolError as exc:
+            lines = []
+            self._send(client, ErrorReply(str(exc)))
             client.close_after_flush = True
+        for line in lines:
+            if line.strip():
+                self._send(client, self._answer(line, client.peer))
         self._flush(client)
 
-    def _answer(self, line: bytes) -> dict[str, Any]:
+    def _answer(self, line: bytes, peer: Peer) -> Reply:
         try:
-            request = json.loads(line)
-        except (ValueError, RecursionError):
-            # RecursionError: a line of 50,000 "[" fits in max_line and would
-            # otherwise escape the loop and take the supervisor down.
-            return {"ok": False, "error": "malformed request: expected one JSON object per line"}
-        if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
-            return {"ok": False, "error": 'malformed request: expected {"cmd": ...}'}
+            request = decode(line, Request.KEY)
+        except ProtocolError as exc:
+            if self.on_request is not None and b'"cmd"' in line:
+                self.on_request("invalid")
+            return ErrorReply(str(exc))
         if self.on_request is not None:
-            self.on_request(request["cmd"])
+            self.on_request(request.TAG)
+        assert isinstance(request, Request)
         try:
-            return self.handler(request)
+            return self.handler(request, peer)
         except Exception as exc:  # a handler bug must not take the loop down
-            logger.exception("everystep-supervisor: control request %r failed", request.get("cmd"))
-            return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}
+            logger.exception("everystep-supervisor: control request %r failed", request.TAG)
+            return ErrorReply(f"internal error: {type(exc).__name__}: {exc}")
 
-    def _send(self, client: _Client, reply: dict[str, Any]) -> None:
-        client.outbuf += (json.dumps(reply, default=str) + "\n").encode()
+    def _send(self, client: _Client, reply: Reply) -> None:
+        client.outbuf += encode(reply)
         if len(client.outbuf) > MAX_PENDING_OUTPUT:
             self._drop(client)  # not reading its replies
 

@@ -2,51 +2,76 @@
 
 from __future__ import annotations
 
-import json
+import argparse
 import socket
 from typing import Any
 
 from everystep.cliutil import fail, format_table, print_json
 
+from .protocol import (
+    MAX_CONTROL_LINE,
+    DrainReply,
+    DrainRequest,
+    ErrorReply,
+    KillReply,
+    KillRequest,
+    LineReader,
+    ProtocolError,
+    ReloadReply,
+    ReloadRequest,
+    Reply,
+    Request,
+    ScaleReply,
+    ScaleRequest,
+    StatusReply,
+    StatusRequest,
+    decode_reply,
+    frame,
+    parse,
+)
+
 PROG = "everystep-supervisor ctl"
 
 
 def exchange(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    """Send one request on the control socket at ``path`` and return the
-    reply. Raises ``OSError`` (no supervisor, refused, timed out) or
-    ``ValueError`` (no reply, or one that is not a JSON object)."""
+    """Send one request (a JSON object) on the control socket at ``path``
+    and return the reply object. Raises ``OSError`` (no supervisor, refused,
+    timed out) or ``ValueError`` (no reply, or one that is not a JSON object)."""
+    reader = LineReader(MAX_CONTROL_LINE * 64)  # a status reply of 256 children is long
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
+    lines: list[bytes] = []
     try:
         sock.connect(path)
-        sock.sendall((json.dumps(message) + "\n").encode())
-        buffer = b""
-        while b"\n" not in buffer:
+        sock.sendall(frame(message))
+        while not lines:
             chunk = sock.recv(65536)
             if not chunk:
                 break
-            buffer += chunk
+            lines = reader.feed(chunk)
     finally:
         sock.close()
-    if not buffer.strip():
+    if not lines:
         raise ValueError("the supervisor closed the connection without a reply")
-    reply = json.loads(buffer.split(b"\n", 1)[0])
-    if not isinstance(reply, dict):
-        raise ValueError("unexpected reply from the supervisor")
-    return reply
-
-
-def request(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    """``exchange`` for the command line: failures become one line and exit 2."""
     try:
-        return exchange(path, message, timeout)
+        return parse(lines[0])
+    except ProtocolError:
+        raise ValueError("unexpected reply from the supervisor") from None
+
+
+def request(path: str, message: Request, timeout: float = 10.0) -> tuple[Reply, dict[str, Any]]:
+    """``exchange`` for the command line: the reply as its dataclass and as
+    sent; failures become one line and exit 2."""
+    try:
+        raw = exchange(path, message.wire(), timeout)
+        return decode_reply(message.TAG, raw), raw
     except FileNotFoundError:
         fail(f"no supervisor control socket at {path} (is it running? see --socket)", prog=PROG)
     except TimeoutError:
         fail(f"no reply from {path} within {timeout:g}s", prog=PROG)
     except OSError as exc:
         fail(f"cannot connect to {path}: {exc.strerror or exc}", prog=PROG)
-    except ValueError as exc:
+    except (ValueError, ProtocolError) as exc:
         fail(f"{exc} ({path})", prog=PROG)
 
 
@@ -58,42 +83,53 @@ def _megabytes(value: int | None) -> str:
     return "" if not value else f"{value / 1048576:.0f}M"
 
 
-def render_status(reply: dict[str, Any]) -> str:
-    head = (f"supervisor {reply['name']} pid {reply['pid']}  procs {reply['procs']}  "
-            f"up {reply['uptime']:.0f}s  {'DRAINING  ' if reply['draining'] else ''}{reply['database']}")
+def render_status(reply: StatusReply) -> str:
+    head = (f"supervisor {reply.name} pid {reply.pid}  procs {reply.procs}  "
+            f"up {reply.uptime:.0f}s  {'DRAINING  ' if reply.draining else ''}{reply.database}")
     rows = []
-    for kid in reply["children"]:
-        step = kid["step_id"] or ""
-        if kid["step_name"]:
-            step = f"{step} {kid['step_name'].rsplit('.', 1)[-1]}"
-        cpu = "" if kid["cpu_percent"] is None else f"{kid['cpu_percent']:.0f}%"
-        rows.append((kid["slot"], kid["pid"], kid["state"], kid["run_id"] or "", kid["workflow"] or "", step,
-                     _seconds(kid["step_seconds"]), _seconds(kid["run_seconds"]), _megabytes(kid["rss"]), cpu,
-                     kid["runs_done"]))
-    table = format_table(("SLOT", "PID", "STATE", "RUN", "WORKFLOW", "STEP", "STEP FOR", "RUN FOR", "RSS", "CPU", "DONE"), rows)
+    for kid in reply.children:
+        step = kid.step_id or ""
+        if kid.step_name:
+            step = f"{step} {kid.step_name.rsplit('.', 1)[-1]}"
+        cpu = "" if kid.cpu_percent is None else f"{kid.cpu_percent:.0f}%"
+        rows.append((kid.slot, kid.pid, kid.state, kid.run_id or "", kid.workflow or "", step,
+                     _seconds(kid.step_seconds), _seconds(kid.run_seconds), _megabytes(kid.rss), cpu,
+                     kid.runs_done))
+    table = format_table(("SLOT", "PID", "STATE", "RUN", "WORKFLOW", "STEP", "STEP FOR", "RUN FOR", "RSS", "CPU",
+                          "DONE"), rows)
     return f"{head}\n{table}"
 
 
-def main(args: Any) -> int:
-    message: dict[str, Any] = {"cmd": args.action}
+def build_request(args: argparse.Namespace) -> Request:
     if args.action == "kill":
-        message.update(run=args.run_id, requeue=args.requeue)
-    elif args.action == "scale":
-        message["procs"] = args.procs
-    reply = request(args.socket, message, timeout=args.timeout)
+        return KillRequest(run=args.run_id, requeue=args.requeue)
+    if args.action == "scale":
+        return ScaleRequest(procs=args.procs)
+    return {"status": StatusRequest, "reload": ReloadRequest, "drain": DrainRequest}[args.action]()
+
+
+def describe(reply: Reply) -> str:
+    """One human line (or the status table) for a successful reply."""
+    if isinstance(reply, StatusReply):
+        return render_status(reply)
+    if isinstance(reply, KillReply):
+        return f"killed child {reply.slot} (pid {reply.pid}) running {reply.run}: {reply.action}"
+    if isinstance(reply, ScaleReply):
+        return f"scaled from {reply.previous} to {reply.procs} children"
+    if isinstance(reply, ReloadReply):
+        return (f"reloaded {', '.join(reply.modules) or 'no modules'}; replacing {reply.replacing} "
+                f"child{'ren' if reply.replacing != 1 else ''}")
+    if isinstance(reply, DrainReply):
+        return f"draining: {reply.busy} busy child{'ren' if reply.busy != 1 else ''} finish their step, then it stops"
+    return str(reply)
+
+
+def main(args: argparse.Namespace) -> int:
+    reply, raw = request(args.socket, build_request(args), timeout=args.timeout)
     if args.json:
-        print_json(reply)
-        return 0 if reply.get("ok") else 2
-    if not reply.get("ok"):
-        fail(reply.get("error", "request failed"), prog=PROG)
-    if args.action == "status":
-        print(render_status(reply))
-    elif args.action == "kill":
-        print(f"killed child {reply['slot']} (pid {reply['pid']}) running {reply['run']}: {reply['action']}")
-    elif args.action == "scale":
-        print(f"scaled from {reply['previous']} to {reply['procs']} children")
-    elif args.action == "reload":
-        print("reloading: children are being replaced")
-    elif args.action == "drain":
-        print("draining: the supervisor stops once its runs are requeued or finished")
+        print_json(raw)
+        return 0 if raw.get("ok") else 2
+    if isinstance(reply, ErrorReply):
+        fail(reply.error, prog=PROG)
+    print(describe(reply))
     return 0

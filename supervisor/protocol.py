@@ -1,24 +1,434 @@
-"""Messages between the supervisor and its children: JSON lines on a socketpair.
+"""Every message the supervisor exchanges, and the one codec for all of them.
 
-The parent reads without blocking from its event loop; a child reads with a
-short timeout so it can notice a drain or a dead parent between runs. EOF on
-the parent's end is how it learns that a child died, in the same wait as
-everything else.
+Three channels carry JSON objects, one per line: parent → child and child →
+parent on a socketpair per child, and ``ctl`` client ↔ parent on the control
+socket. Each message is a dataclass; ``encode`` writes it with its tag
+(``op`` for the parent's orders, ``ev`` for a child's events, ``cmd`` for a
+control request; replies carry ``ok``), ``decode`` reads one back and
+refuses anything malformed with ``ProtocolError``, and ``LineReader`` cuts a
+byte stream into bounded lines.
 
-Parent → child: ``{"op": "run", "run": {...}}``, ``{"op": "exit"}``.
-Child → parent: ``ready``, ``step`` (a step started), ``step_end``, ``done``
-(a run reached a resting point), ``bye`` (leaving on purpose, with a reason).
+The life of one run::
+
+    parent (arbiter)                                   child
+    ─────────────────                                  ─────
+    claim run R at epoch E
+    Dispatch(R, trace) ──────────────────────────────▶ execute R from the top
+                       ◀──────────────────────────────  StepStarted   timed steps only; every step
+                       ◀──────────────────────────────  StepEnded     in flight is on the step board
+                       ◀──────────────────────────────  Finishing(R)  the body returned; terminal write
+    the child counts as idle: the next                                 under way
+    Dispatch may be sent (it waits in the channel)
+                       ◀──────────────────────────────  Bye(reason)   only if it leaves after R
+                       ◀──────────────────────────────  Done(R, outcome, rss)
+    Exit(reason) ────────────────────────────────────▶ Bye(reason); os._exit(0)
+
+A child announces itself with ``Ready`` after the fork. The parent reads
+without blocking and never waits to write: what does not fit in the socket
+stays queued (``Channel.pending``), and a child that stops reading is
+killed as unresponsive. EOF on the parent's end is how it learns of a
+death, in the same ``select`` as everything else.
+
+Control socket: a ``Request`` per line (``{"cmd": "kill", "run": "…",
+"requeue": false}``), a ``Reply`` per line (``{"ok": true, …}`` or
+``{"ok": false, "error": "one line"}``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import select
 import socket
 import time
-from typing import Any
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
 
-MAX_MESSAGE = 64 * 1024 * 1024
+MAX_CHANNEL_LINE = 64 * 1024 * 1024
+"""A run's arguments may be up to 16 MiB of JSON, escaped once more here."""
+MAX_CONTROL_LINE = 64 * 1024
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message; the text says why, in one line."""
+
+
+# -- the line codec ------------------------------------------------------------------
+
+
+def frame(payload: dict[str, Any]) -> bytes:
+    return (json.dumps(payload, separators=(",", ":"), default=str) + "\n").encode()
+
+
+class LineReader:
+    """Cut a byte stream into lines of at most ``max_line`` bytes."""
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Complete lines now available (without their newline). Raises
+        ``ProtocolError`` for a line longer than the limit, or a partial
+        line that already is; the stream cannot be trusted after that."""
+        self._buffer += data
+        lines = []
+        while True:
+            end = self._buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self._buffer[:end])
+            del self._buffer[: end + 1]
+            if len(line) > self.max_line:
+                raise ProtocolError(f"request larger than {self.max_line} bytes")
+            lines.append(line)
+        if len(self._buffer) > self.max_line:
+            self._buffer.clear()
+            raise ProtocolError(f"request larger than {self.max_line} bytes")
+        return lines
+
+
+# -- messages ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every message: ``KEY`` names the tag field, ``TAG`` its value."""
+
+    KEY: ClassVar[str] = ""
+    TAG: ClassVar[str] = ""
+
+    def wire(self) -> dict[str, Any]:
+        return {self.KEY: self.TAG, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class StepInFlight:
+    """A step a child is executing: on its step board (every step) and in a
+    ``StepStarted`` message (steps with a deadline). ``started`` is
+    ``time.monotonic()`` in the child; the clock is system-wide on Linux, so
+    the parent compares it with its own."""
+
+    run: str
+    step: str
+    name: str
+    started: float
+    timeout: float | None = None
+    unsafe: bool = False
+
+    def overdue(self, now: float) -> bool:
+        return self.timeout is not None and now - self.started >= self.timeout
+
+
+# Parent → child.
+
+@dataclass(frozen=True)
+class Dispatch(Message):
+    """Execute this run (``run``: ``everystep.models.Run`` fields as JSON)."""
+
+    KEY: ClassVar[str] = "op"
+    TAG: ClassVar[str] = "run"
+    run: dict[str, Any]
+    trace: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Exit(Message):
+    KEY: ClassVar[str] = "op"
+    TAG: ClassVar[str] = "exit"
+    reason: str
+
+
+# Child → parent.
+
+@dataclass(frozen=True)
+class Ready(Message):
+    KEY: ClassVar[str] = "ev"
+    TAG: ClassVar[str] = "ready"
+    pid: int
+
+
+@dataclass(frozen=True)
+class StepStarted(Message):
+    KEY: ClassVar[str] = "ev"
+    TAG: ClassVar[str] = "step"
+    step: StepInFlight
+
+
+@dataclass(frozen=True)
+class StepEnded(Message):
+    KEY: ClassVar[str] = "ev"
+    TAG: ClassVar[str] = "step_end"
+    run: str
+    step: str
+    status: str
+
+
+@dataclass(frozen=True)
+class Finishing(Message):
+    KEY: ClassVar[str] = "ev"
+    TAG: ClassVar[str] = "finishing"
+    run: str
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    KEY: ClassVar[str] = "ev"
+    TAG: ClassVar[str] = "done"
+    run: str
+    outcome: str
+    rss: int = 0
+
+
+@dataclass(frozen=True)
+class Bye(Message):
+    KEY: ClassVar[str] = "ev"
+    TAG: ClassVar[str] = "bye"
+    reason: str
+
+
+# Control requests (from ctl clients: untrusted).
+
+@dataclass(frozen=True)
+class Request(Message):
+    KEY: ClassVar[str] = "cmd"
+
+
+@dataclass(frozen=True)
+class StatusRequest(Request):
+    TAG: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class KillRequest(Request):
+    TAG: ClassVar[str] = "kill"
+    run: str
+    requeue: bool = False
+
+
+@dataclass(frozen=True)
+class ScaleRequest(Request):
+    TAG: ClassVar[str] = "scale"
+    procs: int
+
+
+@dataclass(frozen=True)
+class ReloadRequest(Request):
+    TAG: ClassVar[str] = "reload"
+
+
+@dataclass(frozen=True)
+class DrainRequest(Request):
+    TAG: ClassVar[str] = "drain"
+
+
+COMMANDS = tuple(cls.TAG for cls in (StatusRequest, KillRequest, ScaleRequest, ReloadRequest, DrainRequest))
+
+
+# Control replies.
+
+@dataclass(frozen=True)
+class Reply:
+    ok: ClassVar[bool] = True
+
+    def wire(self) -> dict[str, Any]:
+        return {"ok": self.ok, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class ErrorReply(Reply):
+    ok: ClassVar[bool] = False
+    error: str
+
+
+@dataclass(frozen=True)
+class ChildStatus:
+    slot: int
+    pid: int
+    state: str
+    run_id: str | None
+    workflow: str | None
+    step_id: str | None
+    step_name: str | None
+    step_seconds: float | None
+    steps_in_flight: int
+    run_seconds: float | None
+    rss: int
+    cpu_percent: float | None
+    runs_done: int
+
+
+@dataclass(frozen=True)
+class StatusReply(Reply):
+    pid: int
+    name: str
+    procs: int
+    draining: bool
+    uptime: float
+    database: str
+    ready: int
+    runs: dict[str, int]
+    restarts: dict[str, int]
+    children: list[ChildStatus] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class KillReply(Reply):
+    run: str
+    pid: int
+    slot: int
+    action: str
+
+
+@dataclass(frozen=True)
+class ScaleReply(Reply):
+    procs: int
+    previous: int
+
+
+@dataclass(frozen=True)
+class ReloadReply(Reply):
+    """The app modules were re-imported; ``replacing`` children are being
+    replaced (idle ones at once, busy ones at their next step boundary)."""
+
+    modules: list[str]
+    replacing: int
+
+
+@dataclass(frozen=True)
+class DrainReply(Reply):
+    draining: bool = True
+    busy: int = 0
+
+
+M = TypeVar("M")
+
+_BY_TAG: dict[tuple[str, str], type[Message]] = {
+    (cls.KEY, cls.TAG): cls
+    for cls in (Dispatch, Exit, Ready, StepStarted, StepEnded, Finishing, Done, Bye,
+                StatusRequest, KillRequest, ScaleRequest, ReloadRequest, DrainRequest)
+}
+_REPLIES: dict[str, type[Reply]] = {
+    "status": StatusReply, "kill": KillReply, "scale": ScaleReply, "reload": ReloadReply, "drain": DrainReply,
+}
+
+
+def encode(message: Message | Reply) -> bytes:
+    return frame(message.wire())
+
+
+def parse(line: bytes) -> dict[str, Any]:
+    """One line as a JSON object, or ``ProtocolError``."""
+    try:
+        payload = json.loads(line)
+    except (ValueError, RecursionError):
+        # RecursionError: a line of 50,000 "[" parses into nothing but
+        # trouble; it must never escape the loop.
+        raise ProtocolError("malformed request: expected one JSON object per line") from None
+    if not isinstance(payload, dict):
+        raise ProtocolError("malformed request: expected one JSON object per line")
+    return payload
+
+
+def decode(line: bytes, key: str) -> Message:
+    """A message of the family tagged by ``key`` (``op``, ``ev`` or ``cmd``)."""
+    payload = parse(line)
+    tag = payload.pop(key, None)
+    if not isinstance(tag, str):
+        raise ProtocolError(f'malformed request: expected {{"{key}": ...}}')
+    cls = _BY_TAG.get((key, tag))
+    if cls is None:
+        if key == Request.KEY:
+            raise ProtocolError(f"unknown command {tag[:40]!r}; expected one of: {', '.join(COMMANDS)}")
+        raise ProtocolError(f"unknown {key} {tag[:40]!r}")
+    return build(cls, payload)
+
+
+def decode_reply(command: str, payload: dict[str, Any]) -> Reply:
+    """The reply to ``command`` as its dataclass (for ctl clients)."""
+    if not payload.get("ok"):
+        return ErrorReply(error=str(payload.get("error") or "request failed"))
+    payload = {name: value for name, value in payload.items() if name != "ok"}
+    return build(_REPLIES[command], payload)
+
+
+def build(cls: type[M], payload: dict[str, Any]) -> M:
+    """Construct dataclass ``cls`` from JSON, checking every field's type
+    (nested dataclasses and lists of them included); extra keys are ignored."""
+    hints = _hints(cls)
+    values = {}
+    for spec in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if spec.name not in payload:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f'{_tag_of(cls)} needs "{spec.name}"')
+            continue
+        values[spec.name] = _check(_tag_of(cls), spec.name, hints[spec.name], payload[spec.name])
+    return cls(**values)
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def _tag_of(cls: type[Any]) -> str:
+    return getattr(cls, "TAG", "") or cls.__name__
+
+
+def _check(owner: str, name: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, _UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check(owner, name, option, value)
+            except ProtocolError:
+                continue
+        raise ProtocolError(f'"{name}" of {owner} has the wrong type')
+    if hint is type(None):
+        if value is None:
+            return None
+    elif dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if isinstance(value, dict):
+            return build(hint, value)
+    elif origin is list:
+        (item,) = typing.get_args(hint)
+        if isinstance(value, list):
+            return [_check(owner, name, item, element) for element in value]
+    elif origin is dict:
+        if isinstance(value, dict):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+            return float(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif hint is Any:
+        return value
+    raise ProtocolError(f'"{name}" of {owner} must be {_describe(hint)}')
+
+
+_UnionType = type(int | None)
+
+
+def _describe(hint: Any) -> str:
+    return {str: "a string", int: "an integer", bool: "true or false", float: "a number"}.get(
+        hint, getattr(hint, "__name__", str(hint)))
+
+
+# -- the parent/child channel ----------------------------------------------------------
 
 
 class ChannelClosed(Exception):
@@ -26,19 +436,52 @@ class ChannelClosed(Exception):
 
 
 class Channel:
-    """One end of a parent/child socketpair."""
+    """One end of a parent/child socketpair.
 
-    def __init__(self, sock: socket.socket) -> None:
+    The parent's end is non-blocking both ways: ``send`` queues what the
+    socket does not take at once, ``flush`` pushes more when the selector
+    says it is writable, and ``stalled_since`` says for how long output has
+    been waiting on a child that does not read. The child's end blocks (for
+    at most ``timeout`` seconds), since a child has nothing else to do.
+    """
+
+    def __init__(self, sock: socket.socket, incoming: str) -> None:
         self.sock = sock
-        self._buffer = bytearray()
+        self.incoming = incoming  # the tag key of what arrives here: "ev" (parent) or "op" (child)
+        self._reader = LineReader(MAX_CHANNEL_LINE)
+        self._out = bytearray()
+        self._received: list[Message] = []
+        self.stalled_since: float | None = None
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, message: dict[str, Any], timeout: float = 10.0) -> None:
-        """Send one message, waiting at most ``timeout`` for buffer space
-        (the socket may be non-blocking). Raises ``ChannelClosed``."""
-        data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
+    @property
+    def pending(self) -> bool:
+        return bool(self._out)
+
+    def send(self, message: Message) -> None:
+        """Parent side: queue ``message`` and send what the socket takes now."""
+        if not self._out:
+            self.stalled_since = time.monotonic()
+        self._out += encode(message)
+        self.flush()
+
+    def flush(self) -> None:
+        """Send queued output without blocking. Raises ``ChannelClosed``."""
+        while self._out:
+            try:
+                sent = self.sock.send(self._out)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                raise ChannelClosed(str(exc)) from None
+            del self._out[:sent]
+        self.stalled_since = None
+
+    def send_blocking(self, message: Message, timeout: float = 10.0) -> None:
+        """Child side: send ``message``, waiting at most ``timeout`` for room."""
+        data = memoryview(encode(message))
         deadline = time.monotonic() + timeout
         while data:
             try:
@@ -53,9 +496,11 @@ class Channel:
                 raise ChannelClosed(str(exc)) from None
             data = data[sent:]
 
-    def read_available(self) -> tuple[list[dict[str, Any]], bool]:
-        """Read what is waiting without blocking: (messages, peer_closed)."""
+    def read_available(self) -> tuple[list[Message], bool]:
+        """Parent side: read what is waiting without blocking:
+        (messages, peer closed). Undecodable lines are dropped."""
         closed = False
+        chunks = []
         while True:
             try:
                 chunk = self.sock.recv(1 << 16)
@@ -67,41 +512,32 @@ class Channel:
             if not chunk:
                 closed = True
                 break
-            self._buffer += chunk
-            if len(self._buffer) > MAX_MESSAGE:
-                closed = True
-                break
-        return self._split(), closed
+            chunks.append(chunk)
+        try:
+            lines = self._reader.feed(b"".join(chunks))
+        except ProtocolError:
+            return [], True  # a child writing garbage this large is broken
+        return self._decode(lines), closed
 
-    def receive(self, timeout: float) -> dict[str, Any] | None:
-        """Blocking read of one message with a timeout (child side)."""
-        messages = self._split(limit=1)
-        if messages:
-            return messages[0]
-        ready, _, _ = select.select([self.sock], [], [], timeout)
-        if not ready:
-            return None
-        chunk = self.sock.recv(1 << 16)
-        if not chunk:
-            raise ChannelClosed("EOF")
-        self._buffer += chunk
-        messages = self._split(limit=1)
-        return messages[0] if messages else None
+    def receive(self, timeout: float) -> Message | None:
+        """Child side: one message, waiting at most ``timeout``."""
+        if not self._received:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if not ready:
+                return None
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ChannelClosed("EOF")
+            self._received = self._decode(self._reader.feed(chunk))
+        return self._received.pop(0) if self._received else None
 
-    def _split(self, limit: int | None = None) -> list[dict[str, Any]]:
+    def _decode(self, lines: list[bytes]) -> list[Message]:
         messages = []
-        while limit is None or len(messages) < limit:
-            end = self._buffer.find(b"\n")
-            if end < 0:
-                break
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
+        for line in lines:
             try:
-                message = json.loads(line)
-            except ValueError:
+                messages.append(decode(line, self.incoming))
+            except ProtocolError:
                 continue
-            if isinstance(message, dict):
-                messages.append(message)
         return messages
 
     def close(self) -> None:
@@ -109,3 +545,12 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
+
+
+__all__ = [
+    "COMMANDS", "Bye", "Channel", "ChannelClosed", "ChildStatus", "Dispatch", "Done", "DrainReply",
+    "DrainRequest", "ErrorReply", "Exit", "Finishing", "KillReply", "KillRequest", "LineReader",
+    "Message", "ProtocolError", "Ready", "ReloadReply", "ReloadRequest", "Reply", "Request",
+    "ScaleReply", "ScaleRequest", "StatusReply", "StatusRequest", "StepEnded", "StepInFlight",
+    "StepStarted", "build", "decode", "decode_reply", "encode", "frame", "parse",
+]

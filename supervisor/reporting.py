@@ -5,51 +5,57 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from everystep.models import TERMINAL_STATUSES
+
+from .protocol import ChildStatus, StatusReply
 
 if TYPE_CHECKING:
     from .arbiter import Arbiter
     from .children import Child
 
 
-def _child_status(kid: Child, now: float, wall: float) -> dict[str, Any]:
+def plural(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def _child_status(kid: Child, now: float) -> ChildStatus:
     in_flight = kid.in_flight()
     step = in_flight[0] if in_flight else None  # the oldest
     usage = kid.usage()
-    return {
-        "slot": kid.slot,
-        "pid": kid.pid,
-        "state": kid.state,
-        "run_id": kid.run.id if kid.run else None,
-        "workflow": kid.run.name if kid.run else None,
-        "step_id": step["step"] if step else None,
-        "step_name": step["name"] if step else None,
-        "step_seconds": round(max(wall - step["since"], 0.0), 3) if step else None,
-        "steps_in_flight": len(in_flight),
-        "run_seconds": round(now - kid.run_started, 3) if kid.run_started is not None else None,
-        "rss": usage["rss"],
-        "cpu_percent": usage["cpu_percent"],
-        "runs_done": kid.runs_done,
-    }
+    return ChildStatus(
+        slot=kid.slot,
+        pid=kid.pid,
+        state=kid.state,
+        run_id=kid.run.id if kid.run else None,
+        workflow=kid.run.name if kid.run else None,
+        step_id=step.step if step else None,
+        step_name=step.name if step else None,
+        step_seconds=round(max(now - step.started, 0.0), 3) if step else None,
+        steps_in_flight=len(in_flight),
+        run_seconds=round(now - kid.run_started, 3) if kid.run_started is not None else None,
+        rss=int(usage["rss"] or 0),
+        cpu_percent=usage["cpu_percent"],
+        runs_done=kid.runs_done,
+    )
 
 
-def status(arbiter: Arbiter) -> dict[str, Any]:
+def status(arbiter: Arbiter) -> StatusReply:
     """The ``ctl status`` reply."""
-    now, wall = time.monotonic(), time.time()
-    return {
-        "pid": os.getpid(),
-        "name": arbiter.name,
-        "procs": arbiter.procs,
-        "draining": bool(arbiter.stopping),
-        "uptime": round(now - arbiter.started, 3),
-        "database": arbiter.store.describe(),
-        "ready": len(arbiter.ready),
-        "runs": dict(arbiter.counts),
-        "restarts": dict(arbiter.restarts),
-        "children": [_child_status(kid, now, wall) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
-    }
+    now = time.monotonic()
+    return StatusReply(
+        pid=os.getpid(),
+        name=arbiter.name,
+        procs=arbiter.procs,
+        draining=bool(arbiter.stopping),
+        uptime=round(now - arbiter.started, 3),
+        database=arbiter.store.describe(),
+        ready=len(arbiter.ready),
+        runs={**arbiter.counts, "claimed": arbiter.loop.claimed},
+        restarts=dict(arbiter.restarts),
+        children=[_child_status(kid, now) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
+    )
 
 
 def busy(arbiter: Arbiter) -> int:
@@ -62,7 +68,7 @@ def finished(arbiter: Arbiter) -> int:
 
 def status_line(arbiter: Arbiter) -> str:
     """For systemd's STATUS=."""
-    return (f"{busy(arbiter)}/{arbiter.procs} busy, {finished(arbiter)} runs finished"
+    return (f"{busy(arbiter)}/{arbiter.procs} busy, {plural(finished(arbiter), 'run', 'runs')} finished"
             + (", draining" if arbiter.stopping else ""))
 
 
@@ -78,5 +84,5 @@ def progress_line(arbiter: Arbiter, queued: int | None) -> str:
 
 def summary_line(arbiter: Arbiter) -> str:
     elapsed = time.monotonic() - arbiter.started
-    return (f"done: {finished(arbiter)} runs in {elapsed:.1f}s ({finished_summary(arbiter)}); "
-            f"{sum(arbiter.restarts.values())} child restart(s)")
+    return (f"done: {plural(finished(arbiter), 'run', 'runs')} in {elapsed:.1f}s ({finished_summary(arbiter)}); "
+            f"{plural(sum(arbiter.restarts.values()), 'child restart', 'child restarts')}")

@@ -24,6 +24,18 @@ from tests.support.pgserver import PgServer, start_server
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (the chaos session, the benchmark smoke run,
+    the type check) run in CI (``CI`` set) or when asked for with ``-m``;
+    a plain local ``python -m pytest`` leaves them out and says so."""
+    if os.environ.get("CI") or config.getoption("markexpr"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     server = start_server()

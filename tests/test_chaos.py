@@ -7,6 +7,7 @@ import pytest
 from tests.chaos.harness import ChaosConfig, run_chaos
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_chaos_short(tmp_path, capsys):
     report = run_chaos(ChaosConfig(runs=60, duration=30.0, fault_every=2.0, seed=20261130), tmp_path)

@@ -391,7 +391,7 @@ def test_another_uid_cannot_even_connect_to_the_default_0600_socket(db_url, stor
     assert stat.S_IMODE(os.stat(sup.socket_path).st_mode) == 0o600
 
     assert connect_as(NOBODY, sup.socket_path) == {"errno": errno.EACCES}
-    assert connect_as(os.getuid(), sup.socket_path)["data"].startswith('{"ok": true')
+    assert json.loads(connect_as(os.getuid(), sup.socket_path)["data"])["ok"] is True
     assert_still_serving(sup, store, tmp_path)
 
 
@@ -456,7 +456,7 @@ def test_ctl_kill_scale_reload_and_drain(db_url, store, supervisors, subprocess_
     before = {c["pid"] for c in sup.wait_idle(procs=3)["children"]}
 
     reload = ctl(subprocess_env, "reload", "--socket", path)
-    assert reload.returncode == 0 and "reloading" in reload.stdout, reload
+    assert reload.returncode == 0 and "reloaded" in reload.stdout, reload
     status = sup.wait_status(
         lambda s: len(s["children"]) == 3 and all(c["state"] == "idle" and c["pid"] not in before
                                                   for c in s["children"]),
@@ -475,3 +475,49 @@ def test_ctl_kill_scale_reload_and_drain(db_url, store, supervisors, subprocess_
     assert sup.wait() == 0, sup.log()
     wait_for_pids_gone([c["pid"] for c in status["children"]])
     assert not os.path.exists(path)
+
+
+RELOADABLE = '''
+from everystep import step, workflow
+
+
+@step
+def version_step() -> int:
+    return {version}
+
+
+@workflow
+def versioned() -> int:
+    return version_step()
+'''
+
+
+def test_ctl_reload_reports_its_outcome(db_url, store, supervisors, subprocess_env, tmp_path):
+    """The reply says what happened: a module that fails to import is named
+    with its file and line (exit 2) and the running code stays; a good one
+    is re-imported and the children replaced, before the reply."""
+    package = tmp_path / "reloadable_app"
+    package.mkdir()
+    module = package / "app_v.py"
+    (package / "__init__.py").write_text("")
+    module.write_text(RELOADABLE.format(version=1))
+    env = {**subprocess_env, "PYTHONPATH": f"{tmp_path}:{subprocess_env['PYTHONPATH']}"}
+    sup = supervisors(db_url, procs=2, env=env, app="reloadable_app.app_v").start()
+    before = {child["pid"] for child in sup.status()["children"]}
+
+    module.write_text(RELOADABLE.format(version="2 +"))  # a syntax error on line 7
+    broken = ctl(env, "reload", "--socket", sup.socket_path)
+    refused(broken, "reload of reloadable_app.app_v failed: SyntaxError")
+    assert f"({module}:7)" in broken.stderr and "keeping the running code" in broken.stderr
+    assert {child["pid"] for child in sup.wait_idle()["children"]} == before
+    assert "reload of reloadable_app.app_v failed" in sup.log()
+
+    module.write_text(RELOADABLE.format(version=2))
+    reloaded = ctl(env, "reload", "--socket", sup.socket_path)
+    assert reloaded.returncode == 0, reloaded.stderr
+    assert reloaded.stdout.strip() == "reloaded reloadable_app.app_v; replacing 2 children"
+    sup.wait_status(lambda s: len(s["children"]) == 2 and all(c["state"] == "idle" and c["pid"] not in before
+                                                              for c in s["children"]), "two new children")
+    run = schedule("reloadable_app.app_v.versioned", database=store)
+    assert wait_run(store, run.id, (COMPLETED, FAILED), supervisor=sup).result == 2
+    assert "(ctl pid" in sup.log()  # who asked is logged

@@ -1015,7 +1015,8 @@ def test_supervisor_reports_child_and_engine_failures_to_sentry(db_url, store, s
 
 
 def test_supervisor_json_logs_carry_run_workflow_and_child_pid(db_url, store, supervisors, tmp_path):
-    sup = supervisors(db_url, procs=2, app=APP, args=["--log-format", "json"]).start()
+    # Completed runs are logged at DEBUG (a burst must not flood the log).
+    sup = supervisors(db_url, procs=2, app=APP, args=["--log-format", "json", "--log-level", "debug"]).start()
     children = {child["pid"] for child in sup.status()["children"]}
     runs = [schedule(observed.quick, {"dir": str(tmp_path)}, database=store) for _ in range(3)]
     for run in runs:

@@ -42,11 +42,11 @@ def _backend(path: str) -> type[Store]:
     return cls
 
 
-def connect(url: str | None = None, **options: Any) -> Store:
+def connect(url: str | None = None, statement_timeout: float | None = None) -> Store:
     """Open a Store for ``url`` (resolved as ``resolve_url`` does).
 
-    ``options`` go to the backend (``statement_timeout`` and
-    ``connect_timeout`` for PostgreSQL, ``busy_timeout`` for SQLite)."""
+    ``statement_timeout`` bounds every statement (and connecting), in
+    seconds; by default the backend's own limits apply."""
     url = resolve_url(url)
     scheme = url.split(":", 1)[0].lower()
     scheme, _, driver = scheme.partition("+")  # SQLAlchemy-style postgresql+psycopg://
@@ -55,7 +55,7 @@ def connect(url: str | None = None, **options: Any) -> Store:
         raise EverystepError(f"unsupported database URL {url!r}: expected one of {expected}")
     if driver:
         url = scheme + url[url.index(":"):]
-    return _backend(BACKENDS[scheme])(url, **options)
+    return _backend(BACKENDS[scheme])(url, statement_timeout)
 
 
 def backend_for_connection(conn: Any) -> type[Store]:

@@ -112,6 +112,11 @@ class ClaimState:
         return (self.status == RunStatus.RUNNING and self.claimed_by == claim.claimer
                 and self.claim_epoch == claim.epoch)
 
+    def moved_on_from(self, claim: Claim) -> bool:
+        """The run was taken from ``claim`` (requeued, or claimed again)
+        rather than finished by it: an execution under ``claim`` is stale."""
+        return self.status in (RunStatus.RUNNING, RunStatus.SCHEDULED) and not self.held_by(claim)
+
 
 class StepWrite:
     """The outcome of recording a step: ours, or one someone else recorded."""
@@ -152,8 +157,11 @@ class Store(abc.ABC):
     _unavailable: ClassVar[tuple[type[BaseException], ...]] = ()
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = ()
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, statement_timeout: float | None = None) -> None:
+        """``statement_timeout``: seconds any one statement may take, waits
+        for locks included (None: the backend's default)."""
         self.url = url
+        self.statement_timeout = statement_timeout
         self.sql = self.statements()
         self._idle: list[Any] = []
         self._lock = threading.Lock()
@@ -622,7 +630,8 @@ class Store(abc.ABC):
         return self._fetchone("heartbeat", self._params(name=name, instance=instance)) is not None
 
     def unregister_runner(self, name: str, instance: str) -> None:
-        self._fetchall("unregister_runner", {"name": name, "instance": instance})
+        with self.connection() as conn:
+            conn.execute(self.sql["unregister_runner"], {"name": name, "instance": instance})
 
     def recover_expired(self, me: str) -> dict[str, list[str]]:
         """Forget runners silent past their lease and requeue their runs,

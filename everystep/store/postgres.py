@@ -8,9 +8,9 @@ and rows are read by column name. psycopg prepares a statement server-side
 after it has been executed a few times on a connection, which suits the
 handful of hot statements a runner repeats.
 
-``statement_timeout`` bounds every statement on this store's connections
-(the supervisor parent sets one, so a stuck lock can never freeze its loop);
-``connect_timeout`` bounds opening one.
+``statement_timeout`` bounds every statement on this store's connections,
+and opening one (the supervisor parent sets it, so a stuck lock or a
+server that stopped answering can never freeze its loop).
 """
 
 from __future__ import annotations
@@ -46,24 +46,21 @@ class PostgresStore(Store):
     )
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg.Error,)
 
-    def __init__(self, url: str, connect_timeout: float = 10.0, statement_timeout: float | None = None,
-                 application_name: str = "everystep") -> None:
-        super().__init__(url)
-        self.connect_timeout = connect_timeout
-        self.statement_timeout = statement_timeout
+    def __init__(self, url: str, statement_timeout: float | None = None, application_name: str = "everystep") -> None:
+        super().__init__(url, statement_timeout)
+        # Opening a connection is bounded by the same budget as a statement.
+        self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
 
     def _open(self) -> psycopg.Connection[Any]:
-        options = {}
-        if self.statement_timeout:
-            options["options"] = f"-c statement_timeout={int(self.statement_timeout * 1000)}"
+        timeout = f"-c statement_timeout={int(self.statement_timeout * 1000)}" if self.statement_timeout else None
         conn = psycopg.connect(
             self.url,
             autocommit=True,
             connect_timeout=max(1, int(self.connect_timeout)),
             application_name=self.application_name,
             row_factory=dict_row,
-            **options,
+            options=timeout,
         )
         set_json_loads(serde.loads, conn)
         return conn

@@ -73,9 +73,10 @@ class SQLiteStore(Store):
     _unavailable: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.OperationalError,)
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)
 
-    def __init__(self, url: str, busy_timeout: float = BUSY_TIMEOUT_SECONDS) -> None:
-        super().__init__(url)
-        self.busy_timeout = busy_timeout
+    def __init__(self, url: str, statement_timeout: float | None = None) -> None:
+        super().__init__(url, statement_timeout)
+        # How long a statement waits for another writer's lock.
+        self.busy_timeout = statement_timeout or BUSY_TIMEOUT_SECONDS
         self.path = path_from_url(url)
         if self.path == ":memory:":
             raise EverystepError(

@@ -1,0 +1,184 @@
+"""The claim side every runner shares: the threaded ``Worker`` and the
+supervisor's arbiter are thin shells around one ``ClaimLoop``.
+
+A runner asks ``take(now, capacity, held)`` whenever it has free capacity
+(idle threads or idle children) and executes what comes back. The loop
+decides where the runs come from, in this order:
+
+1. **Catch-up.** Runs ``running`` under this runner's name that nothing in
+   this process executes (``held`` lists what does). At startup they are
+   what a crashed predecessor under the same name left; afterwards, every
+   ``RECONCILE_EVERY`` seconds, they are runs whose terminal write was lost
+   in a database crash (claims and terminal writes commit asynchronously on
+   PostgreSQL). Re-claiming bumps each run's epoch, which fences any stale
+   execution. At startup catch-up repeats, ahead of new claims, until a
+   batch comes back short of the free capacity: a predecessor may have
+   held more than one batch, and nobody else will ever take those runs.
+2. **New claims**, when due: at once after ``wake()`` (a notification, a
+   run that ended, recovered runs) or a full batch, else every ``poll``
+   seconds.
+
+It also keeps the lease (heartbeat, sweep of dead runners, the owned name)
+and logs a database outage once when it starts and once when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from . import metrics, outcomes, registry
+from .errors import EverystepError
+from .lease import Lease
+from .models import Run
+from .outage import OutageLog
+from .store import Store
+
+RECONCILE_EVERY = 5.0
+"""Seconds between checks for runs held under our name that nothing here
+executes (see the module docstring)."""
+
+
+class ClaimLoop:
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        kind: str,
+        *,
+        lease: float,
+        poll: float,
+        takeover: bool = False,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.kind = kind
+        self.poll = poll
+        self.logger = logger or logging.getLogger("everystep")
+        self.who = f"everystep {kind} {name}"
+        self.lease = Lease(store, name, kind, lease, takeover=takeover)
+        self.names: list[str] = registry.workflow_names()
+        self.claimed = 0
+        self._outage = OutageLog(self.logger, self.who, "claiming")
+        self._starting = True
+        self._resumed = 0  # runs caught up at startup, logged once when done
+        self._next_reconcile = 0.0
+        self._next_poll = 0.0
+        self._due = True
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self, pool_size: int) -> None:
+        """Take the runner name (``NameInUse`` if a live runner holds it) and
+        announce the runner; call before claiming anything."""
+        if not self.lease.registered:
+            self.lease.register()
+        metrics.runner_started(self.name, pool_size)
+        if not self.names:
+            self.logger.warning("%s: no workflows registered (did you pass --app?)", self.who)
+
+    def refresh_names(self) -> None:
+        """Workflows were (re)imported: claim what is registered now."""
+        self.names = registry.workflow_names()
+        self.wake()
+
+    def stop(self) -> None:
+        """Forget our runner row (clean stop: nothing is left claimed)."""
+        self.lease.release()
+
+    # -- timing -----------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Claim at the next ``take`` without waiting for the poll interval."""
+        self._due = True
+
+    @property
+    def due(self) -> bool:
+        """Claims are pending: catch-up is unfinished, or a claim is due now
+        (woken, or the last batch came back full)."""
+        return self._due or self._starting
+
+    def next_due(self, now: float) -> float:
+        """When ``take`` or ``keep_lease`` next has something to do (for a
+        caller with free capacity)."""
+        claim_at = now if self._due else self._next_poll
+        return min(claim_at, self._next_reconcile, self.lease.next_due())
+
+    def keep_lease(self, now: float) -> bool:
+        """Heartbeat and sweep when due. Returns False once another instance
+        holds our name: the runner must stop."""
+        if self.lease.tick(now):
+            self.wake()  # recovered runs are claimable now
+        return not self.lease.lost_name
+
+    # -- claiming ---------------------------------------------------------------
+
+    def take(self, now: float, capacity: int, held: Collection[str] = ()) -> list[Run]:
+        """Runs to execute now, at most ``capacity``; ``held`` are the ids of
+        the runs this process already executes or has queued."""
+        if capacity <= 0 or not self.names:
+            return []
+        runs: list[Run] = []
+        if now >= self._next_reconcile:
+            runs = self._catch_up(now, capacity, held)
+        if len(runs) < capacity and not self._starting and (self._due or now >= self._next_poll):
+            runs += self._claim(now, capacity - len(runs))
+        return runs
+
+    def _catch_up(self, now: float, capacity: int, held: Collection[str]) -> list[Run]:
+        try:
+            runs = self.store.claim_own(self.name, capacity, self.names, exclude=list(held))
+        except EverystepError as exc:
+            self._outage.failed(exc)
+            self._next_reconcile = now + max(self.poll, 1.0)
+            return []
+        self._outage.ok()
+        if self._starting:
+            self._resumed += len(runs)
+        elif runs:
+            self.logger.warning("%s: resuming %d run(s) held under this name that nothing here was executing "
+                                "(a write lost in a database crash?)", self.who, len(runs))
+        if len(runs) < capacity:
+            if self._starting and self._resumed:
+                self.logger.info("%s: resuming %d run(s) left running under this name", self.who, self._resumed)
+            self._starting = False
+            self._next_reconcile = now + RECONCILE_EVERY
+        else:
+            self._next_reconcile = now  # a full batch: go on as capacity frees up
+        self._count(runs)
+        return runs
+
+    def _claim(self, now: float, capacity: int) -> list[Run]:
+        try:
+            runs = self.store.claim(self.name, capacity, self.names)
+        except EverystepError as exc:
+            self._outage.failed(exc)
+            self._due = False
+            self._next_poll = now + max(self.poll, 1.0)
+            return []
+        self._outage.ok()
+        self._due = len(runs) == capacity  # a full batch: more may be waiting
+        self._next_poll = now + self.poll
+        self._count(runs)
+        return runs
+
+    def _count(self, runs: list[Run]) -> None:
+        if runs:
+            self.claimed += len(runs)
+            metrics.record(lambda m: m.claims.labels(self.name).inc(len(runs)))
+
+    # -- giving back ------------------------------------------------------------
+
+    def requeue(self, run: Run) -> bool:
+        """Give a run this runner claimed back to the queue (counted). The
+        database being away leaves it claimed under our name, where catch-up
+        or another runner's lease sweep finds it."""
+        try:
+            return outcomes.requeue(self.store, run.claim_as(self.name))
+        except EverystepError as exc:
+            self.logger.warning("%s: could not requeue run %s: %s", self.who, run.id, exc)
+            return False
+
+
+__all__ = ["RECONCILE_EVERY", "ClaimLoop"]

@@ -1,0 +1,128 @@
+"""What becomes of a run when the child executing it dies: a pure decision.
+
+The arbiter knows why a child ended (it killed it, and for what; the child
+said it was leaving; or neither: a crash), which steps were in flight, how
+often this run's children died already and whether the supervisor is
+stopping. ``decide`` turns that into a ``Decision`` the arbiter applies: the
+steps to record as failed, then one action for the run. Nothing here
+touches a process or the database, so every case is a line in a table test.
+
+The rules:
+
+- the child said goodbye and exited cleanly before starting the run (it was
+  still in its channel): hand the run to another child, no crash;
+- a step timeout: each overdue step fails with ``StepTimeout`` (not an
+  unsafe-to-repeat one: its ``started`` row stays, so the replay ends the
+  run ``blocked``), then the run goes to a fresh child, whose replay lets
+  the body's ``except`` see the timeout;
+- ``ctl kill``: the same with ``StepKilled``; killed between steps, the run
+  itself fails with ``StepKilled``;
+- fenced (the run was taken from this execution): nothing, its current
+  holder carries on;
+- ``ctl kill --requeue``, a drain deadline, a fast stop, an unresponsive
+  child, or any death while the supervisor stops: back to the queue;
+- anything else is a crash: the run is handed to another child, and fails
+  with ``ChildCrashed`` once its children died ``max_crashes`` times.
+
+A run handed to another child while the supervisor is stopping goes back to
+the queue instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from everystep.errors import ChildCrashed, EverystepError, StepKilled, StepTimeout
+from everystep.models import Run
+
+from .protocol import StepInFlight
+from .states import ByeReason, KillReason, RestartReason
+
+
+class Action(StrEnum):
+    REDISPATCH = "redispatch"  # to another child, from its recorded steps
+    REQUEUE = "requeue"        # back to the queue, for any runner
+    FAIL_RUN = "fail-run"      # ends failed with ``Decision.run_error``
+    FORGET = "forget"          # not ours any more: write nothing
+
+
+@dataclass(frozen=True)
+class ChildEnd:
+    """What the parent knows about a child that died holding a run."""
+
+    run: Run
+    pid: int
+    how: str  # as the wait status reads: "killed by SIGKILL", "exited with code 1"
+    clean_exit: bool  # exited with code 0
+    kill_reason: KillReason | None  # why the parent killed it, if it did
+    bye_reason: ByeReason | None  # why it said it was leaving, if it did
+    steps: tuple[StepInFlight, ...] = ()  # overdue (timeout) or in flight (kill) when it died
+    crashes: int = 0  # deaths of children running this run before this one
+    max_crashes: int = 3
+    stopping: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    #: Steps to record as failed, with the error each one gets.
+    fail_steps: tuple[tuple[StepInFlight, EverystepError], ...] = ()
+    run_error: EverystepError | None = None
+    crashed: bool = False  # counts toward ``max_crashes``
+
+
+def decide(end: ChildEnd) -> Decision:
+    reason = end.kill_reason
+    if reason is None and end.bye_reason is not None and end.clean_exit:
+        return _handed_on(end)
+    if reason == KillReason.FENCED:
+        return Decision(Action.FORGET)
+    failed: tuple[tuple[StepInFlight, EverystepError], ...]
+    if reason == KillReason.TIMEOUT:
+        failed = tuple(
+            (step, StepTimeout(f"step {step.step} ({step.name}) ran past its timeout of {step.timeout:g}s "
+                               f"and its process (pid {end.pid}) was killed"))
+            for step in end.steps if not step.unsafe and step.timeout is not None
+        )
+        return _handed_on(end, failed)
+    if reason == KillReason.KILL:
+        failed = tuple(
+            (step, StepKilled(f"step {step.step} ({step.name}) was killed by an operator (pid {end.pid})"))
+            for step in end.steps if not step.unsafe
+        )
+        if end.steps:
+            return _handed_on(end, failed)
+        return Decision(Action.FAIL_RUN, run_error=StepKilled(
+            f"run {end.run.id} was killed by an operator between steps"))
+    if reason is not None or end.stopping:
+        return Decision(Action.REQUEUE)
+    crashes = end.crashes + 1
+    if crashes >= end.max_crashes:
+        return Decision(Action.FAIL_RUN, crashed=True, run_error=ChildCrashed(
+            f"the process running this run died {end.max_crashes} times; last: {end.how}"))
+    return Decision(Action.REDISPATCH, crashed=True)
+
+
+def _handed_on(end: ChildEnd, failed: tuple[tuple[StepInFlight, EverystepError], ...] = ()) -> Decision:
+    return Decision(Action.REQUEUE if end.stopping else Action.REDISPATCH, fail_steps=failed)
+
+
+def restart_reason(kill_reason: KillReason | None, bye_reason: ByeReason | None, had_run: bool) -> RestartReason:
+    """Why a child is being replaced, for the restarts metric."""
+    if kill_reason == KillReason.TIMEOUT:
+        return RestartReason.TIMEOUT
+    if kill_reason == KillReason.FENCED:
+        return RestartReason.FENCED
+    if kill_reason in (KillReason.KILL, KillReason.KILL_REQUEUE):
+        return RestartReason.KILL
+    if kill_reason is not None:
+        return RestartReason.EXIT
+    if bye_reason is not None and bye_reason.recycles:
+        return RestartReason.RECYCLE
+    if bye_reason is not None and not had_run:
+        return RestartReason.EXIT
+    return RestartReason.CRASH
+
+
+__all__ = ["Action", "ChildEnd", "Decision", "decide", "restart_reason"]
