@@ -18,13 +18,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .models import TERMINAL_STATUSES
 from .observer import Observer
 from .store import utcnow
 
 if TYPE_CHECKING:
+    # Types only: importing prometheus_client here would fix its multiprocess
+    # mode before the supervisor sets PROMETHEUS_MULTIPROC_DIR.
+    from prometheus_client import Counter, Gauge, Histogram
+
     from .context import Context
     from .models import Run
     from .store import Store
@@ -38,40 +42,41 @@ RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced")
 
 @dataclass(frozen=True)
 class Metrics:
-    workflow_runs: Any
-    workflow_duration: Any
-    step_runs: Any
-    step_duration: Any
-    pool_size: Any
-    inflight: Any
-    claims: Any
-    requeued: Any
-    started_at: Any
-    pending: Any
-    running: Any
-    blocked: Any
-    oldest_pending_age: Any
-    children: Any
-    child_restarts: Any
-    step_timeouts: Any
-    control_requests: Any
+    workflow_runs: Counter
+    workflow_duration: Histogram
+    step_runs: Counter
+    step_duration: Histogram
+    pool_size: Gauge
+    inflight: Gauge
+    claims: Counter
+    requeued: Counter
+    started_at: Gauge
+    pending: Gauge
+    running: Gauge
+    blocked: Gauge
+    oldest_pending_age: Gauge
+    children: Gauge
+    child_restarts: Counter
+    step_timeouts: Counter
+    control_requests: Counter
 
 
 _create_lock = threading.Lock()
-_UNSET: Any = object()
-_metrics: Any = _UNSET
+_created = False
+_metrics: Metrics | None = None
 
 
 def get() -> Metrics | None:
     """The metric objects, created once per process; None without prometheus_client."""
-    global _metrics
-    if _metrics is _UNSET:
+    global _created, _metrics
+    if not _created:
         # Not just functools.cache: parallel branches finishing their first
         # steps together would both register the metrics, and the loser
         # would fail with DuplicateTimeseries.
         with _create_lock:
-            if _metrics is _UNSET:
+            if not _created:
                 _metrics = _create()
+                _created = True  # after _metrics: a reader seeing True sees the metrics
     return _metrics
 
 
@@ -80,8 +85,9 @@ def _create() -> Metrics | None:
         from prometheus_client import Counter, Gauge, Histogram
     except ImportError:
         return None
-    live = {"multiprocess_mode": "livesum"}
-    latest = {"multiprocess_mode": "livemax"}
+    # Final keeps the literal types Gauge's multiprocess_mode is declared with.
+    live: Final = "livesum"
+    latest: Final = "livemax"
     return Metrics(
         workflow_runs=Counter("everystep_workflow_runs_total", "Runs that reached a terminal status",
                               ["workflow", "status"]),
@@ -90,18 +96,19 @@ def _create() -> Metrics | None:
                                     buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, float("inf"))),
         step_runs=Counter("everystep_step_runs_total", "Executed steps by outcome", ["workflow", "step", "status"]),
         step_duration=Histogram("everystep_step_duration_seconds", "Step execution time", ["workflow", "step"]),
-        pool_size=Gauge("everystep_worker_pool_size", "Threads or child processes executing runs", ["runner"], **live),
-        inflight=Gauge("everystep_worker_inflight", "Runs being executed", ["runner"], **live),
+        pool_size=Gauge("everystep_worker_pool_size", "Threads or child processes executing runs", ["runner"],
+                        multiprocess_mode=live),
+        inflight=Gauge("everystep_worker_inflight", "Runs being executed", ["runner"], multiprocess_mode=live),
         claims=Counter("everystep_worker_claims_total", "Runs claimed", ["runner"]),
         requeued=Counter("everystep_worker_requeued_total", "Runs given back to the queue", ["runner"]),
         started_at=Gauge("everystep_worker_started_at_seconds", "Runner start time (unix seconds)", ["runner"],
-                         **latest),
-        pending=Gauge("everystep_workflows_pending", "Scheduled runs waiting to be claimed", **latest),
-        running=Gauge("everystep_workflows_running", "Claimed runs", **latest),
-        blocked=Gauge("everystep_workflows_blocked", "Runs blocked on an uncertain effect", **latest),
+                         multiprocess_mode=latest),
+        pending=Gauge("everystep_workflows_pending", "Scheduled runs waiting to be claimed", multiprocess_mode=latest),
+        running=Gauge("everystep_workflows_running", "Claimed runs", multiprocess_mode=latest),
+        blocked=Gauge("everystep_workflows_blocked", "Runs blocked on an uncertain effect", multiprocess_mode=latest),
         oldest_pending_age=Gauge("everystep_workflows_oldest_pending_age_seconds",
-                                 "Age of the oldest scheduled run", **latest),
-        children=Gauge("everystep_supervisor_children", "Child processes alive", ["runner"], **live),
+                                 "Age of the oldest scheduled run", multiprocess_mode=latest),
+        children=Gauge("everystep_supervisor_children", "Child processes alive", ["runner"], multiprocess_mode=live),
         child_restarts=Counter("everystep_supervisor_child_restarts_total", "Children replaced, by reason",
                                ["runner", "reason"]),
         step_timeouts=Counter("everystep_supervisor_step_timeouts_total", "Steps killed past their timeout",
@@ -111,8 +118,8 @@ def _create() -> Metrics | None:
     )
 
 
-def record(update: Callable[[Metrics], None]) -> None:
-    """Apply ``update`` to the metrics, if prometheus_client is there."""
+def record(update: Callable[[Metrics], object]) -> None:
+    """Apply ``update`` to the metrics, if prometheus_client is there (its result is ignored)."""
     metrics = get()
     if metrics is not None:
         update(metrics)
@@ -134,7 +141,7 @@ def refresh_queue_gauges(store: Store) -> None:
 
 def control_command_label(command: object) -> str:
     """Hostile clients choose the command string: keep the label bounded."""
-    return command if command in SUPERVISOR_COMMANDS else "invalid"  # type: ignore[return-value]
+    return command if isinstance(command, str) and command in SUPERVISOR_COMMANDS else "invalid"
 
 
 class MetricsObserver(Observer):

@@ -58,17 +58,18 @@ class Observers(Observer):
 
     Each hook pair calls only the observers that override it (the runner
     calls step hooks on every step, most observers care about a few hooks),
-    and nested ``Observers`` are flattened.
+    and nested ``Observers`` are flattened.  A ``*_started`` hook returns the
+    list of its observers' tokens, which the matching ``*_finished`` takes back.
     """
 
-    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+    def __init__(self, observers: Iterable[Observer | None] = ()) -> None:
         flat: list[Observer] = []
         for observer in observers:
             if isinstance(observer, Observers):
                 flat.extend(observer.observers)
             elif observer is not None:
                 flat.append(observer)
-        self.observers = flat
+        self.observers: list[Observer] = flat
         self._by_hook = {
             "run": _overriding(flat, "run_started", "run_finished"),
             "settling": _overriding(flat, "run_settling"),
@@ -86,7 +87,7 @@ class Observers(Observer):
                 tokens.append(None)
         return tokens
 
-    def _each_finished(self, group: str, method: str, tokens: Any, *args: Any) -> None:
+    def _each_finished(self, group: str, method: str, tokens: list[Any] | None, *args: Any) -> None:
         observers = self._by_hook[group]
         tokens = tokens or [None] * len(observers)
         for observer, token in zip(observers, tokens):
@@ -95,25 +96,27 @@ class Observers(Observer):
             except Exception:
                 logger.exception("everystep: observer %r failed in %s", observer, method)
 
-    def run_started(self, run, ctx):  # type: ignore[no-untyped-def]
+    def run_started(self, run: Run, ctx: Context) -> list[Any]:
         return self._each("run", "run_started", run, ctx)
 
-    def run_settling(self, run, status):  # type: ignore[no-untyped-def]
+    def run_settling(self, run: Run, status: str) -> None:
         self._each("settling", "run_settling", run, status)
 
-    def run_finished(self, run, ctx, status, error, token):  # type: ignore[no-untyped-def]
+    def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
         self._each_finished("run", "run_finished", token, run, ctx, status, error)
 
-    def step_started(self, ctx, step_id, name, timeout, unsafe):  # type: ignore[no-untyped-def]
+    def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> list[Any]:
         return self._each("step", "step_started", ctx, step_id, name, timeout, unsafe)
 
-    def step_finished(self, ctx, step_id, name, status, error, token):  # type: ignore[no-untyped-def]
+    def step_finished(
+        self, ctx: Context, step_id: str, name: str, status: str, error: BaseException | None, token: Any
+    ) -> None:
         self._each_finished("step", "step_finished", token, ctx, step_id, name, status, error)
 
-    def fork_started(self, ctx, fork_id, branches):  # type: ignore[no-untyped-def]
+    def fork_started(self, ctx: Context, fork_id: str, branches: int) -> list[Any]:
         return self._each("fork", "fork_started", ctx, fork_id, branches)
 
-    def fork_finished(self, ctx, fork_id, error, token):  # type: ignore[no-untyped-def]
+    def fork_finished(self, ctx: Context, fork_id: str, error: BaseException | None, token: Any) -> None:
         self._each_finished("fork", "fork_finished", token, ctx, fork_id, error)
 
 

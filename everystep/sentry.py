@@ -20,12 +20,15 @@ if TYPE_CHECKING:
 
 try:
     import sentry_sdk
+
+    _AVAILABLE = True
 except ImportError:  # pragma: no cover - exercised when the extra is absent
-    sentry_sdk = None
+    # ``sentry_sdk`` stays unbound: every use is behind _active().
+    _AVAILABLE = False
 
 
 def _active() -> bool:
-    if sentry_sdk is None:
+    if not _AVAILABLE:
         return False
     get_client = getattr(sentry_sdk, "get_client", None)
     if get_client is not None:

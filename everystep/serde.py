@@ -26,6 +26,7 @@ import math
 import sys
 import traceback
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .errors import EverystepError, StepFailure
@@ -150,7 +151,7 @@ def _decode_enum(tagged: dict[str, Any]) -> Any:
     return tagged["v"]
 
 
-_DECODERS = {
+_DECODERS: dict[str, Callable[[Any], Any]] = {
     "datetime": lambda v: dt.datetime.fromisoformat(v),
     "date": lambda v: dt.date.fromisoformat(v),
     "time": lambda v: dt.time.fromisoformat(v),
@@ -267,8 +268,8 @@ def _slim_exception(payload: dict[str, Any], budget: int) -> dict[str, Any]:
     return slim
 
 
-def _clip(text: Any, limit: int) -> str:
-    text = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+def _clip(value: Any, limit: int) -> str:
+    text = str(value).encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[:limit] + "… (truncated)"
 
 
@@ -277,11 +278,10 @@ def decode_exception(payload: dict[str, Any] | str | None) -> BaseException | No
     and accepts its stored arguments, else ``StepFailure`` with the message."""
     if payload is None:
         return None
-    if isinstance(payload, str):
-        payload = loads(payload)
-    type_name = str(payload.get("type", ""))
-    message = str(payload.get("message", ""))
-    args = payload.get("args") or []
+    fields: dict[str, Any] = loads(payload) if isinstance(payload, str) else payload
+    type_name = str(fields.get("type", ""))
+    message = str(fields.get("message", ""))
+    args = fields.get("args") or []
     cls = resolve_name(type_name)
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         return StepFailure(message, type_name)
@@ -289,7 +289,7 @@ def decode_exception(payload: dict[str, Any] | str | None) -> BaseException | No
         # args[0] is the group's own message; ``message`` is str(group),
         # which appends " (N sub-exceptions)" and would grow on each pass.
         group_message = str(args[0]) if args else message
-        inner = [decode_exception(item) for item in payload.get("exceptions", [])]
+        inner = [decode_exception(item) for item in fields.get("exceptions", [])]
         try:
             return cls(group_message, inner)
         except Exception:

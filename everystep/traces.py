@@ -27,14 +27,17 @@ try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.trace import Status, StatusCode
+
+    _AVAILABLE = True
 except ImportError:  # pragma: no cover - exercised when the extra is absent
-    trace = None
+    # The names above stay unbound: every use is behind available().
+    _AVAILABLE = False
 
 TRACER_NAME = "everystep"
 
 
 def available() -> bool:
-    return trace is not None
+    return _AVAILABLE
 
 
 def _tracer() -> Any:
@@ -99,14 +102,14 @@ class TracingObserver(Observer):
 def inject() -> dict[str, str]:
     """The current trace context as W3C headers (empty without OTel)."""
     carrier: dict[str, str] = {}
-    if trace is not None and _configured():
+    if _AVAILABLE and _configured():
         propagate.inject(carrier)
     return carrier
 
 
 def attach_remote(carrier: dict[str, str] | None) -> Any:
     """Make ``carrier``'s trace context current; returns a token for ``detach``."""
-    if trace is None or not carrier:
+    if not _AVAILABLE or not carrier:
         return None
     return otel_context.attach(propagate.extract(carrier))
 
@@ -118,7 +121,7 @@ def detach(token: Any) -> None:
 
 def dispatch_span(run: Run) -> Any:
     """A short span in the supervisor parent around handing ``run`` to a child."""
-    if trace is None or not _configured():
+    if not _AVAILABLE or not _configured():
         return nullcontext()
     return _tracer().start_as_current_span(
         f"dispatch {run.name}", attributes={"everystep.workflow.id": run.id, "everystep.workflow.name": run.name}
