@@ -334,6 +334,11 @@ class Arbiter:
         self.store.close()
         close_default_stores()
         self.listener.close()
+        for hook in self.config.before_fork:
+            try:
+                hook()
+            except Exception:
+                logger.exception("everystep-supervisor %s: before_fork hook %r failed", self.name, hook)
 
     def _after_fork(self) -> None:
         if not self.stopping:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SOCKET_NAME = "everystep-supervisor.sock"
@@ -34,6 +35,10 @@ class Config:
     lease: float = 60.0
     metrics_port: int = 0
     metrics_bind: str = "0.0.0.0"
+    #: Called in the parent right before each batch of forks, after it closed
+    #: its own connections: a host closes whatever a child must not inherit
+    #: (Django's ``connections.close_all``). A failing hook is logged.
+    before_fork: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def show_progress(self) -> bool:

@@ -554,6 +554,23 @@ class Store:
             return len(cursor.fetchall())
         return cursor.rowcount
 
+    # -- connections owned by a host framework -------------------------------
+
+    @classmethod
+    def migrate_on(cls, conn: Any) -> list[str]:
+        """Apply pending migrations through ``conn``, a connection of this
+        backend that a host framework owns (Django's ``manage.py migrate``
+        runs this on its own connection, which may be a test database only
+        that connection can see). Same files, same lock, same version table
+        as ``migrate()``, so the two paths never disagree. ``conn`` must be
+        in autocommit mode, outside any transaction, and read tuples; it is
+        left open."""
+        # A bare instance: the migrator needs the backend's statements and
+        # transaction hooks, not a pool or a URL of its own.
+        migrator = cls.__new__(cls)
+        Store.__init__(migrator, "")
+        return migrator._migrate_locked(conn)
+
 
 def _run_id(run_id: str) -> str:
     """Normalise a run id, refusing anything that is not a UUID."""
