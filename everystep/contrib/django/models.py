@@ -46,9 +46,9 @@ for _lookup in (lookups.IExact, lookups.Contains, lookups.IContains, lookups.Sta
 
 class StoredJSONField(models.TextField):
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        if isinstance(value, str):
-            return json.loads(value)
-        return value  # psycopg already parsed the json column
+        if value is None or connection.vendor == "postgresql":
+            return value  # psycopg parsed the json column (a JSON string is a str)
+        return json.loads(value)
 
 
 class ReadOnly(models.Model):
