@@ -32,6 +32,7 @@ from .errors import (
     WorkflowCodeError,
 )
 from .models import Run, StepRecord
+from .provider import set_connection_provider
 
 __version__ = "0.1.0"
 
@@ -56,6 +57,7 @@ __all__ = [
     "get_steps",
     "parallel",
     "schedule",
+    "set_connection_provider",
     "step",
     "wait",
     "workflow",

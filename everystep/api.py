@@ -12,10 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import registry, runner, serde
+from . import borrowed, registry, runner, serde
 from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord
-from .store import Store, backend_for_connection, default_store
+from .provider import ConnectionProvider, connection_provider
+from .store import Store, default_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,6 +144,11 @@ def _store(database: str | Store | None) -> Store:
     return default_store(database)
 
 
+def _provided(database: str | Store | None) -> ConnectionProvider | None:
+    """The host's connection provider, unless the caller named a database."""
+    return connection_provider() if database is None else None
+
+
 def schedule(
     wf: WorkflowFunction | str,
     *args: Any,
@@ -158,29 +164,42 @@ def schedule(
     on commit, gone on rollback. With ``idempotency_key``, scheduling the
     same workflow and key again (even concurrently) returns the existing run.
     ``wf`` may be a registered workflow or its name.
+
+    When a host framework installed a connection provider
+    (``everystep.provider``; ``everystep.contrib.django`` does) and neither
+    ``conn`` nor ``database`` is given, the run is inserted through the
+    host's connection, in whatever transaction it has open.
     """
     name = _workflow_name(wf)
     args_json = serde.dumps(list(args), f"arguments of workflow {name}")
     if idempotency_key is not None and not isinstance(idempotency_key, str):
         raise EverystepError("idempotency_key must be a string")
-    if conn is None:
-        return _store(database).schedule(name, args_json, idempotency_key)
-    return _schedule_in_transaction(conn, name, args_json, idempotency_key)
-
-
-def _schedule_in_transaction(conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
-    # Whatever row factory the caller set on its connection, the backend
-    # reads through a cursor of its own.
-    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key)
+    if conn is not None:
+        return borrowed.schedule(conn, name, args_json, idempotency_key)
+    provider = _provided(database)
+    if provider is not None:
+        with provider() as provided:
+            return borrowed.schedule(provided, name, args_json, idempotency_key)
+    return _store(database).schedule(name, args_json, idempotency_key)
 
 
 def get_run(run_id: str, database: str | Store | None = None) -> Run:
-    """Read a run; raises ``RunNotFound`` for an unknown id."""
+    """Read a run; raises ``RunNotFound`` for an unknown id. (Through the
+    host's connection when a provider is installed, so a run scheduled in
+    the host's open transaction is visible to it.)"""
+    provider = _provided(database)
+    if provider is not None:
+        with provider() as provided:
+            return borrowed.get_run(provided, run_id)
     return _store(database).get_run(run_id)
 
 
 def get_steps(run_id: str, database: str | Store | None = None) -> list[StepRecord]:
     """The recorded steps of a run, in the order they were first recorded."""
+    provider = _provided(database)
+    if provider is not None:
+        with provider() as provided:
+            return borrowed.get_steps(provided, run_id)
     store = _store(database)
     store.get_run(run_id)
     return store.get_steps(run_id)
@@ -188,10 +207,11 @@ def get_steps(run_id: str, database: str | Store | None = None) -> list[StepReco
 
 def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | Store | None = None) -> Run:
     """Poll until the run reaches a terminal status; ``TimeoutError`` past ``timeout``."""
-    store = _store(database)
     deadline = time.monotonic() + timeout
+    if _provided(database) is None:
+        database = _store(database)
     while True:
-        run = store.get_run(run_id)
+        run = get_run(run_id, database)
         if run.status in TERMINAL_STATUSES:
             return run
         if time.monotonic() >= deadline:

@@ -18,6 +18,7 @@ from . import admin, registry, serde
 from .cliutil import OneLineParser, fail, format_table, print_json, setup_logging
 from .errors import EverystepError
 from .models import RUN_STATUSES, Run, StepRecord
+from .observer import Observer
 from .store import Store, connect
 from .lease import DEFAULT_LEASE
 from .worker import Worker
@@ -50,10 +51,7 @@ def build_parser() -> OneLineParser:
 
     sub = commands.add_parser("runs", help="list runs, newest first")
     _common(sub)
-    sub.add_argument("--status", choices=RUN_STATUSES)
-    sub.add_argument("--workflow", metavar="NAME")
-    sub.add_argument("--limit", type=int, default=50)
-    sub.add_argument("--json", action="store_true")
+    add_runs_arguments(sub)
 
     sub = commands.add_parser("show", help="show a run and its recorded steps")
     _common(sub)
@@ -62,12 +60,7 @@ def build_parser() -> OneLineParser:
 
     sub = commands.add_parser("resolve-step", help="resolve the uncertain step of a blocked run")
     _common(sub)
-    sub.add_argument("run_id", metavar="RUN")
-    sub.add_argument("step_id", metavar="STEP")
-    choice = sub.add_mutually_exclusive_group(required=True)
-    choice.add_argument("--result", metavar="JSON", help="the effect happened; record this JSON value as its result")
-    choice.add_argument("--error", metavar="MESSAGE", help="the effect happened and failed; record this failure")
-    choice.add_argument("--discard", action="store_true", help="the effect did not happen; run the step again")
+    add_resolve_step_arguments(sub)
 
     sub = commands.add_parser("requeue", help="put a run parked 'running' by a dead runner back in the queue")
     _common(sub)
@@ -82,21 +75,45 @@ def build_parser() -> OneLineParser:
 
     sub = commands.add_parser("worker", help="run a threaded worker (embedded mode)")
     _common(sub)
-    sub.add_argument("--pool", type=int, default=4, help="threads executing runs (default 4)")
-    sub.add_argument("--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)")
-    sub.add_argument("--name", help="runner name, stable across restarts (default: hostname)")
-    sub.add_argument("--takeover", action="store_true",
-                     help="take the runner name even though its holder looks alive (it is gone for good, "
-                          "e.g. a frozen VM); its runs are fenced")
-    sub.add_argument("--drain", type=float, default=30.0, help="seconds to wait for runs on stop (default 30)")
-    sub.add_argument("--lease", type=float, default=DEFAULT_LEASE, metavar="S",
-                     help="heartbeat lease: runners silent longer than S seconds have their runs requeued (default 60)")
-    sub.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
-                     help="serve /metrics and /healthz on this port (default: off)")
-    sub.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
-    sub.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    sub.add_argument("--log-format", default="text", choices=["text", "json"])
+    add_worker_arguments(sub)
     return parser
+
+
+# The options of the commands a host framework also exposes (Django's
+# management commands), declared once here and shared with it.
+
+
+def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--status", choices=RUN_STATUSES)
+    parser.add_argument("--workflow", metavar="NAME")
+    parser.add_argument("--limit", type=int, default=50)
+    parser.add_argument("--json", action="store_true")
+
+
+def add_resolve_step_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="RUN")
+    parser.add_argument("step_id", metavar="STEP")
+    choice = parser.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--result", metavar="JSON", help="the effect happened; record this JSON value as its result")
+    choice.add_argument("--error", metavar="MESSAGE", help="the effect happened and failed; record this failure")
+    choice.add_argument("--discard", action="store_true", help="the effect did not happen; run the step again")
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool", type=int, default=4, help="threads executing runs (default 4)")
+    parser.add_argument("--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)")
+    parser.add_argument("--name", help="runner name, stable across restarts (default: hostname)")
+    parser.add_argument("--takeover", action="store_true",
+                        help="take the runner name even though its holder looks alive (it is gone for good, "
+                             "e.g. a frozen VM); its runs are fenced")
+    parser.add_argument("--drain", type=float, default=30.0, help="seconds to wait for runs on stop (default 30)")
+    parser.add_argument("--lease", type=float, default=DEFAULT_LEASE, metavar="S",
+                        help="heartbeat lease: runners silent longer than S seconds have their runs requeued (default 60)")
+    parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                        help="serve /metrics and /healthz on this port (default: off)")
+    parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="text", choices=["text", "json"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -259,10 +276,10 @@ def cmd_runners(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_worker(store: Store, args: argparse.Namespace) -> int:
+def cmd_worker(store: Store, args: argparse.Namespace, observer: Observer | None = None) -> int:
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
                     metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease,
-                    takeover=args.takeover)
+                    takeover=args.takeover, observer=observer)
     # Touch the database once before working: a wrong URL or an unmigrated
     # database is a bad command line (one line, exit 2), whereas the claim
     # loop would log and retry it forever as if it were a passing outage.

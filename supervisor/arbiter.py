@@ -300,7 +300,7 @@ class Arbiter:
             try:
                 hook()
             except Exception:
-                logger.exception("%s: a before_fork hook failed", self.who)
+                logger.exception("%s: before_fork hook %r failed", self.who, hook)
 
     def _after_fork(self) -> None:
         if not self.stopping:

@@ -41,7 +41,6 @@ def _positive(kind: Callable[[str], Any], minimum: float) -> Callable[[str], Any
 
 
 def build_parser() -> OneLineParser:
-    defaults = Config()
     parser = OneLineParser(
         prog=PROG,
         description="Run everystep workflows in forked child processes (one run per child at a time).",
@@ -50,10 +49,18 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument("--app", metavar="MODULE[,MODULE]", default="",
                         help="modules defining your workflows, imported once before forking")
-    parser.add_argument("--procs", type=_positive(int, 0), default=defaults.procs,
-                        help=f"child processes (default: CPU count, {defaults.procs} here; max {MAX_PROCS})")
     parser.add_argument("--database", metavar="URL",
                         help="database URL (default: $EVERYSTEP_DATABASE_URL or sqlite:///everystep.db)")
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every option but ``--app`` and ``--database``, which a host framework
+    (Django's ``everystep_supervisor`` command) takes from its own settings."""
+    defaults = Config()
+    parser.add_argument("--procs", type=_positive(int, 0), default=defaults.procs,
+                        help=f"child processes (default: CPU count, {defaults.procs} here; max {MAX_PROCS})")
     parser.add_argument("--name", default=defaults.name,
                         help="runner name, stable across restarts: runs are claimed under it (default: hostname)")
     parser.add_argument("--takeover", action="store_true",
@@ -93,7 +100,6 @@ def build_parser() -> OneLineParser:
                                           "(default 10)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
-    return parser
 
 
 def build_ctl_parser() -> OneLineParser:
@@ -126,10 +132,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ctl.main(args)
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
+    config = config_from_args(args, app=args.app, database=args.database)
+    return run(config)
+
+
+def config_from_args(args: argparse.Namespace, app: str | Sequence[str], database: str | None) -> Config:
+    """The Config that options declared by ``add_arguments`` describe;
+    exits 2 with one line on a bad combination."""
+    modules = app.split(",") if isinstance(app, str) else list(app)
     config = Config(
-        app=[module.strip() for module in args.app.split(",") if module.strip()],
+        app=[module.strip() for module in modules if module.strip()],
         procs=args.procs,
-        database=args.database,
+        database=database,
         name=args.name,
         poll=args.poll,
         drain=args.drain,
@@ -150,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if config.procs > MAX_PROCS:
         fail(f"--procs must be at most {MAX_PROCS}", prog=PROG)
-    return run(config)
+    return config
 
 
 def run(config: Config) -> int:

@@ -43,8 +43,9 @@ class Config:
     control_timeout: float = 10.0
     #: A child that has not read a run handed to it for this long is killed.
     stall_timeout: float = 10.0
-    #: Called in the parent before each fork (a host framework closing its
-    #: own database connections, say), after everystep closed its own.
+    #: Called in the parent right before each batch of forks, after it closed
+    #: its own connections: a host closes whatever a child must not inherit
+    #: (Django's ``connections.close_all``). A failing hook is logged.
     before_fork: list[Callable[[], None]] = field(default_factory=list)
 
     @property

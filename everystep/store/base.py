@@ -201,6 +201,12 @@ class Store(abc.ABC):
         """A cursor on a caller's connection that reads rows by name and
         decodes like ours, whatever the caller configured on it."""
 
+    @classmethod
+    @abc.abstractmethod
+    def _named_rows(cls, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """While inside, ``conn`` itself (a caller's connection) reads rows
+        by name; its own row factory is restored afterwards."""
+
     def listen(self) -> Notifications | None:
         """A dedicated connection receiving notifications of newly scheduled
         runs and of runs taken from their holder; ``None`` where the backend
@@ -367,7 +373,11 @@ class Store(abc.ABC):
     def migrate(self) -> list[str]:
         """Apply pending migrations; returns the names applied (idempotent,
         safe to run concurrently: the backend serialises migrators)."""
-        with self.connection() as conn, self._migration_transaction(conn):
+        with self.connection() as conn:
+            return self._migrate_through(conn)
+
+    def _migrate_through(self, conn: Any) -> list[str]:
+        with self._migration_transaction(conn):
             conn.execute(self.sql["create_migration_table"])
             applied = {int(row["version"]) for row in conn.execute(self.sql["applied_migrations"]).fetchall()}
             done = []
@@ -689,6 +699,23 @@ class Store(abc.ABC):
             return len(cursor.fetchall())
         return int(cursor.rowcount)
 
+    # -- connections owned by a host framework -------------------------------
+
+    @classmethod
+    def migrate_on(cls, conn: Any) -> list[str]:
+        """Apply pending migrations through ``conn``, a connection of this
+        backend that a host framework owns (Django's ``manage.py migrate``
+        runs this on its own connection, which may be a test database only
+        that connection can see). Same files, same lock, same version table
+        as ``migrate()``, so the two paths never disagree. ``conn`` must be
+        in autocommit mode, outside any transaction; it is left open, with
+        its own row factory."""
+        # A bare instance: the migrator needs the backend's statements and
+        # transaction hooks, not a pool or a URL of its own.
+        migrator = cls.__new__(cls)
+        Store.__init__(migrator, "")
+        with cls._named_rows(conn):
+            return migrator._migrate_through(conn)
 
 def _run_id(run_id: str) -> str:
     """Normalise a run id, refusing anything that is not a UUID."""

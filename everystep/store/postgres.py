@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import psycopg
 import psycopg.errors
 from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import set_json_loads
 
 from .. import serde
@@ -89,9 +90,23 @@ class PostgresStore(Store):
     @classmethod
     @contextlib.contextmanager
     def _caller_cursor(cls, conn: Any) -> Iterator[Any]:
-        with conn.cursor(row_factory=dict_row) as cursor:
+        # A framework's connection may carry its own cursor class and loaders
+        # (Django loads timestamptz in its configured zone, or naive): this
+        # cursor reads like ours whatever the owner set up.
+        with psycopg.Cursor(conn, row_factory=dict_row) as cursor:
             set_json_loads(serde.loads, cursor)
+            cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
             yield cursor
+
+    @classmethod
+    @contextlib.contextmanager
+    def _named_rows(cls, conn: Any) -> Iterator[Any]:
+        previous = conn.row_factory
+        conn.row_factory = dict_row
+        try:
+            yield conn
+        finally:
+            conn.row_factory = previous
 
     def listen(self) -> Notifications:
         """A dedicated connection LISTENing for newly scheduled runs and for

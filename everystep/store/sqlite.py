@@ -124,6 +124,16 @@ class SQLiteStore(Store):
             cursor.close()
 
     @classmethod
+    @contextlib.contextmanager
+    def _named_rows(cls, conn: Any) -> Iterator[Any]:
+        previous = conn.row_factory
+        conn.row_factory = sqlite3.Row
+        try:
+            yield conn
+        finally:
+            conn.row_factory = previous
+
+    @classmethod
     def _names(cls, names: Sequence[str]) -> str:
         return json.dumps(list(names))
 

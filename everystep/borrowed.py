@@ -1,0 +1,76 @@
+"""Statements on a connection everystep does not own: the caller's.
+
+``schedule(conn=...)`` and the connection provider (``everystep.provider``)
+hand everystep a connection that belongs to someone else. It may carry a row
+factory (``sqlite3.Row``, psycopg dict rows), a framework's cursor class
+(Django's client-side binding psycopg cursor), a framework's loaders (Django
+loads ``timestamptz`` in its configured zone, or naive) and converters
+(Django's SQLite connection parses declared types), and it may be inside the
+owner's transaction or one of its savepoints.
+
+So every statement here runs on a cursor of our own that reads plain tuples
+with everystep's JSON and timestamp loaders, and nothing here changes the
+connection for its owner or commits, rolls back or closes it: the owner's
+transaction decides whether a scheduled run exists. The one exception is
+``migrate``, which needs the connection outside any transaction (it takes
+the same lock and writes the same version table as ``Store.migrate()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import RunNotFound
+from .models import Run, StepRecord
+from .store import Store, backend_for_connection
+
+
+@contextlib.contextmanager
+def cursor(conn: Any) -> Iterator[tuple[type[Store], Any]]:
+    """A cursor of our own on ``conn`` (rows by name, everystep's loaders),
+    and the Store class whose statements and row mapping fit it."""
+    store_class = backend_for_connection(conn)
+    with store_class._caller_cursor(conn) as cur:
+        yield store_class, cur
+
+
+def schedule(conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
+    """Insert a run in ``conn``'s open transaction (or commit it at once if
+    the connection is in autocommit mode)."""
+    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key)
+
+
+def get_run(conn: Any, run_id: str) -> Run:
+    with cursor(conn) as (store_class, cur):
+        row = cur.execute(store_class.statements()["get_run"], {"id": _run_id(run_id)}).fetchone()
+        if row is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        return store_class._run(row)
+
+
+def get_steps(conn: Any, run_id: str) -> list[StepRecord]:
+    """A run's recorded steps (``RunNotFound`` for an unknown run)."""
+    with cursor(conn) as (store_class, cur):
+        sql = store_class.statements()
+        if cur.execute(sql["get_run"], {"id": _run_id(run_id)}).fetchone() is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        return [store_class._step(row) for row in cur.execute(sql["get_steps"], {"id": _run_id(run_id)}).fetchall()]
+
+
+def migrate(conn: Any) -> list[str]:
+    """Apply everystep's pending schema versions through ``conn``, which must
+    be in autocommit mode outside any transaction. Returns what was applied."""
+    return backend_for_connection(conn).migrate_on(conn)
+
+
+def _run_id(run_id: str) -> str:
+    try:
+        return str(uuid.UUID(str(run_id)))
+    except ValueError:
+        raise RunNotFound(f"no run with id {run_id!r} (run ids are UUIDs)") from None
+
+
+__all__ = ["cursor", "get_run", "get_steps", "migrate", "schedule"]

@@ -1,0 +1,1 @@
+"""Integrations with host frameworks, each behind its own extra."""

@@ -1,0 +1,23 @@
+"""``manage.py everystep_resolve_step RUN STEP --result JSON | --error MSG | --discard``."""
+
+from __future__ import annotations
+
+import argparse
+
+from everystep import cli
+
+from ...commands import EverystepCommand
+
+
+class Command(EverystepCommand):
+    help = "Resolve the uncertain step of a blocked run (exactly as 'everystep resolve-step')."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        super().add_arguments(parser)
+        cli.add_resolve_step_arguments(parser)
+
+    def run(self, options: argparse.Namespace) -> None:
+        from ...database import store
+
+        with self.printing():
+            cli.cmd_resolve_step(store(options.database), options)

@@ -1,0 +1,23 @@
+"""``manage.py everystep_runs``: ``everystep runs`` on the project's database."""
+
+from __future__ import annotations
+
+import argparse
+
+from everystep import cli
+
+from ...commands import EverystepCommand
+
+
+class Command(EverystepCommand):
+    help = "List everystep runs, newest first."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        super().add_arguments(parser)
+        cli.add_runs_arguments(parser)
+
+    def run(self, options: argparse.Namespace) -> None:
+        from ...database import store
+
+        with self.printing():
+            cli.cmd_runs(store(options.database), options)
