@@ -65,6 +65,7 @@ from .control import ControlServer, ControlSocketError
 from .http import LoopHTTPServer
 from .listener import Listener
 from .protocol import Channel, ChannelClosed
+from .remote import REQUEST_CHANNEL, RemoteControl
 from .sdnotify import Notifier
 from .stepboard import StepBoard
 
@@ -116,7 +117,9 @@ class Arbiter:
                                      on_request=self._count_request)
         self.http: LoopHTTPServer | None = None
         self.lease = Lease(store, config.name, "supervisor", config.lease)
-        self.listener = Listener(store, self.selector, self._wake_claims, f"everystep-supervisor {config.name}")
+        self.remote = RemoteControl(store, config.name, self.lease.instance, self.handle_request)
+        self.listener = Listener(store, self.selector, self._wake_claims, f"everystep-supervisor {config.name}",
+                                 channels={REQUEST_CHANNEL: self.remote.wake})
         self._claims_outage = OutageLog(logger, f"everystep-supervisor {config.name}", "claiming")
 
     # -- setup / teardown -----------------------------------------------------------
@@ -235,6 +238,7 @@ class Arbiter:
             self._reload_requested = False
             self._reload()
         self._keep_lease(now)
+        self.remote.tick(now)
         if now >= self._next_reconcile and not self.stopping:
             self._catchup()
         self._spawn_missing()

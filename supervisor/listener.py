@@ -25,8 +25,10 @@ RETRY = 2.0
 
 class Listener:
     def __init__(self, store: Store, selector: selectors.BaseSelector, on_notify: Callable[[], None],
-                 who: str) -> None:
+                 who: str, channels: dict[str, Callable[[str], None]] | None = None) -> None:
         self.store = store
+        #: More channels to LISTEN on, each with its handler (called with the payload).
+        self.channels = dict(channels or {})
         self.selector = selector
         self.on_notify = on_notify
         self.who = who
@@ -45,7 +47,7 @@ class Listener:
         if not self.supported or self._conn is not None:
             return self._conn is not None
         try:
-            self._conn = self.store.listen_connection()  # type: ignore[attr-defined]
+            self._conn = self.store.listen_connection(tuple(self.channels))  # type: ignore[attr-defined]
         except Exception as exc:
             logger.warning("%s: LISTEN unavailable, polling only: %s", self.who, exc)
             self._retry_at = time.monotonic() + RETRY
@@ -79,8 +81,10 @@ class Listener:
 
     def _readable(self, mask: int) -> None:
         try:
-            for _ in self._conn.notifies(timeout=0):
-                pass
+            for note in self._conn.notifies(timeout=0):
+                handler = self.channels.get(note.channel)
+                if handler is not None:
+                    handler(note.payload)
         except Exception as exc:
             logger.warning("%s: LISTEN connection lost (%s); polling until it is back", self.who, exc)
             self.close()

@@ -11,11 +11,12 @@ connection, which suits the handful of hot statements a runner repeats.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
 import psycopg.errors
+import psycopg.sql
 from psycopg.types.json import set_json_loads
 
 from .. import serde
@@ -81,12 +82,15 @@ class PostgresStore(Store):
                 return 0
             return int(conn.execute("SELECT coalesce(max(version), 0) FROM everystep_migration").fetchone()[0])
 
-    def listen_connection(self) -> psycopg.Connection[Any]:
-        """A dedicated connection LISTENing for newly scheduled runs.
+    def listen_connection(self, channels: Sequence[str] = ()) -> psycopg.Connection[Any]:
+        """A dedicated connection LISTENing for newly scheduled runs (and on
+        ``channels`` too).
 
         The caller owns it (it is not pooled) and watches ``fileno()`` in its
         selector; ``conn.notifies(timeout=0)`` drains what arrived.
         """
         conn = self._open()
         conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        for channel in channels:
+            conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
         return conn

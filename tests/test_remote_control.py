@@ -1,0 +1,150 @@
+"""Operators reaching a supervisor through the database (request row plus
+NOTIFY), for real: the supervisor takes the request, runs it through the
+same handler as its control socket, and writes the reply; it publishes its
+children on its runner row. Plus the pieces on their own: the request loop
+against a real store, and the listener hearing the NOTIFY on PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+import selectors
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from everystep import relay, schedule
+from everystep.models import FAILED, STEP_FAILED
+from everystep.relay import RequestStatus
+from supervisor.listener import Listener
+from supervisor.remote import RemoteControl, snapshot
+from tests.apps import supervised
+from tests.support.supervisor import error_type, supervisors, wait_run  # noqa: F401
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def spec(directory: Path, **extra: Any) -> dict[str, Any]:
+    return {"dir": str(directory), **extra}
+
+
+# -- the request loop on its own ------------------------------------------------------
+
+
+def test_remote_control_answers_with_the_handler_and_refuses_stale_requests(store):
+    seen: list[dict[str, Any]] = []
+
+    def handle(request: dict[str, Any]) -> dict[str, Any]:
+        seen.append(request)
+        if request["cmd"] == "status":
+            return {"ok": True, "pid": 42, "procs": 1, "children": []}
+        if request["cmd"] == "scale":
+            raise RuntimeError("boom")
+        return {"ok": True, "echo": request}
+
+    store.register_runner("sup-x", "inst", "supervisor", "host", 42, 60)
+    remote = RemoteControl(store, "sup-x", "inst", handle)
+    kill = relay.submit(store, "sup-x", "kill", {"run": "r1", "requeue": True}, "test")
+    broken = relay.submit(store, "sup-x", "scale", {"procs": 2}, "test")
+    other = relay.submit(store, "sup-y", "drain", {}, "test")
+    remote.tick(time.monotonic())
+
+    answered = store.get_request(kill.id)
+    assert answered.status == RequestStatus.ANSWERED
+    assert answered.reply == {"ok": True, "echo": {"run": "r1", "requeue": True, "cmd": "kill"}}
+    failed = store.get_request(broken.id)
+    assert failed.reply == {"ok": False, "error": "RuntimeError: boom"}  # the loop survives
+    assert store.get_request(other.id).status == RequestStatus.PENDING
+    assert store.runner_details()["sup-x"]["pid"] == 42  # published with the same tick
+
+    stale = dataclasses.replace(answered, age_seconds=relay.STALE_AFTER + 1)
+    reply = remote._answer(stale)
+    assert reply["ok"] is False and "not acted on" in reply["error"]
+    assert [r["cmd"] for r in seen].count("kill") == 1
+
+
+def test_remote_control_rides_out_an_unreachable_database():
+    from everystep.store.postgres import PostgresStore
+
+    store = PostgresStore("postgresql://nobody@127.0.0.1:1/nothing", connect_timeout=1)
+    remote = RemoteControl(store, "sup", "inst", lambda request: {"ok": True, "children": []})
+    remote.tick(time.monotonic())  # logged once, not raised
+    assert remote._outage.failing
+
+
+def test_snapshot_makes_times_absolute():
+    status = {"pid": 7, "procs": 2, "draining": False, "children": [
+        {"slot": 1, "pid": 8, "state": "busy", "run_id": "r", "workflow": "w", "step_id": "2",
+         "step_name": "s", "step_seconds": 1.5, "run_seconds": 3.0, "steps_in_flight": 1},
+        {"slot": 2, "pid": 9, "state": "idle", "run_id": None, "step_seconds": None, "run_seconds": None},
+    ]}
+    detail = snapshot(status, "inst", 1000.0)
+    assert detail["instance"] == "inst" and detail["published_at"] == 1000.0
+    assert detail["children"][0]["step_since"] == 998.5 and detail["children"][0]["run_since"] == 997.0
+    assert detail["children"][1]["step_since"] is None
+
+
+def test_the_listener_hears_requests_for_this_runner_on_postgres(pg_url):
+    from everystep.store import connect
+
+    store = connect(pg_url)
+    selector = selectors.DefaultSelector()
+    heard: list[str] = []
+    listener = Listener(store, selector, lambda: None, "test", channels={relay.REQUEST_CHANNEL: heard.append})
+    try:
+        assert listener.open()
+        relay.submit(store, "sup-z", "status", {}, "test")
+
+        def pump() -> bool:
+            for key, mask in selector.select(0.1):
+                key.data(mask)
+            return bool(heard)
+
+        wait_until(pump, "the NOTIFY of the request")
+        assert heard == ["sup-z"]
+    finally:
+        listener.close()
+        selector.close()
+        store.close()
+
+
+# -- a real supervisor ------------------------------------------------------------------
+
+
+def test_kill_and_scale_through_the_database(db_url, store, supervisors, tmp_path):
+    sup = supervisors(db_url, procs=2).start()
+    run = schedule(supervised.gated_flow, spec(tmp_path, gate="never"), database=store)
+
+    # The supervisor publishes which child runs which step.
+    def published_child() -> dict[str, Any] | None:
+        detail = store.runner_details().get(sup.name)
+        for child in (detail or {}).get("children", []):
+            if child["run_id"] == run.id and child["step_id"] == "2":
+                return child
+        return None
+
+    child = wait_until(published_child, "the child running step 2 in the published detail",
+                       detail=lambda: "\n" + sup.log())
+    assert child["workflow"] == supervised.gated_flow.name and child["step_since"] is not None
+
+    request = relay.submit(store, sup.name, "kill", {"run": run.id}, "test operator")
+    answer = relay.wait_reply(store, request.id, timeout=60)
+    assert answer.status == RequestStatus.ANSWERED, answer
+    assert answer.reply["ok"] is True and answer.reply["pid"] == child["pid"], answer.reply
+    finished = wait_run(store, run.id, (FAILED,), supervisor=sup)
+    step = {record.step_id: record for record in store.get_steps(run.id)}["2"]
+    assert step.status == STEP_FAILED and error_type(step.error) == "everystep.errors.StepKilled"
+    assert finished.status == FAILED
+
+    request = relay.submit(store, sup.name, "scale", {"procs": 3}, "test operator")
+    answer = relay.wait_reply(store, request.id, timeout=60)
+    assert answer.reply == {"ok": True, "procs": 3, "previous": 2}
+    sup.wait_idle(procs=3)
+    wait_until(lambda: len((store.runner_details().get(sup.name) or {}).get("children", [])) == 3,
+               "3 children in the published detail")
+
+    refused = relay.wait_reply(store, relay.submit(store, sup.name, "scale", {"procs": -1}, "t").id, timeout=60)
+    assert refused.reply["ok"] is False and "integer from 0" in refused.reply["error"]
+    assert "test operator" in sup.log()  # who asked is logged
