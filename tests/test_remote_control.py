@@ -148,3 +148,28 @@ def test_kill_and_scale_through_the_database(db_url, store, supervisors, tmp_pat
     refused = relay.wait_reply(store, relay.submit(store, sup.name, "scale", {"procs": -1}, "t").id, timeout=60)
     assert refused.reply["ok"] is False and "integer from 0" in refused.reply["error"]
     assert "test operator" in sup.log()  # who asked is logged
+
+
+def remote(db_url: str, env: dict[str, str], *args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "everystep.cli", "remote", "--database", db_url, *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_remote_command(db_url, store, supervisors, subprocess_env, tmp_path):
+    sup = supervisors(db_url, procs=1).start()
+    scaled = remote(db_url, subprocess_env, sup.name, "scale", "2")
+    assert scaled.returncode == 0 and scaled.stdout.startswith("ok"), scaled
+    sup.wait_idle(procs=2)
+    import json
+
+    status = json.loads(remote(db_url, subprocess_env, sup.name, "status", "--json").stdout)
+    assert status["status"] == "answered" and status["reply"]["name"] == sup.name
+    refused = remote(db_url, subprocess_env, sup.name, "kill", "not-running")
+    assert refused.returncode == 1 and "refused: run not-running is not executing" in refused.stdout
+    nobody = remote(db_url, subprocess_env, "nobody-here", "status", "--timeout", "0.5")
+    assert nobody.returncode == 1 and "not answering" in nobody.stdout
+    usage = remote(db_url, subprocess_env, sup.name, "scale")
+    assert usage.returncode == 2 and "needs N" in usage.stderr
