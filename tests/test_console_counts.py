@@ -48,7 +48,16 @@ def test_active_counts_are_exact_up_to_the_cap_then_cached(store: Any, monkeypat
     assert by_status(counts.counts())[RUNNING].count == 0 and by_status(counts.counts())[BLOCKED].exact
 
 
-def test_finished_counts_are_cached(store: Any) -> None:
+def test_finished_counts_of_a_small_table_are_always_exact(store: Any) -> None:
+    counts = StatusCounts(store, Clock())
+    for label in ("x", "y"):
+        run = schedule(shapes.linear, label, database=store)
+        execute_run(store, run.id)
+        assert by_status(counts.counts())[COMPLETED].count == (1 if label == "x" else 2)
+
+
+def test_finished_counts_of_a_larger_table_are_cached(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(counting, "SMALL_TABLE", 1)
     clock = Clock()
     counts = StatusCounts(store, clock)
     run = schedule(shapes.linear, "x", database=store)

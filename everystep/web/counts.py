@@ -9,13 +9,16 @@ table of millions of finished runs would cost a full scan each time, so:
   ``ACTIVE_CAP`` rows. Above the cap the count comes from one full count of
   that status, repeated at most every ``SLOW_TTL`` seconds (``exact`` is
   then false: it may be that old).
-- **Finished statuses** (everything else): on PostgreSQL, while the table is
-  estimated under ``EXACT_BELOW`` rows, one exact ``GROUP BY`` at most every
-  ``FINISHED_TTL`` seconds; above that, the planner's own statistics (the
-  table's estimated rows times each status's frequency, kept current by
-  autovacuum's ANALYZE), read at most every ``FINISHED_TTL`` seconds and
-  marked estimated. SQLite keeps no such statistics: its finished counts
-  are exact ``GROUP BY`` results at most ``FINISHED_TTL`` seconds old.
+- **Finished statuses** (everything else), by the size of the table (the
+  planner's estimate on PostgreSQL, else the last exact total): under
+  ``SMALL_TABLE`` rows an exact ``GROUP BY`` on every refresh (a few
+  milliseconds); under ``EXACT_BELOW`` the same, at most every
+  ``FINISHED_TTL`` seconds; above that, on PostgreSQL, the planner's own
+  statistics (the table's estimated rows times each status's frequency,
+  kept current by autovacuum's ANALYZE), read at most every
+  ``FINISHED_TTL`` seconds and marked estimated. SQLite keeps no such
+  statistics: above ``SMALL_TABLE`` its finished counts are exact
+  ``GROUP BY`` results at most ``FINISHED_TTL`` seconds old.
 
 Every count says whether it is exact and how old it is, and the console
 shows estimated ones with "≈".
@@ -33,6 +36,7 @@ from ..store import Store
 
 ACTIVE = (SCHEDULED, RUNNING, BLOCKED)
 ACTIVE_CAP = 10_000
+SMALL_TABLE = 20_000
 EXACT_BELOW = 200_000
 FINISHED_TTL = 30.0
 SLOW_TTL = 30.0
@@ -57,13 +61,14 @@ class StatusCounts:
         self.store = store
         self.clock = clock
         self._lock = threading.Lock()
-        self._finished: tuple[float, dict[str, int], bool] | None = None
+        # (taken at, counts, exact, rows in the table then)
+        self._finished: tuple[float, dict[str, int], bool, float] | None = None
         self._slow: dict[str, tuple[float, int]] = {}
 
     def counts(self) -> list[Count]:
         now = self.clock()
         out = [self._active(status, now) for status in ACTIVE]
-        finished_at, finished, exact = self._finished_counts(now)
+        finished_at, finished, exact, _ = self._finished_counts(now)
         for status in RUN_STATUSES:
             if status not in ACTIVE:
                 out.append(Count(status, finished.get(status, 0), exact, now - finished_at))
@@ -82,18 +87,19 @@ class StatusCounts:
                 self._slow[status] = cached
         return Count(status, max(cached[1], ACTIVE_CAP + 1), False, now - cached[0])
 
-    def _finished_counts(self, now: float) -> tuple[float, dict[str, int], bool]:
+    def _finished_counts(self, now: float) -> tuple[float, dict[str, int], bool, float]:
         with self._lock:
             cached = self._finished
-        if cached is not None and now - cached[0] < FINISHED_TTL:
+        if cached is not None and cached[3] >= SMALL_TABLE and now - cached[0] < FINISHED_TTL:
             return cached
         estimate = self.store.estimate_statuses()
         if estimate is not None and estimate[0] >= EXACT_BELOW:
             rows, shares = estimate
             counts = {status: int(round(rows * share)) for status, share in shares.items()}
-            cached = (now, counts, False)
+            cached = (now, counts, False, rows)
         else:
-            cached = (now, self.store.count_statuses(), True)
+            counts = self.store.count_statuses()
+            cached = (now, counts, True, max(float(sum(counts.values())), estimate[0] if estimate else 0.0))
         with self._lock:
             self._finished = cached
         return cached
@@ -105,4 +111,4 @@ class StatusCounts:
             self._slow.clear()
 
 
-__all__ = ["ACTIVE_CAP", "Count", "EXACT_BELOW", "StatusCounts"]
+__all__ = ["ACTIVE_CAP", "Count", "EXACT_BELOW", "SMALL_TABLE", "StatusCounts"]

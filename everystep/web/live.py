@@ -64,10 +64,13 @@ class Watcher:
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
         self._bump_scheduled = False
+        self.stopped = False
 
     def start(self) -> None:
         """Start ticking (and listening) on the running loop; idempotent, so
         the first stream starts it: a mounted app gets no lifespan events."""
+        if self.stopped:
+            return
         loop = asyncio.get_running_loop()
         if self._loop is loop and self._ticker is not None and not self._ticker.done():
             return
@@ -80,9 +83,20 @@ class Watcher:
             self._listener.start()
 
     def stop(self) -> None:
+        """End every stream (from any thread): the server is shutting down."""
+        self.stopped = True
         self._stop.set()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._halt)
+            except RuntimeError:  # closed meanwhile
+                pass
+
+    def _halt(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+        self.bump()
 
     def bump(self) -> None:
         """A change may have happened: wake every stream (loop thread only)."""
@@ -179,7 +193,7 @@ async def event_stream(watcher: Watcher, snapshots: Snapshots, key: str,
     last = None
     last_sent = time.monotonic()
     generation = watcher.generation
-    while True:
+    while not watcher.stopped:
         try:
             data = await snapshots.get(key, generation, compute)
             body = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))

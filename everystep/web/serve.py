@@ -5,16 +5,19 @@ addressed to a loopback name (no DNS rebinding). Any other address exposes
 it to the network, so it refuses to start without a token: one line, exit
 code 2. The socket is bound here, before uvicorn starts, so a busy port is
 that same one-line error, and ``--port 0`` picks a free port; the first
-line printed is the console's address.
+line printed is the console's address. TERM or INT ends the open streams
+and stops the server: exit code 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
+import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..errors import EverystepError
 from .app import create_app
@@ -74,7 +77,25 @@ def serve(database_url: str, *, bind: str = "127.0.0.1", port: int = 8765, auth_
         print("authentication: token required (Bearer, or as the basic-auth password)", flush=True)
     config = uvicorn.Config(app, log_level=logging.getLogger().level or logging.INFO, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=SHUTDOWN_GRACE, log_config=None)
-    server = uvicorn.Server(config)
+    watcher = app.console.watcher
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            watcher.stop()  # end the open streams, or shutdown would wait for them
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # As uvicorn does, minus raising the signal again once shut down:
+            # a stop on TERM/INT is the normal end of this command (exit 0).
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    server = Server(config)
     try:
         server.run(sockets=[sock])
     finally:

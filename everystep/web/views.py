@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -235,7 +236,11 @@ class Views:
             plan = analyse(workflow)
             with self._lock:
                 self._plans[key] = plan
-        return build_graph(plan, steps, active=run.status in UNFINISHED)
+        graph = build_graph(plan, steps, active=run.status in UNFINISHED)
+        if graph["file"]:
+            relative = os.path.relpath(graph["file"])
+            graph["file"] = relative if not relative.startswith("..") else graph["file"]
+        return graph
 
     def verdict(self, run: Run, steps: list[StepRecord]) -> dict[str, Any] | None:
         """check-deploy's verdict on an unfinished run, with the code loaded here."""

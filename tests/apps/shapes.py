@@ -149,3 +149,13 @@ def nested_fork(spec: dict[str, Any]) -> Any:
 
 # Built without a def: there is no body to read.
 lambda_flow = workflow(name="tests.apps.shapes.lambda_flow")(lambda key: fetch(key))
+
+
+@step
+def explode(message: str) -> None:
+    raise ValueError(message)
+
+
+@workflow
+def exploding(message: str) -> None:
+    explode(message)

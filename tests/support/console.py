@@ -47,6 +47,7 @@ class ConsoleServer:
         return self
 
     def stop(self) -> None:
+        self.app.console.watcher.stop()  # end open streams first, as everystep ui does
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()

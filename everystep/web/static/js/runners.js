@@ -5,7 +5,7 @@
 
 import { supervisorCommand } from "./actions.js";
 import { Live, runHref } from "./api.js";
-import { h, replace, seconds, shortId, timeCell } from "./dom.js";
+import { h, replace, roughly, seconds, shortId, timeCell } from "./dom.js";
 
 function bytes(value) {
   if (value === null || value === undefined) return "";
@@ -25,13 +25,16 @@ export function runnersPage(main) {
   setInterval(() => {
     const elapsed = (Date.now() - received) / 1000;
     for (const el of list.querySelectorAll("[data-age]")) {
-      el.textContent = seconds(Number(el.dataset.age) + elapsed);
+      if (el.dataset.age === "") continue;
+      const value = Number(el.dataset.age) + elapsed;
+      el.textContent = el.dataset.rough ? roughly(value) : seconds(value);
     }
   }, 1000);
 
-  function age(value) {
-    return h("span", { dataset: { age: value === null || value === undefined ? "" : String(value) },
-                       text: value === null || value === undefined ? "" : seconds(value) });
+  function age(value, format = seconds) {
+    return h("span", { dataset: { age: value === null || value === undefined ? "" : String(value),
+                                  rough: format === roughly ? "yes" : "" },
+                       text: value === null || value === undefined ? "" : format(value) });
   }
 
   function heartbeatAge(runner) {
@@ -98,7 +101,7 @@ export function runnersPage(main) {
         h("dl", { class: "summary inline" },
           h("dt", { text: "Host" }), h("dd", { text: runner.host }),
           h("dt", { text: "PID" }), h("dd", { class: "mono", text: runner.pid }),
-          h("dt", { text: "Heartbeat" }), h("dd", {}, age(heartbeatAge(runner)), " ago"),
+          h("dt", { text: "Heartbeat" }), h("dd", {}, age(heartbeatAge(runner), roughly), " ago"),
           h("dt", { text: "Lease" }), h("dd", { text: seconds(runner.lease) }),
           h("dt", { text: "Running" }), h("dd", { text: runner.running }),
           h("dt", { text: "Started" }), h("dd", {}, timeCell(runner.started_at)),

@@ -122,13 +122,14 @@ export async function runsPage(main, options = {}) {
           h("code", { text: step.step_id }), " ", h("span", { text: step.name }), " ",
           h("a", { href: `${runHref(run.id)}#step=${encodeURIComponent(step.step_id)}`, class: "resolve-link",
                    text: "resolve…" }))))
-        : h("td", { class: run.error ? "error-cell" : "args-cell" }, h("span", { text: run.error || run.args_preview }));
+        : h("td", { class: run.error ? "error-cell" : "args-cell", title: run.error || run.args_preview },
+          h("span", { text: run.error || run.args_preview }));
       return h("tr", { dataset: { run: run.id, status: run.status } },
         h("td", { class: "run-id" }, h("a", { href: runHref(run.id), class: "mono", text: run.id })),
         h("td", { class: "workflow", text: run.name }),
         h("td", {}, statusBadge(run.status)),
         h("td", {}, timeCell(run.created_at)),
-        h("td", { text: seconds(run.duration) }),
+        h("td", { class: "took", text: seconds(run.duration) }),
         h("td", { text: run.claimed_by || "" }),
         last);
     });
