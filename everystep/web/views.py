@@ -209,6 +209,8 @@ class Views:
         data.update({
             "duration": _seconds(run.completed_at, run.created_at),
             "error_line": error_line(run.error),
+            # How many times the run was claimed, once runs count their claims.
+            "attempts": getattr(run, "claim_epoch", None),
         })
         return {
             "run": data,

@@ -109,6 +109,7 @@ export function runPage(main, runId) {
       ["Took", run.duration !== null ? seconds(run.duration) : "—"],
       ["Runner", runnerCell()],
     ];
+    if (run.attempts !== null && run.attempts !== undefined) rows.push(["Claims", String(run.attempts)]);
     if (run.idempotency_key) rows.push(["Idempotency key", h("code", { text: run.idempotency_key })]);
     replace(summary, rows.map(([term, value]) => [h("dt", { text: term }), h("dd", {}, value)]));
   }
