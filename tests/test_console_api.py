@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from everystep import relay, schedule
+from everystep import schedule
 from everystep.errors import SimulatedCrash
 from everystep.models import BLOCKED, COMPLETED, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED
 from everystep.store import Store

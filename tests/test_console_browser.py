@@ -27,7 +27,7 @@ from everystep import schedule  # noqa: E402
 from everystep.errors import SimulatedCrash  # noqa: E402
 from everystep.models import BLOCKED, COMPLETED, FAILED  # noqa: E402
 from tests.apps import shapes, supervised  # noqa: E402
-from tests.support.browser import WAIT_MS, browser, open_page, page_errors  # noqa: E402,F401
+from tests.support.browser import browser, open_page, page_errors  # noqa: E402,F401
 from tests.support.console import ConsoleServer, serve  # noqa: E402
 from tests.support.runs import crash_at, execute_run  # noqa: E402
 from tests.support.supervisor import supervisors  # noqa: E402,F401

@@ -32,7 +32,7 @@ import inspect
 import sys
 import textwrap
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Union
 
 MAX_INLINE_DEPTH = 6
@@ -126,7 +126,7 @@ class Plan:
 def analyse(workflow: Any) -> Plan:
     """The plan of a ``@workflow`` (or of a plain function used as one)."""
     fn = getattr(workflow, "fn", workflow)
-    name = getattr(workflow, "name", None) or getattr(fn, "__qualname__", repr(fn))
+    name = str(getattr(workflow, "name", None) or getattr(fn, "__qualname__", repr(fn)))
     if not isinstance(fn, types.FunctionType):
         return Plan(name, None, f"{type(fn).__name__} is not a Python function")
     if fn.__name__ == "<lambda>":
@@ -400,7 +400,7 @@ class _Reader:
             name, dynamic = _everystep_id(node)
             label = _text(node.func) if isinstance(node, ast.Call) else target.fn.__name__
             return [StepCall(target.name, label, self.line(node), name, dynamic, target.unsafe_to_repeat)]
-        if isinstance(target, WorkflowFunction):
+        if isinstance(target, WorkflowFunction) and isinstance(target.fn, types.FunctionType):
             return self.inline(target.fn, node)
         if isinstance(target, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if self.depth >= MAX_INLINE_DEPTH:

@@ -288,7 +288,7 @@ def create_app(
         Mount("/static", StaticFiles(directory=str(resources.files(__package__).joinpath("static"))), name="static"),
     ]
     guard.app = Starlette(routes=routes, lifespan=lifespan)
-    guard.console = console  # type: ignore[attr-defined]
+    guard.console = console
     return guard
 
 

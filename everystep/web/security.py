@@ -34,12 +34,12 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import urlsplit
 
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 CSRF_COOKIE = "everystep_csrf"
@@ -98,6 +98,8 @@ class Guard:
         self.auth_token = auth_token
         self.allowed_hosts = {host.lower() for host in allowed_hosts} if allowed_hosts else None
         self.csrf_secret = csrf_secret or secrets.token_bytes(32)
+        #: The console behind this gate (set by ``create_app``).
+        self.console: Any = None
 
     # -- tokens ------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator, Sequence
+from types import FrameType
 
 from ..errors import EverystepError
 from .app import create_app
@@ -80,7 +81,7 @@ def serve(database_url: str, *, bind: str = "127.0.0.1", port: int = 8765, auth_
     watcher = app.console.watcher
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: object) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             watcher.stop()  # end the open streams, or shutdown would wait for them
             super().handle_exit(sig, frame)
 

@@ -161,7 +161,7 @@ class Views:
 
     # -- runs ------------------------------------------------------------------------------
 
-    def runs(self, params: Any) -> dict[str, Any]:
+    def runs(self, params: Any, with_counts: bool = True) -> dict[str, Any]:
         run_filter = RunFilter.parse(params)
         limit = _limit(params.get("limit"))
         before, after = params.get("before"), params.get("after")
@@ -180,7 +180,7 @@ class Views:
             runs = runs[:limit]
         return {
             "runs": [run_summary(run) for run in runs],
-            "counts": [count.to_dict() for count in self.counts.counts()],
+            "counts": [count.to_dict() for count in self.counts.counts()] if with_counts else [],
             "older": encode_cursor(runs[-1]) if runs and more_older else None,
             "newer": encode_cursor(runs[0]) if runs and more_newer else None,
             "filter": {"status": run_filter.status, "workflow": run_filter.workflow, "q": run_filter.id_prefix},
@@ -189,7 +189,7 @@ class Views:
 
     def blocked(self, params: Any) -> dict[str, Any]:
         """Blocked runs with their uncertain steps and the command that resolves each."""
-        data = self.runs({**dict(params), "status": BLOCKED})
+        data = self.runs({**dict(params), "status": BLOCKED}, with_counts=False)
         ids = [run["id"] for run in data["runs"]]
         steps = self.store.steps_of_runs(ids)
         for run in data["runs"]:
