@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, registry, serde
+from . import admin, dryrun, registry, relay, serde
 from .cliutil import OneLineParser, fail, format_table, print_json, setup_logging
 from .errors import EverystepError
 from .models import RUN_STATUSES, Run, StepRecord
@@ -72,6 +73,34 @@ def build_parser() -> OneLineParser:
     sub = commands.add_parser("runners", help="list live runners, their heartbeats and what they hold")
     _common(sub)
     sub.add_argument("--json", action="store_true")
+
+    sub = commands.add_parser("check-deploy", help="dry-replay every unfinished run against the code in --app")
+    _common(sub)
+    sub.add_argument("--json", action="store_true")
+    sub.add_argument("--all", action="store_true", help="list every run checked, not only those that would fail")
+    sub.add_argument("--timeout", type=float, default=dryrun.DEFAULT_TIMEOUT, metavar="S",
+                     help="give up on one run's replay after S seconds (default 5)")
+
+    sub = commands.add_parser("remote", help="send a command to a supervisor on any host, through the database")
+    _common(sub)
+    sub.add_argument("runner", metavar="RUNNER", help="the supervisor's runner name (see 'everystep runners')")
+    sub.add_argument("remote_command", metavar="COMMAND", choices=relay.COMMANDS,
+                     help=f"one of: {', '.join(relay.COMMANDS)}")
+    sub.add_argument("target", nargs="?", metavar="RUN|N", help="kill: the run id; scale: the number of children")
+    sub.add_argument("--requeue", action="store_true", help="kill: put the run back in the queue")
+    sub.add_argument("--timeout", type=float, default=relay.REPLY_TIMEOUT, metavar="S",
+                     help="how long to wait for the reply (default 15)")
+    sub.add_argument("--json", action="store_true")
+
+    sub = commands.add_parser("ui", help="serve the operations console (needs the ui extra)")
+    _common(sub)
+    sub.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                     help="address to listen on (default 127.0.0.1; any other needs --auth-token)")
+    sub.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    sub.add_argument("--auth-token", metavar="TOKEN", default=None,
+                     help="require this token (Bearer, or as the basic-auth password); "
+                          "default: $EVERYSTEP_UI_AUTH_TOKEN")
+    sub.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     sub = commands.add_parser("worker", help="run a threaded worker (embedded mode)")
     _common(sub)
@@ -142,6 +171,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         "requeue": cmd_requeue,
         "runners": cmd_runners,
         "worker": cmd_worker,
+        "check-deploy": cmd_check_deploy,
+        "remote": cmd_remote,
+        "ui": cmd_ui,
     }[args.command]
     return handler(store, args)
 
@@ -296,6 +328,71 @@ def cmd_worker(store: Store, args: argparse.Namespace, observer: Observer | None
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def cmd_check_deploy(store: Store, args: argparse.Namespace) -> int:
+    if not args.app:
+        raise EverystepError("check-deploy needs --app MODULE[,MODULE]: the code about to be deployed")
+    if not args.timeout > 0:
+        raise EverystepError("--timeout must be a positive number of seconds")
+    counts: dict[str, int] = {}
+    listed: list[dryrun.Verdict] = []
+    problems = 0
+    for verdict in dryrun.check_deploy(store, timeout=args.timeout):
+        counts[verdict.outcome.value] = counts.get(verdict.outcome.value, 0) + 1
+        problems += verdict.problem
+        if verdict.problem or args.all:
+            listed.append(verdict)
+    checked = sum(counts.values())
+    if args.json:
+        print_json({"checked": checked, "problems": problems, "counts": counts,
+                    "runs": [verdict.to_dict() for verdict in listed]})
+        return 1 if problems else 0
+    if listed:
+        rows = [(v.run_id, v.status, v.workflow, v.outcome.value, v.detail) for v in listed]
+        print(format_table(("RUN", "STATUS", "WORKFLOW", "VERDICT", "DETAIL"), rows))
+        print()
+    summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items())) or "none"
+    print(f"checked {checked} unfinished run(s): {summary}; "
+          + (f"{problems} would fail with this code" if problems else "none would fail with this code"))
+    return 1 if problems else 0
+
+
+def cmd_remote(store: Store, args: argparse.Namespace) -> int:
+    request: dict[str, Any] = {}
+    if args.remote_command == "kill":
+        if not args.target:
+            raise EverystepError("remote kill needs the RUN to kill")
+        request = {"run": args.target, "requeue": args.requeue}
+    elif args.remote_command == "scale":
+        try:
+            request = {"procs": int(args.target or "")}
+        except ValueError:
+            raise EverystepError("remote scale needs N, the number of children") from None
+    elif args.target is not None or args.requeue:
+        raise EverystepError(f"remote {args.remote_command} takes no argument")
+    if not args.timeout > 0:
+        raise EverystepError("--timeout must be a positive number of seconds")
+    who = f"cli {os.environ.get('USER') or os.getuid()}@{socket.gethostname()}"
+    sent = relay.submit(store, args.runner, args.remote_command, request, who)
+    answer = relay.wait_reply(store, sent.id, timeout=args.timeout)
+    if args.json:
+        print_json(answer.to_dict())
+    else:
+        print(relay.describe_outcome(answer))
+    if answer.status != relay.RequestStatus.ANSWERED:
+        return 1
+    return 0 if (answer.reply or {}).get("ok") else 1
+
+
+def cmd_ui(store: Store, args: argparse.Namespace) -> int:
+    try:
+        from .web.serve import serve
+    except ImportError as exc:
+        raise EverystepError(f"the console needs the ui extra (pip install 'everystep[ui]'): {exc}") from None
+    token = args.auth_token if args.auth_token is not None else os.environ.get("EVERYSTEP_UI_AUTH_TOKEN")
+    setup_logging(args.log_level)
+    return serve(store.url, bind=args.bind, port=args.port, auth_token=token or None, app_modules=args.app)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -103,6 +103,8 @@ class Execution:
     outcomes: dict[str, StepRecord]
     observer: Observer
     draining: Flag | None = None
+    #: check-deploy: replay recorded steps only, stop before the first unrecorded one.
+    dry_run: bool = False
     interrupt: BaseException | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

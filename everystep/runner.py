@@ -137,6 +137,10 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
             raise ex.interrupt_with(_uncertain(ex.run, step_id, step.name))
         # A started row without outcome, for a step no longer marked unsafe:
         # current code says it may repeat, so it runs again.
+    if ex.dry_run:
+        from .dryrun import StopBeforeStep
+
+        raise StopBeforeStep(step_id, step.name)
     if ex.draining is not None and ex.draining.is_set():
         raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
     args_json = _fatal_on_error(ex, lambda: serde.dumps(list(args), f"arguments of step {step_id}"))

@@ -46,7 +46,7 @@ from . import child as child_process
 from . import reporting, titles
 from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
-from .control import ControlServer, ControlSocketError, Peer
+from .control import ControlServer, ControlSocketError
 from .fate import Action, ChildEnd, Decision, decide, restart_reason
 from .http import LoopHTTPServer
 from .listener import Listener
@@ -68,6 +68,7 @@ from .protocol import (
     StepStarted,
 )
 from .reload import ReloadFailed, reimport
+from .remote import REQUEST_CHANNEL, RemoteControl
 from .sdnotify import Notifier
 from .signals import SignalQueue
 from .states import ByeReason, ChildState, KillReason, StopMode
@@ -105,6 +106,7 @@ class Arbiter:
         self.control = ControlServer(config.socket, self.handle_request, self.selector,
                                      idle_timeout=config.control_timeout, on_request=self._count_request)
         self.listener = Listener(store, self.selector, self._on_notify, self.who)
+        self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request)
         self.http: LoopHTTPServer | None = None
         self._next_fence_check = 0.0
         self._boot_failures = 0
@@ -190,6 +192,7 @@ class Arbiter:
             self._reload_requested = False
             self.reload("SIGHUP")
         self._keep_lease(now)
+        self.remote.tick(now)
         if now >= self._next_fence_check:
             self._check_fences(now)
         self._spawn_missing()
@@ -618,8 +621,10 @@ class Arbiter:
         if channel == FENCE_CHANNEL:
             if payload.rsplit(" ", 1)[0] == self.name:
                 self._next_fence_check = 0.0
-            return
-        self.loop.wake()
+        elif channel == REQUEST_CHANNEL:
+            self.remote.wake(payload)
+        else:
+            self.loop.wake()
 
     # -- fencing --------------------------------------------------------------------
 
@@ -745,10 +750,10 @@ class Arbiter:
         kid.kill(KillReason.KILL_REQUEUE if requeue else KillReason.KILL)
         return kid
 
-    def handle_request(self, request: Request, peer: Peer) -> Reply:
+    def handle_request(self, request: Request, who: str) -> Reply:
         from .commands import handle
 
-        return handle(self, request, peer)
+        return handle(self, request, who)
 
     # -- reporting ------------------------------------------------------------------
 

@@ -41,7 +41,8 @@ class Peer:
         return f"ctl pid {self.pid} uid {self.uid}"
 
 
-Handler = Callable[[Request, Peer], Reply]
+Handler = Callable[[Request, str], Reply]
+"""Answers a request; the second argument says who asked, for the log."""
 
 
 class ControlSocketError(Exception):
@@ -222,7 +223,7 @@ class ControlServer:
             self.on_request(request.TAG)
         assert isinstance(request, Request)
         try:
-            return self.handler(request, peer)
+            return self.handler(request, str(peer))
         except Exception as exc:  # a handler bug must not take the loop down
             logger.exception("everystep-supervisor: control request %r failed", request.TAG)
             return ErrorReply(f"internal error: {type(exc).__name__}: {exc}")

@@ -52,8 +52,8 @@ def status(arbiter: Arbiter) -> StatusReply:
         uptime=round(now - arbiter.started, 3),
         database=arbiter.store.describe(),
         ready=len(arbiter.ready),
-        runs={**arbiter.counts, "claimed": arbiter.loop.claimed},
-        restarts=dict(arbiter.restarts),
+        runs={**{str(outcome): count for outcome, count in arbiter.counts.items()}, "claimed": arbiter.loop.claimed},
+        restarts={str(reason): count for reason, count in arbiter.restarts.items()},
         children=[_child_status(kid, now) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
     )
 

@@ -28,18 +28,25 @@ import dataclasses
 import datetime as dt
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import serde
 from ..errors import EverystepError, RunNotFound, SchemaMissing, StoreUnavailable
 from ..models import STEP_STARTED, Claim, Run, RunStatus, StepRecord
 from . import migrations, queries
 
+if TYPE_CHECKING:
+    from ..relay import OperatorRequest
+
 LOST = None
 """Returned by step writes when this claim is no longer the run's current one."""
+
+MIN_UUID = "00000000-0000-0000-0000-000000000000"
+MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
 
 MAX_IDLE_CONNECTIONS = 8
 
@@ -52,12 +59,14 @@ def utcnow() -> dt.datetime:
 
 
 def new_run_id() -> str:
-    """A UUIDv7: time-ordered, so ids sort like creation times."""
-    millis = int(utcnow().timestamp() * 1000)
+    """A UUIDv7: time-ordered, so ids sort like creation times (to a
+    fraction of a millisecond: its 12 bits after the version carry the
+    sub-millisecond time, RFC 9562 section 6.2 method 3)."""
+    millis, nanos = divmod(time.time_ns(), 1_000_000)
     rand = int.from_bytes(os.urandom(10), "big")
     value = (millis & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76  # version
-    value |= (rand >> 68) << 64 & (0xFFF << 64)  # 12 random bits
+    value |= (nanos * 4096 // 1_000_000) << 64  # sub-millisecond time
     value |= 0b10 << 62  # variant
     value |= rand & ((1 << 62) - 1)
     return str(uuid.UUID(int=value))
@@ -716,6 +725,150 @@ class Store(abc.ABC):
         Store.__init__(migrator, "")
         with cls._named_rows(conn):
             return migrator._migrate_through(conn)
+
+    # -- operator requests and runner detail (the console, migration 0005) ----
+
+    def submit_request(self, runner: str, command: str, args: dict[str, Any], requested_by: str) -> OperatorRequest:
+        """Insert a pending request for ``runner`` (see ``everystep.relay``);
+        on PostgreSQL its NOTIFY reaches the runner on commit. Requests older
+        than ``relay.KEEP_SECONDS`` are pruned in the same transaction."""
+        from ..relay import KEEP_SECONDS
+
+        params = self._params(
+            runner=runner, command=command, args=serde.dumps(args, "request arguments"),
+            requested_by=requested_by, keep=KEEP_SECONDS,
+            cutoff=self._time_param(utcnow() - dt.timedelta(seconds=KEEP_SECONDS)),
+        )
+        with self.connection() as conn, self._transaction(conn):
+            conn.execute(self.sql["prune_requests"], params)
+            row = conn.execute(self.sql["submit_request"], params).fetchone()
+        return self._request(row)
+
+    def take_requests(self, runner: str, limit: int = 10) -> list[OperatorRequest]:
+        """Move ``runner``'s pending requests to ``taken`` and return them,
+        oldest first; each request is taken once."""
+        params = self._params(runner=runner, limit=limit)
+        with self.connection() as conn, self._claim_transaction(conn):
+            rows = conn.execute(self.sql["take_requests"], params).fetchall()
+        return sorted((self._request(row) for row in rows), key=lambda request: request.id)
+
+    def answer_request(self, request_id: int, reply: dict[str, Any]) -> bool:
+        """Store the reply of a taken request; False if it was not ``taken``."""
+        params = self._params(id=int(request_id), reply=serde.dumps(reply, "request reply"))
+        return self._fetchone("answer_request", params) is not None
+
+    def expire_request(self, request_id: int) -> bool:
+        """Give up on a request nobody took yet; False if it was taken."""
+        return self._fetchone("expire_request", self._params(id=int(request_id))) is not None
+
+    def get_request(self, request_id: int) -> OperatorRequest | None:
+        row = self._fetchone("get_request", {"id": int(request_id)})
+        return self._request(row) if row is not None else None
+
+    @classmethod
+    def _request(cls, row: Row) -> OperatorRequest:
+        from ..relay import OperatorRequest
+
+        created_at = cls._time(row["created_at"])
+        age = row["age"] if "age" in row.keys() else None
+        if age is None and created_at is not None:
+            age = (utcnow() - created_at).total_seconds()
+        return OperatorRequest(
+            id=int(row["id"]), runner=row["runner"], command=row["command"], args=cls._json(row["args"]) or {},
+            status=row["status"], reply=cls._json(row["reply"]), requested_by=row["requested_by"],
+            created_at=created_at, taken_at=cls._time(row["taken_at"]), answered_at=cls._time(row["answered_at"]),
+            age_seconds=float(age) if age is not None else None,
+        )
+
+    def publish_runner_detail(self, name: str, instance: str, detail: dict[str, Any]) -> bool:
+        """Store what a runner says about itself (a supervisor's children) on
+        its row; False if ``instance`` no longer holds ``name``."""
+        params = {"name": name, "instance": instance, "detail": serde.dumps(detail, "runner detail")}
+        return self._fetchone("publish_runner_detail", params) is not None
+
+    def runner_details(self) -> dict[str, dict[str, Any]]:
+        """``{runner name: published detail}``, only detail published by the
+        instance that holds the name now (a restart's predecessor's is stale)."""
+        details = {}
+        for row in self._fetchall("runner_details", {}):
+            detail = self._json(row["detail"])
+            if isinstance(detail, dict) and detail.get("instance") == row["instance"]:
+                details[row["name"]] = detail
+        return details
+
+    # -- reads for the console and check-deploy --------------------------------
+
+    def page_runs(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        id_range: tuple[str, str] = (MIN_UUID, MAX_UUID),
+        older_than: tuple[dt.datetime | None, str] | None = None,
+        newer_than: tuple[dt.datetime | None, str] | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        """One page of runs, newest first, keyset-paginated.
+
+        Without a status the order is the primary key (UUIDv7: creation
+        order); with one, ``(created_at, id)`` along the status index. A
+        cursor is the ``(created_at, id)`` of the last row seen: rows older
+        than it (``older_than``) or newer (``newer_than``, fetched oldest
+        first and returned newest first).
+        """
+        if older_than is not None and newer_than is not None:
+            raise EverystepError("page_runs takes one cursor, not two")
+        newer = newer_than is not None
+        cursor = newer_than if newer else older_than
+        cursor_at: Any
+        if cursor is None:
+            cursor_id = MIN_UUID if newer else MAX_UUID
+            cursor_at = self._time_bound(newer)
+        else:
+            cursor_id = _run_id(cursor[1])
+            cursor_at = self._time_param(cursor[0]) if cursor[0] is not None else self._time_bound(newer)
+        statement = ("page_runs_status_" if status else "page_runs_") + ("newer" if newer else "older")
+        params = {
+            "status": status, "name": name or None, "lo": id_range[0], "hi": id_range[1],
+            "cursor_id": cursor_id, "cursor_at": cursor_at, "limit": int(limit),
+        }
+        runs = [self._run(row) for row in self._fetchall(statement, params)]
+        return runs[::-1] if newer else runs
+
+    @classmethod
+    def _time_bound(cls, low: bool) -> Any:
+        """A timestamp parameter below (``low``) or above every stored one."""
+        return "-infinity" if low else "infinity"
+
+    def count_status_upto(self, status: str, cap: int) -> int:
+        """Runs in ``status``, counted exactly up to ``cap`` (cost bounded by it)."""
+        row = self._fetchone("count_status_upto", {"status": status, "cap": int(cap)})
+        assert row is not None
+        return int(row["total"])
+
+    def count_statuses(self) -> dict[str, int]:
+        """Exact runs per status: a scan of the whole table (see the console's counts)."""
+        return {row["status"]: int(row["total"]) for row in self._fetchall("count_statuses", {})}
+
+    def estimate_statuses(self) -> tuple[float, dict[str, float]] | None:
+        """The database's own estimate: (rows in the table, {status: share of
+        rows}), or None when it has none (SQLite; a table never analysed)."""
+        row = self._fetchone("estimate_statuses", {})
+        if row is None or row["estimated_rows"] is None or float(row["estimated_rows"]) < 0:
+            return None
+        values, freqs = row["status_values"] or [], row["status_shares"] or []
+        return float(row["estimated_rows"]), {str(value): float(freq) for value, freq in zip(values, freqs)}
+
+    def steps_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[StepRecord]]:
+        """The recorded steps of several runs in one query, by run id."""
+        found: dict[str, list[StepRecord]] = {_run_id(run_id): [] for run_id in run_ids}
+        if not found:
+            return found
+        for row in self._fetchall("steps_of_runs", {"ids": self._names(list(found))}):
+            record = self._step(row)
+            found.setdefault(record.workflow_id, []).append(record)
+        return found
+
 
 def _run_id(run_id: str) -> str:
     """Normalise a run id, refusing anything that is not a UUID."""

@@ -282,7 +282,128 @@ SELECT to_regclass('everystep_migration') IS NOT NULL AS present
 SELECT coalesce(max(version), 0) AS version FROM everystep_migration
 
 -- name: listen
--- Newly scheduled runs (payload: the workflow name) and runs taken from
--- their holder (payload: "RUNNER RUN_ID").
+-- Newly scheduled runs (payload: the workflow name), runs taken from their
+-- holder (payload: "RUNNER RUN_ID") and operator requests (payload: the
+-- runner's name). Every listener hears all three and keeps what it needs.
 LISTEN everystep_scheduled;
-LISTEN everystep_fenced
+LISTEN everystep_fenced;
+LISTEN everystep_request
+
+-- -- The operations console and operator requests (migration 0005) -----------
+
+-- name: submit_request
+-- An operator request for a runner; the NOTIFY (delivered on commit) wakes
+-- the supervisor holding that name at once, polling is the fallback.
+WITH inserted AS (
+    INSERT INTO everystep_request (runner, command, args, requested_by, created_at)
+    VALUES (%(runner)s, %(command)s, %(args)s::json, %(requested_by)s, clock_timestamp())
+    RETURNING id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at
+)
+SELECT inserted.*, 0.0::float8 AS age, pg_notify('everystep_request', inserted.runner)::text AS notified
+FROM inserted
+
+-- name: take_requests
+-- This runner's pending requests, oldest first, with their age by the
+-- database's clock (hosts' clocks may disagree). SKIP LOCKED: two instances
+-- racing on one name never take the same request twice.
+UPDATE everystep_request SET status = 'taken', taken_at = clock_timestamp()
+WHERE id IN (
+    SELECT id FROM everystep_request
+    WHERE runner = %(runner)s AND status = 'pending'
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at,
+          extract(epoch FROM clock_timestamp() - created_at)::float8 AS age
+
+-- name: answer_request
+UPDATE everystep_request SET status = 'answered', reply = %(reply)s::json, answered_at = clock_timestamp()
+WHERE id = %(id)s AND status = 'taken'
+RETURNING id
+
+-- name: expire_request
+-- The requester gave up waiting: only a request nobody took can expire.
+UPDATE everystep_request SET status = 'expired', answered_at = clock_timestamp()
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id
+
+-- name: get_request
+SELECT id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at,
+       extract(epoch FROM clock_timestamp() - created_at)::float8 AS age
+FROM everystep_request WHERE id = %(id)s
+
+-- name: prune_requests
+DELETE FROM everystep_request WHERE created_at < clock_timestamp() - %(keep)s * interval '1 second'
+
+-- name: publish_runner_detail
+-- Only the live holder of the name writes its row.
+UPDATE everystep_runner SET detail = %(detail)s::json
+WHERE name = %(name)s AND instance = %(instance)s
+RETURNING name
+
+-- name: runner_details
+SELECT name, instance, detail FROM everystep_runner WHERE detail IS NOT NULL
+
+-- name: page_runs_older
+-- The console's runs list without a status filter: newest first along the
+-- primary key (ids are UUIDv7, ordered by creation time), keyset-paginated,
+-- so a page costs the same on the millionth row as on the first. lo/hi
+-- bound the id range (an id prefix search); cursor_id is the last id seen.
+SELECT {run_columns} FROM everystep_workflow
+WHERE id >= %(lo)s::uuid AND id <= %(hi)s::uuid AND id < %(cursor_id)s::uuid
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: page_runs_newer
+SELECT {run_columns} FROM everystep_workflow
+WHERE id >= %(lo)s::uuid AND id <= %(hi)s::uuid AND id > %(cursor_id)s::uuid
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+ORDER BY id ASC
+LIMIT %(limit)s
+
+-- name: page_runs_status_older
+-- With a status filter: along the (status, created_at) index (for
+-- `scheduled`, its partial index), keyset on (created_at, id).
+SELECT {run_columns} FROM everystep_workflow
+WHERE status = %(status)s
+  AND created_at <= %(cursor_at)s::timestamptz
+  AND (created_at, id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid)
+  AND id >= %(lo)s::uuid AND id <= %(hi)s::uuid
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: page_runs_status_newer
+SELECT {run_columns} FROM everystep_workflow
+WHERE status = %(status)s
+  AND created_at >= %(cursor_at)s::timestamptz
+  AND (created_at, id) > (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid)
+  AND id >= %(lo)s::uuid AND id <= %(hi)s::uuid
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+ORDER BY created_at ASC, id ASC
+LIMIT %(limit)s
+
+-- name: count_status_upto
+-- An exact count that stops at `cap` rows, so its cost is bounded however
+-- large a backlog grows (scheduled and running read their partial indexes).
+SELECT count(*) AS total FROM (
+    SELECT 1 FROM everystep_workflow WHERE status = %(status)s LIMIT %(cap)s
+) AS capped
+
+-- name: count_statuses
+SELECT status, count(*) AS total FROM everystep_workflow GROUP BY status
+
+-- name: estimate_statuses
+-- The planner's statistics (kept by autovacuum's ANALYZE): the table's
+-- estimated row count and the share of each common status value.
+SELECT c.reltuples::float8 AS estimated_rows, s.most_common_vals::text::text[] AS status_values,
+       s.most_common_freqs::float8[] AS status_shares
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_stats AS s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'status'
+WHERE c.oid = 'everystep_workflow'::regclass
+
+-- name: steps_of_runs
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = ANY(%(ids)s::uuid[]) ORDER BY workflow_id, id

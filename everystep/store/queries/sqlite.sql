@@ -258,3 +258,94 @@ COMMIT
 
 -- name: rollback
 ROLLBACK
+
+-- -- The operations console and operator requests (migration 0005) -----------
+
+-- name: submit_request
+INSERT INTO everystep_request (runner, command, args, requested_by, created_at)
+VALUES (:runner, :command, :args, :requested_by, :now)
+RETURNING id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at, 0.0 AS age
+
+-- name: take_requests
+UPDATE everystep_request SET status = 'taken', taken_at = :now
+WHERE id IN (
+    SELECT id FROM everystep_request
+    WHERE runner = :runner AND status = 'pending'
+    ORDER BY id
+    LIMIT :limit
+)
+RETURNING id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at, NULL AS age
+
+-- name: answer_request
+UPDATE everystep_request SET status = 'answered', reply = :reply, answered_at = :now
+WHERE id = :id AND status = 'taken'
+RETURNING id
+
+-- name: expire_request
+UPDATE everystep_request SET status = 'expired', answered_at = :now
+WHERE id = :id AND status = 'pending'
+RETURNING id
+
+-- name: get_request
+SELECT id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at, NULL AS age
+FROM everystep_request WHERE id = :id
+
+-- name: prune_requests
+DELETE FROM everystep_request WHERE created_at < :cutoff
+
+-- name: publish_runner_detail
+UPDATE everystep_runner SET detail = :detail
+WHERE name = :name AND instance = :instance
+RETURNING name
+
+-- name: runner_details
+SELECT name, instance, detail FROM everystep_runner WHERE detail IS NOT NULL
+
+-- name: page_runs_older
+SELECT {run_columns} FROM everystep_workflow
+WHERE id >= :lo AND id <= :hi AND id < :cursor_id
+  AND (:name IS NULL OR name = :name)
+ORDER BY id DESC
+LIMIT :limit
+
+-- name: page_runs_newer
+SELECT {run_columns} FROM everystep_workflow
+WHERE id >= :lo AND id <= :hi AND id > :cursor_id
+  AND (:name IS NULL OR name = :name)
+ORDER BY id ASC
+LIMIT :limit
+
+-- name: page_runs_status_older
+SELECT {run_columns} FROM everystep_workflow
+WHERE status = :status
+  AND created_at <= :cursor_at AND (created_at, id) < (:cursor_at, :cursor_id)
+  AND id >= :lo AND id <= :hi
+  AND (:name IS NULL OR name = :name)
+ORDER BY created_at DESC, id DESC
+LIMIT :limit
+
+-- name: page_runs_status_newer
+SELECT {run_columns} FROM everystep_workflow
+WHERE status = :status
+  AND created_at >= :cursor_at AND (created_at, id) > (:cursor_at, :cursor_id)
+  AND id >= :lo AND id <= :hi
+  AND (:name IS NULL OR name = :name)
+ORDER BY created_at ASC, id ASC
+LIMIT :limit
+
+-- name: count_status_upto
+SELECT count(*) AS total FROM (
+    SELECT 1 FROM everystep_workflow WHERE status = :status LIMIT :cap
+)
+
+-- name: count_statuses
+SELECT status, count(*) AS total FROM everystep_workflow GROUP BY status
+
+-- name: estimate_statuses
+-- SQLite keeps no statistics the console could use: counts are exact.
+SELECT -1.0 AS estimated_rows, NULL AS status_values, NULL AS status_shares
+
+-- name: steps_of_runs
+SELECT {step_columns} FROM everystep_step
+WHERE workflow_id IN (SELECT value FROM json_each(:ids))
+ORDER BY workflow_id, id

@@ -1,0 +1,168 @@
+"""Dry replay: would the code deployed now carry on each unfinished run?
+
+Before rolling out new workflow code, ``everystep check-deploy`` replays the
+body of every ``scheduled``, ``running`` and ``blocked`` run against its
+recorded steps, exactly as the next claim would, except that it never
+executes a step: the replay stops before the first step that is not
+recorded (``Execution.dry_run``, checked by the runner). Replaying what is
+recorded is what breaks when code changes under a run: a step id now
+calling another function (``WorkflowCodeError``), code between steps that
+no longer copes with the recorded results, or a workflow that no longer
+exists. Those runs are reported; the others resume, complete, stay blocked
+or stop exactly as before.
+
+Nothing is written: the replay gets no Store (any attempt to use one is a
+bug and reported as such), no observers, no telemetry. Code between steps
+does run, as it does on every replay; it is meant to be deterministic and
+quick, and a replay that has not stopped after ``timeout`` seconds is
+reported rather than waited for (its thread is abandoned, as a daemon).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from . import registry
+from .context import Context, Execution, _current
+from .errors import EffectUncertain, EverystepError, Terminal, WorkflowCodeError
+from .models import BLOCKED, RUNNING, SCHEDULED, Run, StepRecord
+from .observer import Observers
+from .store import Store
+
+UNFINISHED = (SCHEDULED, RUNNING, BLOCKED)
+DEFAULT_TIMEOUT = 5.0
+BATCH = 500
+
+
+class StopBeforeStep(BaseException):
+    """Raised by the runner in a dry replay instead of executing a step.
+
+    A ``BaseException``, so the workflow's own ``except Exception`` clauses
+    cannot catch it and wander into code the real run would not reach.
+    """
+
+    def __init__(self, step_id: str, name: str) -> None:
+        super().__init__(step_id, name)
+        self.step_id = step_id
+        self.name = name
+
+
+class Outcome(str, enum.Enum):
+    RESUMES = "resumes"  # replays its records, then would execute the next step
+    COMPLETES = "completes"  # every step it needs is recorded: it would finish
+    BLOCKED = "blocked"  # stays blocked on its uncertain step, waiting for resolve-step
+    STOPS = "stops"  # replays a recorded Terminal
+    CODE_ERROR = "code_error"  # WorkflowCodeError: the code diverged from the records
+    MISSING = "missing"  # the workflow is not registered by this code
+    FAILS = "fails"  # another exception escapes the body on replay
+    TIMEOUT = "timeout"  # the replay did not stop in time
+
+
+PROBLEMS = (Outcome.CODE_ERROR, Outcome.MISSING, Outcome.FAILS, Outcome.TIMEOUT)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    run_id: str
+    workflow: str
+    status: str
+    outcome: Outcome
+    detail: str
+    next_step: str | None = None
+
+    @property
+    def problem(self) -> bool:
+        return self.outcome in PROBLEMS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "workflow": self.workflow, "status": self.status,
+            "outcome": self.outcome.value, "problem": self.problem, "detail": self.detail,
+            "next_step": self.next_step,
+        }
+
+
+class _NoStore:
+    """Stands in for the Store: a dry replay must never reach one."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise EverystepError(f"a dry replay tried to use the database (Store.{name}); nothing was written")
+
+
+def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT) -> Verdict:
+    """Dry-replay ``run`` over ``records`` with the code loaded now."""
+    workflow = registry.get_workflow(run.name)
+    if workflow is None:
+        return _verdict(run, Outcome.MISSING, f"workflow {run.name!r} is not registered by this code")
+    ex = Execution(run=run, store=_NoStore(), claimer="check-deploy",  # type: ignore[arg-type]
+                   outcomes={record.step_id: record for record in records}, observer=Observers([]),
+                   dry_run=True)
+    ctx = Context(ex)
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        token = _current.set(ctx)
+        try:
+            box["value"] = workflow.fn(*run.args)
+        except BaseException as exc:  # judged below, in the caller's thread
+            box["error"] = exc
+        finally:
+            _current.reset(token)
+
+    thread = threading.Thread(target=body, name=f"everystep-dryrun-{run.id}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return _verdict(run, Outcome.TIMEOUT, f"the replay had not stopped after {timeout:g}s "
+                                              "(code between steps that waits or loops?)")
+    return _judge(run, ex.interrupt or box.get("error"))
+
+
+def _judge(run: Run, outcome: BaseException | None) -> Verdict:
+    if isinstance(outcome, StopBeforeStep):
+        return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then runs step {outcome.step_id} "
+                                              f"({outcome.name})", outcome.step_id)
+    if isinstance(outcome, WorkflowCodeError):
+        return _verdict(run, Outcome.CODE_ERROR, str(outcome))
+    if isinstance(outcome, EffectUncertain):
+        return _verdict(run, Outcome.BLOCKED, "stays blocked on its uncertain step until it is resolved")
+    if isinstance(outcome, Terminal):
+        return _verdict(run, Outcome.STOPS, f"replays its recorded Terminal: {outcome}")
+    if outcome is not None:
+        return _verdict(run, Outcome.FAILS, f"{type(outcome).__name__} escapes the body on replay: {outcome}")
+    return _verdict(run, Outcome.COMPLETES, "every step it needs is recorded: it would complete")
+
+
+def _verdict(run: Run, outcome: Outcome, detail: str, next_step: str | None = None) -> Verdict:
+    return Verdict(run.id, run.name, run.status, outcome, detail, next_step)
+
+
+def unfinished_runs(store: Store, batch: int = BATCH) -> Iterator[tuple[Run, list[StepRecord]]]:
+    """Every unfinished run with its records, oldest first per status, read
+    in batches along the status index (a run moving between statuses while
+    this reads may be seen twice or not at all: it is moving anyway)."""
+    for status in UNFINISHED:
+        cursor = None
+        while True:
+            runs = store.page_runs(status=status, newer_than=cursor, limit=batch)
+            if not runs:
+                break
+            steps = store.steps_of_runs([run.id for run in runs])
+            for run in reversed(runs):  # oldest first
+                yield run, steps.get(run.id, [])
+            cursor = (runs[0].created_at, runs[0].id)
+            if len(runs) < batch:
+                break
+
+
+def check_deploy(store: Store, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Verdict]:
+    """A verdict for every unfinished run."""
+    for run, records in unfinished_runs(store):
+        yield replay(run, records, timeout)
+
+
+__all__ = ["Outcome", "PROBLEMS", "StopBeforeStep", "Verdict", "check_deploy", "replay", "unfinished_runs"]

@@ -1,0 +1,519 @@
+"""A run's step graph: the plan read from source, overlaid with its records.
+
+``build_graph(plan, records, active)`` walks the plan the way the runner
+allocates step ids (a position per step or fork in each scope, a name
+replacing the position's segment, ``<fork>.<branch>.`` prefixes for lanes)
+and pins each recorded step to the call that made it. What the records do
+not reach is the part of the body still ahead (``pending`` while the run is
+unfinished, ``skipped`` once it is over). Control flow is settled by the
+records themselves:
+
+- a loop repeats for as long as the next iteration's first step was
+  recorded, then shows its body once more as the iteration that may come;
+- an ``if``/``match`` arm is the one whose steps were recorded; while none
+  is, every arm is drawn as an alternative;
+- a recorded failure skips the rest of its block up to the ``try`` that
+  catches it (its handler is the one whose steps were recorded);
+- after a construct whose length cannot be known (a loop, unequal arms),
+  positions are found again from the next recorded call of the same
+  function.
+
+A recorded step whose function differs from the one the code now calls at
+that id is drawn ``diverged`` (replaying it raises ``WorkflowCodeError``).
+Every record appears exactly once: any the walk could not place (dynamic
+code, a plan that guessed wrong) is listed in ``unplaced``.
+
+``recorded_graph(records, reason)`` is the fallback without source: the
+records alone, with forks and lanes rebuilt from their dotted ids.
+
+The output is plain JSON-ready dicts (the console draws them in the
+browser); see ``_step`` and the ``kind`` values for the shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..models import STEP_FAILED, STEP_STARTED, StepRecord
+from .plan import Choice, Exit, Fork, Loop, Node, Plan, StepCall, Try
+
+PENDING = "pending"
+SKIPPED = "skipped"
+DIVERGED = "diverged"
+RUNNING = "running"
+
+# How a walk through a block ended early.
+EXITED = "exit"  # a return (or the end of the workflow)
+RAISED = "raised"  # an exception propagates
+
+
+@dataclasses.dataclass
+class _Scope:
+    prefix: str
+    pos: int = 0
+    certain: bool = True
+
+    def copy(self) -> _Scope:
+        return dataclasses.replace(self)
+
+
+@dataclasses.dataclass
+class _Walk:
+    nodes: list[dict[str, Any]]
+    matched: int = 0
+    stop: str | None = None
+
+
+def build_graph(plan: Plan, records: list[StepRecord], active: bool) -> dict[str, Any]:
+    """The graph of a run from its workflow's plan and its records (in the
+    order they were recorded). ``active``: the run is not finished, so what
+    it has not reached is still ahead of it."""
+    if not plan.ok:
+        return recorded_graph(records, plan.reason or "the workflow's source could not be read")
+    walker = _Overlay(records, active)
+    walk = walker.sequence(list(plan.nodes or ()), _Scope(""), None)
+    unplaced = [record for record in records if record.step_id not in walker.used]
+    return {
+        "mode": "source",
+        "reason": None,
+        "notes": list(plan.notes),
+        "file": plan.file,
+        "line": plan.line,
+        "nodes": walk.nodes,
+        "unplaced": _tree(unplaced),
+    }
+
+
+def recorded_graph(records: list[StepRecord], reason: str) -> dict[str, Any]:
+    """The records alone, forks and lanes rebuilt from their ids."""
+    return {"mode": "recorded", "reason": reason, "notes": [], "file": None, "line": None,
+            "nodes": _tree(records), "unplaced": []}
+
+
+# -- nodes ----------------------------------------------------------------------------
+
+
+def _step(call: StepCall | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
+    function = record.name if record is not None else call.function if call is not None else "?"
+    node: dict[str, Any] = {
+        "kind": "step",
+        "id": step_id,
+        "function": function,
+        "label": call.label if call is not None else function.rsplit(".", 1)[-1],
+        "state": state,
+        "unsafe": bool(call.unsafe) if call is not None else False,
+        "line": call.line if call is not None else None,
+        "record": None,
+    }
+    if record is not None:
+        data = record.to_dict()
+        data["duration"] = (
+            (record.completed_at - record.started_at).total_seconds()
+            if record.completed_at is not None and record.started_at is not None else None
+        )
+        node["record"] = data
+    if state == DIVERGED and call is not None:
+        node["expected"] = call.function
+    return node
+
+
+def _fork_state(lanes: list[dict[str, Any]]) -> str:
+    states = [state for lane in lanes for state in _states(lane["nodes"])]
+    if not states:
+        return PENDING
+    for worst in (DIVERGED, STEP_FAILED, STEP_STARTED):
+        if worst in states:
+            return worst
+    if all(state == "done" for state in states):
+        return "done"
+    if all(state in (PENDING, SKIPPED) for state in states):
+        return states[0]
+    return RUNNING
+
+
+def _states(nodes: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for node in nodes:
+        if node["kind"] in ("step", "fork"):
+            out.append(node["state"])
+    return out
+
+
+# -- the walk ---------------------------------------------------------------------------
+
+
+class _Overlay:
+    def __init__(self, records: list[StepRecord], active: bool) -> None:
+        self.records = {record.step_id: record for record in records}
+        self.order = {record.step_id: index for index, record in enumerate(records)}
+        self.ahead = PENDING if active else SKIPPED
+        self.used: set[str] = set()
+        self._journal: list[str] = []
+        # Direct children of each scope prefix: (last segment, record), and
+        # the fork ids present, as ``{scope prefix: [fork segment, ...]}``.
+        self.children: dict[str, list[tuple[str, StepRecord]]] = {}
+        self.forks: dict[str, list[str]] = {}
+        for record in records:
+            parts = record.step_id.split(".")
+            prefix = ".".join(parts[:-1]) + "." if len(parts) > 1 else ""
+            self.children.setdefault(prefix, []).append((parts[-1], record))
+            for end in range(1, len(parts) - 1, 2):
+                scope = ".".join(parts[: end - 1]) + "." if end > 1 else ""
+                segment = parts[end - 1]
+                known = self.forks.setdefault(scope, [])
+                if segment not in known:
+                    known.append(segment)
+
+    # -- bookkeeping for trials ---------------------------------------------------------
+
+    def _use(self, step_id: str) -> None:
+        self.used.add(step_id)
+        self._journal.append(step_id)
+
+    def _mark(self) -> int:
+        return len(self._journal)
+
+    def _undo(self, mark: int) -> None:
+        while len(self._journal) > mark:
+            self.used.discard(self._journal.pop())
+
+    def _trial(self, nodes: list[Node], scope: _Scope) -> _Walk:
+        """Walk ``nodes`` to see what they match, leaving no trace."""
+        mark, saved = self._mark(), scope.copy()
+        walk = self.sequence(nodes, scope, None)
+        self._undo(mark)
+        scope.pos, scope.certain = saved.pos, saved.certain
+        return walk
+
+    # -- sequences ----------------------------------------------------------------------
+
+    def sequence(self, nodes: list[Node], scope: _Scope, preview: str | None) -> _Walk:
+        """Walk a block. ``preview`` is None to match records, else the state
+        to draw every node in (``pending``/``skipped``), matching nothing."""
+        out: list[dict[str, Any]] = []
+        provisional: list[dict[str, Any]] = []
+        matched = 0
+        for index, node in enumerate(nodes):
+            walk = self.node(node, scope, preview)
+            if walk.matched:
+                # The run got past every undecided construct before this one.
+                for earlier in provisional:
+                    _settle_passed(earlier)
+                provisional.clear()
+            out.extend(walk.nodes)
+            provisional.extend(n for n in walk.nodes if n.get("undecided"))
+            matched += walk.matched
+            if walk.stop is not None:
+                rest = nodes[index + 1:]
+                if rest and preview is None:
+                    out.extend(self.sequence(rest, _Scope(scope.prefix, certain=False), SKIPPED).nodes)
+                return _Walk(out, matched, walk.stop)
+        return _Walk(out, matched, None)
+
+    def node(self, node: Node, scope: _Scope, preview: str | None) -> _Walk:
+        if isinstance(node, StepCall):
+            return self._step_call(node, scope, preview)
+        if isinstance(node, Fork):
+            return self._fork(node, scope, preview)
+        if isinstance(node, Loop):
+            return self._loop(node, scope, preview)
+        if isinstance(node, Choice):
+            return self._choice(node, scope, preview)
+        if isinstance(node, Try):
+            return self._try(node, scope, preview)
+        assert isinstance(node, Exit)
+        # An exit records nothing, so whether the run got there is not known.
+        return _Walk([{"kind": "exit", "label": node.text, "line": node.line}], 0,
+                     RAISED if node.text == "raise" else EXITED)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _predicted(self, name: str | None, dynamic: bool, scope: _Scope) -> str | None:
+        if dynamic:
+            return None
+        if name is not None:
+            return scope.prefix + name
+        return scope.prefix + str(scope.pos) if scope.certain else None
+
+    def _step_call(self, call: StepCall, scope: _Scope, preview: str | None) -> _Walk:
+        scope.pos += 1
+        if preview is not None:
+            return _Walk([_step(call, self._predicted(call.name, call.dynamic_name, scope), None, preview)])
+        step_id = self._locate_step(call, scope)
+        record = self.records.get(step_id) if step_id is not None and step_id not in self.used else None
+        if record is None:
+            return _Walk([_step(call, step_id, None, self.ahead)])
+        self._use(record.step_id)
+        if record.name != call.function:
+            return _Walk([_step(call, record.step_id, record, DIVERGED)])
+        stop = RAISED if record.status == STEP_FAILED else None
+        return _Walk([_step(call, record.step_id, record, record.status)], 1, stop)
+
+    def _locate_step(self, call: StepCall, scope: _Scope) -> str | None:
+        if call.dynamic_name:
+            for segment, record in self.children.get(scope.prefix, ()):
+                if not segment.isdigit() and record.name == call.function and record.step_id not in self.used:
+                    return record.step_id
+            return None
+        predicted = self._predicted(call.name, False, scope)
+        if predicted is not None:
+            return predicted
+        # Position unknown: the next unused record of this function here.
+        best: tuple[int, str] | None = None
+        for segment, record in self.children.get(scope.prefix, ()):
+            if segment.isdigit() and int(segment) >= scope.pos and record.name == call.function \
+                    and record.step_id not in self.used and (best is None or int(segment) < best[0]):
+                best = (int(segment), record.step_id)
+        if best is None:
+            return None
+        scope.pos, scope.certain = best[0], True
+        return best[1]
+
+    # -- forks ------------------------------------------------------------------------------
+
+    def _locate_fork(self, fork: Fork, scope: _Scope) -> str | None:
+        predicted = self._predicted(fork.name, fork.dynamic_name, scope)
+        if predicted is not None:
+            return predicted
+        segments = self.forks.get(scope.prefix, [])
+        if fork.dynamic_name:
+            candidates = [s for s in segments if not s.isdigit()]
+            return scope.prefix + candidates[0] if candidates else None
+        numbers = sorted(int(s) for s in segments if s.isdigit() and int(s) >= scope.pos)
+        if not numbers:
+            return None
+        scope.pos, scope.certain = numbers[0], True
+        return scope.prefix + str(numbers[0])
+
+    def _fork(self, fork: Fork, scope: _Scope, preview: str | None) -> _Walk:
+        scope.pos += 1
+        fork_id = (self._predicted(fork.name, fork.dynamic_name, scope) if preview is not None
+                   else self._locate_fork(fork, scope))
+        lanes: list[dict[str, Any]] = []
+        matched, raised = 0, False
+        if fork.dynamic and preview is None and fork_id is not None:
+            indexes = sorted({int(r.step_id[len(fork_id) + 1:].split(".")[0])
+                              for r in self.records.values()
+                              if r.step_id.startswith(fork_id + ".") and r.step_id not in self.used
+                              and r.step_id[len(fork_id) + 1:].split(".")[0].isdigit()})
+            for index in indexes:
+                prefix = f"{fork_id}.{index}."
+                records = [r for r in self.records.values() if r.step_id.startswith(prefix) and r.step_id not in self.used]
+                records.sort(key=lambda r: self.order[r.step_id])
+                for record in records:
+                    self._use(record.step_id)
+                nodes = _tree(records, prefix)
+                matched += len(records)
+                raised = raised or any(r.status == STEP_FAILED for r in records)
+                lanes.append({"label": f"branch {index}", "nodes": nodes})
+        # Where the fork's id is unknown its lanes cannot be matched: drawn ahead.
+        lane_mode = preview if preview is not None or fork_id is not None else self.ahead
+        for index, branch in enumerate(fork.branches if not fork.dynamic else ()):
+            sub = _Scope(f"{fork_id}.{index}.") if fork_id is not None else _Scope("", certain=False)
+            walk = self.sequence(list(branch), sub, lane_mode)
+            matched += walk.matched
+            raised = raised or walk.stop == RAISED
+            lanes.append({"label": f"branch {index}", "nodes": walk.nodes})
+        node = {
+            "kind": "fork", "id": fork_id, "label": fork.name or "parallel", "line": fork.line,
+            "dynamic": fork.dynamic, "lanes": lanes,
+            "state": preview or _fork_state(lanes),
+        }
+        return _Walk([node], matched, RAISED if raised else None)
+
+    # -- control flow -------------------------------------------------------------------------
+
+    def _loop(self, loop: Loop, scope: _Scope, preview: str | None) -> _Walk:
+        body = list(loop.body)
+        iterations: list[list[dict[str, Any]]] = []
+        matched, stop = 0, None
+        if preview is None:
+            for _ in range(len(self.records) + 1):
+                if not self._trial(body, scope).matched:
+                    break
+                walk = self.sequence(body, scope, None)
+                iterations.append(walk.nodes)
+                matched += walk.matched
+                if walk.stop is not None:
+                    stop = walk.stop
+                    break
+        upcoming: list[dict[str, Any]] = []
+        if stop is None:
+            # The iteration that may come (for a finished run, only a loop
+            # that never ran a step is drawn, so its content is seen).
+            if preview is not None or self.ahead == PENDING or not iterations:
+                upcoming = self.sequence(body, scope.copy(), preview or self.ahead).nodes
+            scope.certain = False  # how many more iterations is not known
+        node = {"kind": "loop", "label": loop.text, "line": loop.line, "iterations": iterations,
+                "next": upcoming, "undecided": bool(upcoming) and preview is None}
+        return _Walk([node], matched, stop)
+
+    def _choice(self, choice: Choice, scope: _Scope, preview: str | None) -> _Walk:
+        arms = list(choice.arms)
+        taken = None
+        if preview is None:
+            taken = next((arm for arm in arms if self._trial(list(arm.body), scope).matched), None)
+        if taken is not None:
+            walk = self.sequence(list(taken.body), scope, None)
+            lanes = [{"label": arm.label, "taken": arm is taken, "nodes": walk.nodes if arm is taken else []}
+                     for arm in arms]
+            node = {"kind": "choice", "label": choice.arms[0].label, "line": choice.line, "lanes": lanes,
+                    "decided": True}
+            return _Walk([node], walk.matched, walk.stop)
+        lanes = [{"label": arm.label, "taken": False,
+                  "nodes": self.sequence(list(arm.body), scope.copy(), preview or self.ahead).nodes}
+                 for arm in arms]
+        _advance(scope, [list(arm.body) for arm in arms])
+        node = {"kind": "choice", "label": choice.arms[0].label, "line": choice.line, "lanes": lanes,
+                "decided": False, "undecided": preview is None}
+        return _Walk([node], 0, None)
+
+    def _try(self, block: Try, scope: _Scope, preview: str | None) -> _Walk:
+        body = self.sequence(list(block.body), scope, preview)
+        matched, stop = body.matched, body.stop
+        handlers: list[dict[str, Any]] = []
+        orelse: list[dict[str, Any]] = []
+        caught = None
+        if stop == RAISED and preview is None:
+            taken = next((arm for arm in block.handlers if self._trial(list(arm.body), scope).matched), None)
+            if taken is not None:
+                walk = self.sequence(list(taken.body), scope, None)
+                caught, stop, matched = taken.label, walk.stop, matched + walk.matched
+                handlers = [{"label": arm.label, "taken": arm is taken, "nodes": walk.nodes if arm is taken else []}
+                            for arm in block.handlers]
+            else:
+                # Caught by a handler that records nothing (yet), or not at all.
+                handlers = [{"label": arm.label, "taken": False,
+                             "nodes": self.sequence(list(arm.body), scope.copy(), self.ahead).nodes}
+                            for arm in block.handlers]
+                if any(arm.body for arm in block.handlers):
+                    scope.certain = False
+                stop = None if self.ahead == PENDING else RAISED
+        else:
+            # No failure (yet): the handlers are what a failure would run,
+            # still possible while part of the body is ahead.
+            state = preview or (self.ahead if _has_ahead(body.nodes) else SKIPPED)
+            handlers = [{"label": arm.label, "taken": False,
+                         "nodes": self.sequence(list(arm.body), scope.copy(), state).nodes}
+                        for arm in block.handlers]
+            if stop is None:
+                walk = self.sequence(list(block.orelse), scope, preview)
+                orelse, matched, stop = walk.nodes, matched + walk.matched, walk.stop
+        final = self.sequence(list(block.final), scope, preview)
+        node = {"kind": "try", "line": block.line, "label": "try", "body": body.nodes, "handlers": handlers,
+                "orelse": orelse, "final": final.nodes, "caught": caught,
+                "undecided": preview is None and caught is None
+                and any(_has_ahead(lane["nodes"]) for lane in handlers)}
+        return _Walk([node], matched + final.matched, final.stop or stop)
+
+
+def _has_ahead(nodes: list[dict[str, Any]]) -> bool:
+    """Whether anything in these drawn nodes is still ahead of the run."""
+    for node in nodes:
+        if node.get("state") == PENDING:
+            return True
+        for key in ("lanes", "handlers"):
+            if any(_has_ahead(lane["nodes"]) for lane in node.get(key, ())):
+                return True
+        for key in ("body", "orelse", "final", "next"):
+            if _has_ahead(node.get(key, [])):
+                return True
+        if any(_has_ahead(iteration) for iteration in node.get("iterations", ())):
+            return True
+    return False
+
+
+def _settle_passed(node: dict[str, Any]) -> None:
+    """The run went past this undecided construct without recording any of
+    it: a loop that ended, an arm without steps that was taken."""
+    node["undecided"] = False
+    if node["kind"] == "loop":
+        _restate(node["next"], SKIPPED)
+        node["next"] = []
+    elif node["kind"] == "choice":
+        node["passed"] = True
+        for lane in node["lanes"]:
+            _restate(lane["nodes"], SKIPPED)
+    elif node["kind"] == "try":
+        for lane in node["handlers"]:
+            _restate(lane["nodes"], SKIPPED)
+
+
+def _restate(nodes: list[dict[str, Any]], state: str) -> None:
+    for node in nodes:
+        if "state" in node and node.get("record") is None:
+            node["state"] = state
+        for key in ("lanes", "handlers"):
+            for lane in node.get(key, ()):
+                _restate(lane["nodes"], state)
+        for key in ("body", "orelse", "final", "next"):
+            _restate(node.get(key, []), state)
+
+
+def _positions(nodes: list[Node]) -> int | None:
+    """Positions a block consumes in its scope, when that is fixed."""
+    count = 0
+    for node in nodes:
+        if isinstance(node, (StepCall, Fork)):
+            count += 1
+        elif isinstance(node, Choice):
+            counts = {_positions(list(arm.body)) for arm in node.arms}
+            if len(counts) != 1 or None in counts:
+                return None
+            count += counts.pop() or 0
+        elif isinstance(node, Exit):
+            return None
+        else:
+            return None
+    return count
+
+
+def _advance(scope: _Scope, arms: list[list[Node]]) -> None:
+    """Move past a choice nobody can decide yet."""
+    counts = [_positions(arm) for arm in arms]
+    known = [count for count in counts if count is not None]
+    if counts and len(known) == len(counts) and len(set(known)) == 1:
+        scope.pos += known[0]
+    else:
+        scope.pos += min(known) if known else 0
+        scope.certain = False
+
+
+# -- the records alone -----------------------------------------------------------------------
+
+
+def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
+    """Records as nodes, in record order, forks rebuilt from dotted ids
+    (``3.0.1``: step 1 of branch 0 of fork 3), read below ``base`` (a lane's
+    prefix, ``3.0.``) when given."""
+    root: list[dict[str, Any]] = []
+    forks: dict[str, dict[str, Any]] = {}
+    lanes: dict[str, dict[str, Any]] = {}
+    for record in records:
+        parts = record.step_id[len(base):].split(".")
+        target = root
+        for end in range(1, len(parts) - 1, 2):
+            fork_id = base + ".".join(parts[:end])
+            fork = forks.get(fork_id)
+            if fork is None:
+                fork = forks[fork_id] = {"kind": "fork", "id": fork_id, "label": parts[end - 1] if not
+                                         parts[end - 1].isdigit() else "parallel", "line": None,
+                                         "dynamic": False, "lanes": [], "state": PENDING}
+                target.append(fork)
+            lane_id = f"{fork_id}.{parts[end]}"
+            lane = lanes.get(lane_id)
+            if lane is None:
+                lane = lanes[lane_id] = {"label": f"branch {parts[end]}", "nodes": [], "index": parts[end]}
+                fork["lanes"].append(lane)
+                fork["lanes"].sort(key=lambda l: (not l["index"].isdigit(), int(l["index"]) if l["index"].isdigit() else 0))
+            target = lane["nodes"]
+        target.append(_step(None, record.step_id, record, record.status))
+    for fork in forks.values():
+        for lane in fork["lanes"]:
+            lane.pop("index", None)
+        fork["state"] = _fork_state(fork["lanes"])
+    return root
+
+
+__all__ = ["build_graph", "recorded_graph"]

@@ -1,0 +1,497 @@
+"""What a workflow body will do, read from its source (``ast``), never run.
+
+``analyse(workflow)`` parses the body and returns a ``Plan``: the step calls
+and ``parallel`` forks in the order the body makes them, inside the control
+flow that decides whether they happen (loops, if/else, try/except, early
+returns). Only constructs that contain a step or a fork are kept, so a body
+of plain code between steps reads as the list of its steps.
+
+What counts as a step is decided by resolving each call's target the way
+Python would at run time, without running anything: a name looked up in the
+function's locals (nested ``def`` and ``lambda``), closure, module globals
+and builtins, an attribute looked up statically on a module or class. A
+target that is a ``@step`` is a step; ``everystep.parallel`` is a fork whose
+branches are read from its arguments (lambdas, functions, lists of them for
+sequence branches); a ``@workflow`` or a plain function of the user's code is
+read in place, since the steps it calls are recorded in the same scope.
+
+Limits, reported rather than guessed at: a call through a variable or a
+method (``self.charge()``) cannot be resolved and is left out; a fork whose
+branches are built at run time (``parallel(*jobs)``) is marked dynamic and
+drawn from what was recorded. ``Plan.reason`` says why a body could not be
+read at all (no source, a lambda, a syntax error), in which case the caller
+falls back to the recorded steps alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import inspect
+import sys
+import textwrap
+import types
+from dataclasses import dataclass
+from typing import Any, Union
+
+MAX_INLINE_DEPTH = 6
+MAX_NODES = 2000
+MAX_TEXT = 60
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """A call of a ``@step``."""
+
+    function: str  # the step's registered name (what a record stores)
+    label: str  # the callable as written, e.g. ``create_vm``
+    line: int | None
+    name: str | None = None  # a constant ``everystep_id``
+    dynamic_name: bool = False  # an ``everystep_id`` computed at run time
+    unsafe: bool = False
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A ``parallel(...)`` call: its branches run as lanes."""
+
+    branches: tuple[tuple[Node, ...], ...]
+    line: int | None
+    name: str | None = None
+    dynamic_name: bool = False
+    dynamic: bool = False  # branches built at run time: known only from records
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A ``for``/``while`` loop or comprehension whose body makes steps."""
+
+    body: tuple[Node, ...]
+    text: str
+    line: int | None
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str
+    body: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """``if``/``elif``/``else``, ``match``, a conditional expression: one arm runs."""
+
+    arms: tuple[Arm, ...]
+    line: int | None
+
+
+@dataclass(frozen=True)
+class Try:
+    """``try``: ``handlers`` run after a failure in ``body``, ``orelse``
+    after none, ``final`` always."""
+
+    body: tuple[Node, ...]
+    handlers: tuple[Arm, ...]
+    orelse: tuple[Node, ...]
+    final: tuple[Node, ...]
+    line: int | None
+
+
+@dataclass(frozen=True)
+class Exit:
+    """``return`` or ``raise``: nothing after it in the same path runs."""
+
+    text: str
+    line: int | None
+
+
+Node = Union[StepCall, Fork, Loop, Choice, Try, Exit]
+
+
+@dataclass(frozen=True)
+class Plan:
+    workflow: str
+    nodes: tuple[Node, ...] | None  # None: the source could not be read
+    reason: str | None = None
+    notes: tuple[str, ...] = ()
+    file: str | None = None
+    line: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.nodes is not None
+
+
+def analyse(workflow: Any) -> Plan:
+    """The plan of a ``@workflow`` (or of a plain function used as one)."""
+    fn = getattr(workflow, "fn", workflow)
+    name = str(getattr(workflow, "name", None) or getattr(fn, "__qualname__", repr(fn)))
+    if not isinstance(fn, types.FunctionType):
+        return Plan(name, None, f"{type(fn).__name__} is not a Python function")
+    if fn.__name__ == "<lambda>":
+        return Plan(name, None, "the workflow is a lambda: there is no body to read")
+    parsed = _parse(fn)
+    if isinstance(parsed, str):
+        return Plan(name, None, parsed)
+    tree, offset = parsed
+    reader = _Reader(fn, tree, offset, depth=0, active={fn.__code__})
+    nodes = reader.body(tree.body)
+    file = inspect.getsourcefile(fn)
+    return Plan(name, tuple(nodes), None, tuple(dict.fromkeys(reader.notes)), file, fn.__code__.co_firstlineno)
+
+
+def _parse(fn: types.FunctionType) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, int] | str:
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError) as exc:
+        return f"the source of {fn.__qualname__} is not available ({exc})"
+    try:
+        module = ast.parse(source)
+    except SyntaxError as exc:
+        return f"the source of {fn.__qualname__} does not parse ({exc.msg})"
+    for statement in module.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(statement):
+                node._es_source = source  # type: ignore[attr-defined]  # for _text
+            return statement, fn.__code__.co_firstlineno - 1
+    return f"no function definition found in the source of {fn.__qualname__}"
+
+
+def _text(node: ast.AST) -> str:
+    """The expression as written (as unparsed when that is not available)."""
+    text = None
+    source = getattr(node, "_es_source", None)
+    if source is not None:
+        text = ast.get_source_segment(source, node)
+    if text is None:
+        try:
+            text = ast.unparse(node)
+        except Exception:  # unparse of odd trees: show something rather than fail
+            text = type(node).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+
+
+_MISSING = object()
+
+
+def _user_function(obj: Any) -> bool:
+    """A plain function worth reading in place: user code, not a library's."""
+    if not isinstance(obj, types.FunctionType) or obj.__name__ == "<lambda>":
+        return False
+    module = (getattr(obj, "__module__", None) or "").split(".")[0]
+    return module not in sys.stdlib_module_names and module not in ("everystep", "supervisor")
+
+
+class _Reader:
+    """Reads one function body (and, through ``inline``, what it calls)."""
+
+    def __init__(self, fn: types.FunctionType, tree: ast.AST, offset: int, depth: int,
+                 active: set[types.CodeType], notes: list[str] | None = None,
+                 outer_locals: dict[str, ast.AST] | None = None) -> None:
+        self.fn = fn
+        self.offset = offset
+        self.depth = depth
+        self.active = active
+        self.notes = notes if notes is not None else []
+        self.count = 0
+        self.globals = fn.__globals__
+        self.closure: dict[str, Any] = {}
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                self.closure[var] = cell.cell_contents
+            except ValueError:  # an empty cell
+                pass
+        self.local_defs: dict[str, ast.AST] = dict(outer_locals or {})
+        self.assigned: set[str] = set()
+        self._scan_locals(tree)
+
+    # -- names -------------------------------------------------------------------------
+
+    def _scan_locals(self, tree: ast.AST) -> None:
+        """Local functions and lambdas by name; every other local assignment
+        shadows a global of the same name (and cannot be resolved)."""
+        args = getattr(tree, "args", None)
+        if isinstance(args, ast.arguments):
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+                if arg is not None:
+                    self.assigned.add(arg.arg)
+        for node in ast.walk(tree):
+            if node is tree:
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.local_defs[node.name] = node
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        self.local_defs[target.id] = node.value
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                self.assigned.add(node.id)
+        self.assigned -= set(self.local_defs)
+
+    def resolve(self, expr: ast.AST) -> Any:
+        """The object an expression names, statically; ``_MISSING`` if unknown.
+        A local def or lambda comes back as its ``ast`` node."""
+        if isinstance(expr, ast.Name):
+            if expr.id in self.local_defs:
+                return self.local_defs[expr.id]
+            if expr.id in self.assigned:
+                return _MISSING
+            for scope in (self.closure, self.globals, vars(builtins)):
+                if expr.id in scope:
+                    return scope[expr.id]
+            return _MISSING
+        if isinstance(expr, ast.Attribute):
+            base = self.resolve(expr.value)
+            if isinstance(base, (types.ModuleType, type)):
+                try:
+                    return inspect.getattr_static(base, expr.attr)
+                except AttributeError:
+                    return _MISSING
+        return _MISSING
+
+    def line(self, node: ast.AST) -> int | None:
+        lineno = getattr(node, "lineno", None)
+        return lineno + self.offset if lineno is not None and self.depth == 0 else None
+
+    def _budget(self) -> bool:
+        self.count += 1
+        if self.count > MAX_NODES:
+            self.notes.append(f"the body has more than {MAX_NODES} step calls; the rest is not drawn")
+            return False
+        return True
+
+    # -- statements ---------------------------------------------------------------------
+
+    def body(self, statements: list[ast.stmt]) -> list[Node]:
+        out: list[Node] = []
+        for statement in statements:
+            out.extend(self.statement(statement))
+        return out
+
+    def statement(self, node: ast.stmt) -> list[Node]:
+        if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            return self.expr(node.value) if node.value is not None else []
+        if isinstance(node, ast.Return):
+            return [*(self.expr(node.value) if node.value is not None else []), Exit("return", self.line(node))]
+        if isinstance(node, ast.Raise):
+            return [*(self.expr(node.exc) if node.exc is not None else []), Exit("raise", self.line(node))]
+        if isinstance(node, ast.If):
+            return self._if(node)
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            out = self.expr(node.iter)
+            body = self.body(node.body)
+            if body:
+                out.append(Loop(tuple(body), f"for {_text(node.target)} in {_text(node.iter)}", self.line(node)))
+            return out + self.body(node.orelse)
+        if isinstance(node, ast.While):
+            body = self.expr(node.test) + self.body(node.body)
+            out = [Loop(tuple(body), f"while {_text(node.test)}", self.line(node))] if body else []
+            return out + self.body(node.orelse)
+        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            return self._try(node)  # type: ignore[arg-type]
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            out = []
+            for item in node.items:
+                out += self.expr(item.context_expr)
+            return out + self.body(node.body)
+        if isinstance(node, ast.Match):
+            arms = tuple(Arm(f"case {_text(case.pattern)}", tuple(self.body(case.body))) for case in node.cases)
+            out = self.expr(node.subject)
+            if any(arm.body for arm in arms):
+                out.append(Choice(arms + (Arm("no case matched", ()),), self.line(node)))
+            return out
+        if isinstance(node, ast.Assert):
+            return self.expr(node.test)
+        return []  # def, class, import, pass, break, continue, global…: no step
+
+    def _if(self, node: ast.If) -> list[Node]:
+        out = self.expr(node.test)
+        arms = [Arm(f"if {_text(node.test)}", tuple(self.body(node.body)))]
+        rest = node.orelse
+        # An elif chain reads as one choice, unless an elif's test makes steps.
+        while len(rest) == 1 and isinstance(rest[0], ast.If) and not self.expr(rest[0].test):
+            arms.append(Arm(f"elif {_text(rest[0].test)}", tuple(self.body(rest[0].body))))
+            rest = rest[0].orelse
+        arms.append(Arm("else", tuple(self.body(rest))))
+        if any(arm.body for arm in arms):
+            out.append(Choice(tuple(arms), self.line(node)))
+        return out
+
+    def _try(self, node: ast.Try) -> list[Node]:
+        body = self.body(node.body)
+        handlers = tuple(
+            Arm(f"except {_text(handler.type)}" if handler.type is not None else "except", tuple(self.body(handler.body)))
+            for handler in node.handlers
+        )
+        orelse, final = self.body(node.orelse), self.body(node.finalbody)
+        if not any(arm.body for arm in handlers) and not orelse:
+            return body + final  # no step depends on the outcome
+        return [Try(tuple(body), handlers, tuple(orelse), tuple(final), self.line(node))]
+
+    # -- expressions, in evaluation order ---------------------------------------------------
+
+    def expr(self, node: ast.AST | None) -> list[Node]:
+        if node is None:
+            return []
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        if isinstance(node, ast.Lambda):
+            return []  # runs when called, not here
+        if isinstance(node, ast.IfExp):
+            arms = (Arm(f"if {_text(node.test)}", tuple(self.expr(node.body))), Arm("else", tuple(self.expr(node.orelse))))
+            out = self.expr(node.test)
+            return out + ([Choice(arms, self.line(node))] if any(arm.body for arm in arms) else [])
+        if isinstance(node, ast.BoolOp):
+            out = self.expr(node.values[0])
+            op = "and" if isinstance(node.op, ast.And) else "or"
+            for value in node.values[1:]:
+                later = self.expr(value)
+                if later:
+                    out.append(Choice((Arm(f"{op} {_text(value)}", tuple(later)), Arm("short-circuited", ())),
+                                      self.line(node)))
+            return out
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            first, *others = node.generators
+            out = self.expr(first.iter)
+            body: list[Node] = []
+            for condition in first.ifs:
+                body += self.expr(condition)
+            for generator in others:
+                body += self.expr(generator.iter) + [n for c in generator.ifs for n in self.expr(c)]
+            if isinstance(node, ast.DictComp):
+                body += self.expr(node.key) + self.expr(node.value)
+            else:
+                body += self.expr(node.elt)
+            if body:
+                out.append(Loop(tuple(body), f"for {_text(first.target)} in {_text(first.iter)}", self.line(node)))
+            return out
+        out = []
+        for child in ast.iter_child_nodes(node):
+            out += self.expr(child)
+        return out
+
+    def _call(self, node: ast.Call) -> list[Node]:
+        target = self.resolve(node.func)
+        out = [] if isinstance(node.func, (ast.Name,)) else self.expr(node.func)
+        if _is_parallel(target):
+            # Its arguments are branches to run, not values computed here
+            # (a list of lambdas is a sequence branch).
+            for keyword in node.keywords:
+                if keyword.arg != "everystep_id":
+                    out += self.expr(keyword.value)
+            if self._budget():
+                out.append(self._fork(node))
+            return out
+        for arg in node.args:
+            out += self.expr(arg)
+        for keyword in node.keywords:
+            out += self.expr(keyword.value)
+        return out + self.invoke(target, node)
+
+    def invoke(self, target: Any, node: ast.AST) -> list[Node]:
+        """What calling ``target`` (at ``node``) does, in steps."""
+        from ..api import StepFunction, WorkflowFunction
+
+        if isinstance(target, StepFunction):
+            if not self._budget():
+                return []
+            name, dynamic = _everystep_id(node)
+            label = _text(node.func) if isinstance(node, ast.Call) else target.fn.__name__
+            return [StepCall(target.name, label, self.line(node), name, dynamic, target.unsafe_to_repeat)]
+        if isinstance(target, WorkflowFunction) and isinstance(target.fn, types.FunctionType):
+            return self.inline(target.fn, node)
+        if isinstance(target, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if self.depth >= MAX_INLINE_DEPTH:
+                return []
+            inner = _Reader(self.fn, target, self.offset, self.depth, self.active, self.notes, self.local_defs)
+            return _local_returns(inner.body(target.body))
+        if isinstance(target, ast.Lambda):
+            return self.expr(target.body)
+        if _user_function(target):
+            return self.inline(target, node)
+        return []
+
+    def inline(self, fn: types.FunctionType, node: ast.AST) -> list[Node]:
+        """The steps a plain function (or a workflow called as one) makes:
+        they are recorded in the caller's scope."""
+        if fn.__code__ in self.active or self.depth >= MAX_INLINE_DEPTH:
+            return []
+        parsed = _parse(fn)
+        if isinstance(parsed, str):
+            self.notes.append(f"{fn.__qualname__}: {parsed}")
+            return []
+        tree, offset = parsed
+        reader = _Reader(fn, tree, offset, self.depth + 1, self.active | {fn.__code__}, self.notes)
+        return _local_returns(reader.body(tree.body))
+
+    def _fork(self, node: ast.Call) -> Fork:
+        name, dynamic_name = _everystep_id(node)
+        branches: list[tuple[Node, ...]] = []
+        dynamic = False
+        for arg in node.args:
+            if isinstance(arg, ast.Starred):
+                dynamic = True
+                continue
+            branches.append(tuple(self._branch(arg)))
+        if dynamic:
+            self.notes.append(f"line {self.line(node) or '?'}: parallel() with branches built at run time; "
+                              "its lanes are drawn from what was recorded")
+        return Fork(tuple(branches), self.line(node), name, dynamic_name, dynamic)
+
+    def _branch(self, arg: ast.AST) -> list[Node]:
+        if isinstance(arg, (ast.List, ast.Tuple)):
+            return [node for item in arg.elts for node in self._branch(item)]
+        if isinstance(arg, ast.Lambda):
+            return self.expr(arg.body)
+        if isinstance(arg, ast.Call) and arg.args and self.resolve(arg.func) is functools.partial:
+            # partial(step, x, everystep_id="a"): the branch calls the step.
+            out = [node for value in arg.args[1:] for node in self.expr(value)]
+            return out + self.invoke(self.resolve(arg.args[0]), _as_call(arg))
+        return self.invoke(self.resolve(arg), arg)
+
+
+def _everystep_id(node: ast.AST) -> tuple[str | None, bool]:
+    for keyword in getattr(node, "keywords", ()):
+        if keyword.arg == "everystep_id":
+            if isinstance(keyword.value, ast.Constant) and isinstance(keyword.value.value, str):
+                return keyword.value.value, False
+            if isinstance(keyword.value, ast.Constant) and keyword.value.value is None:
+                return None, False
+            return None, True
+    return None, False
+
+
+def _is_parallel(target: Any) -> bool:
+    from .. import api
+
+    return target is api.parallel
+
+
+def _local_returns(nodes: list[Node]) -> list[Node]:
+    """A called function's ``return`` ends that function, not the workflow:
+    drop it (a ``raise`` still propagates to the caller)."""
+    out: list[Node] = []
+    for node in nodes:
+        if isinstance(node, Exit) and node.text == "return":
+            break  # whatever follows in this path is dead code
+        if isinstance(node, Loop):
+            node = Loop(tuple(_local_returns(list(node.body))), node.text, node.line)
+        elif isinstance(node, Choice):
+            node = Choice(tuple(Arm(arm.label, tuple(_local_returns(list(arm.body)))) for arm in node.arms), node.line)
+        elif isinstance(node, Try):
+            node = Try(tuple(_local_returns(list(node.body))),
+                       tuple(Arm(arm.label, tuple(_local_returns(list(arm.body)))) for arm in node.handlers),
+                       tuple(_local_returns(list(node.orelse))), tuple(_local_returns(list(node.final))), node.line)
+        out.append(node)
+    return out
+
+
+def _as_call(partial_call: ast.Call) -> ast.Call:
+    """``partial(fn, *args, **kw)`` read as the call ``fn(*args, **kw)`` it makes."""
+    call = ast.Call(func=partial_call.args[0], args=partial_call.args[1:], keywords=partial_call.keywords)
+    return ast.copy_location(call, partial_call)
+
+
+__all__ = ["Arm", "Choice", "Exit", "Fork", "Loop", "Node", "Plan", "StepCall", "Try", "analyse"]

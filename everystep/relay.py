@@ -1,0 +1,150 @@
+"""Operator requests relayed to a supervisor through the database.
+
+The control socket reaches a supervisor on its own host. From any other host
+(the console, ``everystep request``) an operator reaches it through the
+database instead: a request row addressed to the runner's name, plus a
+NOTIFY so the supervisor hears of it at once::
+
+    requester (any host)                database                 supervisor holding the name
+    ────────────────────                ────────                 ───────────────────────────
+    submit(runner, command, args) ──▶  INSERT pending     ──▶   NOTIFY everystep_request
+                                                                 (or its poll, every 2 s)
+                                       pending → taken    ◀──   take_requests(name)
+                                                                 handle() — the same function
+                                                                 that answers the control socket
+    wait_reply(id) polls       ◀────   taken → answered   ◀──   answer_request(id, reply)
+    gives up: expire(id)       ──▶     pending → expired        (only if nobody took it)
+
+Every transition is a compare-and-set on ``status``, so a request is acted on
+at most once: an expired request can no longer be taken, and a supervisor
+that comes back after a long outage finds its stale requests expired, or
+refuses those older than ``STALE_AFTER`` itself. A request that was taken
+but never answered (the supervisor died while handling it) stays ``taken``;
+the requester reports that it got no reply.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import EverystepError
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+class RequestStatus(str, enum.Enum):
+    PENDING = "pending"
+    TAKEN = "taken"
+    ANSWERED = "answered"
+    EXPIRED = "expired"
+
+
+#: The NOTIFY channel of new requests (PostgreSQL); the payload is the runner's name.
+REQUEST_CHANNEL = "everystep_request"
+
+#: Commands a supervisor accepts through the database: those of its control
+#: socket (``supervisor.commands``), which validates their arguments.
+COMMANDS = ("status", "kill", "scale", "reload", "drain")
+
+#: How long a requester waits for a reply before expiring its request.
+REPLY_TIMEOUT = 15.0
+
+#: A supervisor refuses (answers, without acting) requests older than this.
+STALE_AFTER = 60.0
+
+#: Answered and expired requests are deleted after this many seconds.
+KEEP_SECONDS = 7 * 24 * 3600.0
+
+MAX_REQUESTED_BY = 200
+
+
+@dataclass(frozen=True)
+class OperatorRequest:
+    """A row of ``everystep_request``."""
+
+    id: int
+    runner: str
+    command: str
+    args: dict[str, Any]
+    status: str
+    reply: dict[str, Any] | None
+    requested_by: str
+    created_at: dt.datetime | None
+    taken_at: dt.datetime | None
+    answered_at: dt.datetime | None
+    #: Seconds since it was submitted, by the database's clock when known.
+    age_seconds: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in (RequestStatus.ANSWERED, RequestStatus.EXPIRED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "runner": self.runner,
+            "command": self.command,
+            "args": self.args,
+            "status": self.status,
+            "reply": self.reply,
+            "requested_by": self.requested_by,
+            "created_at": _iso(self.created_at),
+            "taken_at": _iso(self.taken_at),
+            "answered_at": _iso(self.answered_at),
+        }
+
+
+def submit(store: Store, runner: str, command: str, args: dict[str, Any], requested_by: str) -> OperatorRequest:
+    """Queue ``command`` for the runner named ``runner``; returns the request."""
+    if command not in COMMANDS:
+        raise EverystepError(f"unknown supervisor command {command!r}; expected one of: {', '.join(COMMANDS)}")
+    if not isinstance(args, dict):
+        raise EverystepError("request arguments must be a JSON object")
+    if not runner:
+        raise EverystepError("a request needs a runner name")
+    return store.submit_request(runner, command, args, requested_by[:MAX_REQUESTED_BY] or "unknown")
+
+
+def wait_reply(store: Store, request_id: int, timeout: float = REPLY_TIMEOUT, poll: float = 0.1) -> OperatorRequest:
+    """Wait until the request is answered; past ``timeout`` expire it if it is
+    still pending (the supervisor will then never act on it) and return it as
+    it stands: ``expired``, or ``taken`` with no reply (it was being handled)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        request = store.get_request(request_id)
+        if request is None:
+            raise EverystepError(f"no request with id {request_id}")
+        if request.done:
+            return request
+        if time.monotonic() >= deadline:
+            store.expire_request(request_id)
+            again = store.get_request(request_id)
+            return again if again is not None else request
+        time.sleep(poll)
+
+
+def describe_outcome(request: OperatorRequest) -> str:
+    """One line for an operator: the reply, or why there is none."""
+    if request.status == RequestStatus.ANSWERED and request.reply is not None:
+        if request.reply.get("ok"):
+            details = {key: value for key, value in request.reply.items() if key != "ok"}
+            return "ok" + (f": {details}" if details else "")
+        return f"refused: {request.reply.get('error', 'no reason given')}"
+    if request.status == RequestStatus.EXPIRED:
+        return f"no reply: supervisor {request.runner} not answering (request expired, it will not be acted on)"
+    if request.status == RequestStatus.TAKEN:
+        return f"no reply: supervisor {request.runner} took the request but has not answered"
+    return f"no reply yet from supervisor {request.runner}"
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+__all__ = ["COMMANDS", "REQUEST_CHANNEL", "OperatorRequest", "RequestStatus", "REPLY_TIMEOUT", "STALE_AFTER",
+           "describe_outcome", "submit", "wait_reply"]

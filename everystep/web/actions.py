@@ -1,0 +1,173 @@
+"""The operator's actions in the console, with exactly the CLI's rules.
+
+Run actions go through ``everystep.admin`` (the functions behind
+``everystep resolve-step`` and ``everystep requeue``), which check the run's
+state under its row lock and refuse anything that does not fit with a
+one-line ``AdminError``: the console shows that line, as the CLI prints it.
+"Run again" schedules a new run with the same workflow and arguments.
+Actions on a live supervisor (kill a run's child, scale) become a request
+row for it (``everystep.relay``); the browser then waits for its reply.
+
+``ACTIONS`` lists the run-level actions with the statuses they apply to;
+the run page offers exactly those ``available`` for the run it shows.
+Cancellation joins this table once the engine has it: one ``RunAction``
+calling ``admin``'s cancel function.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import admin, registry, relay, serde
+from ..errors import EverystepError
+from ..models import BLOCKED, RUNNING, Run
+from ..store import Store
+
+logger = logging.getLogger("everystep.console")
+
+#: Supervisor commands the console sends (the supervisor validates them again).
+RUNNER_COMMANDS = ("kill", "scale")
+MAX_PROCS = 256
+
+
+class ActionRefused(EverystepError):
+    """The action does not fit the run's or runner's state (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class RunAction:
+    name: str
+    label: str
+    help: str
+    applies: Callable[[Run, dict[str, Any] | None], bool]
+    #: Asked before acting (the browser shows it in a confirmation).
+    confirm: str | None = None
+
+
+def _live_child(run: Run, runner: dict[str, Any] | None) -> bool:
+    return (run.status == RUNNING and runner is not None and runner.get("kind") == "supervisor"
+            and not runner.get("expired") and runner.get("child") is not None)
+
+
+ACTIONS: dict[str, RunAction] = {
+    action.name: action for action in (
+        RunAction("requeue", "Requeue", "put a run whose runner died back in the queue (a live runner's run "
+                  "only when forced: that execution is fenced)",
+                  lambda run, runner: run.status == RUNNING,
+                  "Requeue this run?"),
+        RunAction("kill", "Kill step", "kill the child process executing this run (its step is recorded "
+                  "as StepKilled)", _live_child,
+                  "Kill the child process running this run? The step in flight is recorded as failed."),
+        RunAction("rerun", "Run again", "schedule a new run of the same workflow with the same arguments",
+                  lambda run, runner: True, None),
+    )
+}
+
+
+def available(run: Run, runner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The run actions that apply to ``run`` now (resolving is offered on
+    the uncertain node of a blocked run instead)."""
+    out = [{"name": action.name, "label": action.label, "help": action.help, "confirm": action.confirm}
+           for action in ACTIONS.values() if action.applies(run, runner)]
+    if run.status == BLOCKED:
+        out.append({"name": "resolve", "label": "Resolve", "help": "resolve the uncertain step (on its node)",
+                    "confirm": None})
+    return out
+
+
+def parse_json_value(text: Any, what: str) -> Any:
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be JSON text")
+    try:
+        return serde.from_jsonable(json.loads(text))
+    except (ValueError, EverystepError) as exc:
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+
+
+def resolve(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
+    """``everystep resolve-step`` from the console: body holds ``step`` and
+    one of ``result`` (JSON text), ``error`` (a message) or ``discard``."""
+    step_id = body.get("step")
+    if not isinstance(step_id, str) or not step_id:
+        raise ValueError('resolve needs "step": the uncertain step\'s id')
+    options: dict[str, Any] = {}
+    if body.get("result") is not None:
+        options["result"] = parse_json_value(body["result"], "the result")
+    if body.get("error") is not None:
+        if not isinstance(body["error"], str) or not body["error"].strip():
+            raise ValueError("the error message must not be empty")
+        options["error"] = body["error"]
+    if body.get("discard"):
+        options["discard"] = True
+    run = admin.resolve_step(store, run_id, step_id, **options)
+    how = "result" if "result" in options else "error" if "error" in options else "discard"
+    logger.info("console: %s resolved step %s of run %s with %s; now %s", who, step_id, run.id, how, run.status)
+    return {"run": run.to_dict(), "message": f"run {run.id} resolved at step {step_id}; now {run.status}"}
+
+
+def requeue(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
+    """As ``everystep requeue``: refused while the run's runner is alive,
+    unless ``force`` (which fences that execution)."""
+    force = body.get("force") is True
+    run = admin.requeue_run(store, run_id, force=force)
+    logger.info("console: %s requeued run %s%s", who, run.id, " (forced)" if force else "")
+    return {"run": run.to_dict(), "message": f"run {run.id} is {run.status}"}
+
+
+def rerun(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
+    run = store.get_run(run_id)
+    if registry.workflow_names() and registry.get_workflow(run.name) is None:
+        raise admin.AdminError(f"workflow {run.name!r} is not registered by the code loaded in this console")
+    new = store.schedule(run.name, serde.dumps(list(run.args), "arguments"))
+    logger.info("console: %s ran %s again as new run %s", who, run.id, new.id)
+    return {"run": new.to_dict(), "message": f"scheduled run {new.id}", "new_run": new.id}
+
+
+def kill(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
+    """Kill the child running ``run_id``, through its supervisor."""
+    run = store.get_run(run_id)
+    if run.status != RUNNING or not run.claimed_by:
+        raise admin.AdminError(f"run {run.id} is {run.status}, not running: there is no step to kill")
+    requeue_after = bool(body.get("requeue", False))
+    return runner_command(store, run.claimed_by, "kill", {"run": run.id, "requeue": requeue_after}, who)
+
+
+RUN_HANDLERS: dict[str, Callable[[Store, str, dict[str, Any], str], dict[str, Any]]] = {
+    "resolve": resolve,
+    "requeue": requeue,
+    "rerun": rerun,
+    "kill": kill,
+}
+
+
+def runner_command(store: Store, runner: str, command: str, args: dict[str, Any], who: str) -> dict[str, Any]:
+    """Send ``command`` to a live supervisor; returns the request to wait on."""
+    if command not in RUNNER_COMMANDS:
+        raise ValueError(f"unknown supervisor command {command[:40]!r}; expected one of: {', '.join(RUNNER_COMMANDS)}")
+    if command == "scale":
+        procs = args.get("procs")
+        if isinstance(procs, str) and procs.strip().isdigit():
+            procs = int(procs)
+        if not isinstance(procs, int) or isinstance(procs, bool) or not 0 <= procs <= MAX_PROCS:
+            raise ValueError(f"scale needs procs: an integer from 0 to {MAX_PROCS}")
+        args = {"procs": procs}
+    elif command == "kill":
+        if not isinstance(args.get("run"), str) or not args["run"]:
+            raise ValueError("kill needs run: the id of the run to kill")
+        args = {"run": args["run"], "requeue": bool(args.get("requeue", False))}
+    target = next((info for info in store.list_runners() if info.name == runner), None)
+    if target is None or target.expired:
+        raise ActionRefused(f"runner {runner} is not alive (no heartbeat within its lease)")
+    if target.kind != "supervisor":
+        raise ActionRefused(f"runner {runner} is a {target.kind}, not a supervisor: it takes no commands")
+    request = relay.submit(store, runner, command, args, f"console {who}")
+    logger.info("console: %s asked supervisor %s to %s %s (request %d)", who, runner, command,
+                json.dumps(args), request.id)
+    return {"request": request.to_dict(), "message": f"asked {runner} to {command}; waiting for its reply"}
+
+
+__all__ = ["ACTIONS", "ActionRefused", "RUN_HANDLERS", "RunAction", "available", "runner_command"]

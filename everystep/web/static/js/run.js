@@ -1,0 +1,215 @@
+// One run: its status and timings, check-deploy's verdict, the step graph
+// with a panel for the selected node (where an uncertain step is resolved),
+// arguments, result, error with traceback, and every recorded step.
+
+import { runAction, resolveForm, commandLine } from "./actions.js";
+import { Live, href, runHref } from "./api.js";
+import { h, pretty, replace, seconds, statusBadge, timeCell, when } from "./dom.js";
+import { findNode, nodeKey, renderGraph } from "./graph.js";
+
+const VERDICT_TEXT = {
+  resumes: "resumes with the loaded code", completes: "would complete with the loaded code",
+  blocked: "stays blocked until resolved", stops: "replays its recorded stop",
+  code_error: "would fail: the code diverged from its records", missing: "would fail: its workflow is gone",
+  fails: "would fail on replay", timeout: "replay did not stop in time",
+};
+
+function initialSelection() {
+  const match = /(?:^#|&)step=([^&]+)/.exec(window.location.hash);
+  return match ? `id:${decodeURIComponent(match[1])}` : null;
+}
+
+function jsonBlock(title, value, cls) {
+  return h("section", { class: `data ${cls || ""}` }, h("h3", { text: title }),
+    h("pre", { class: "json", text: pretty(value) }));
+}
+
+export function errorBlock(error, title = "Error") {
+  if (!error) return null;
+  const parts = [h("h3", { text: title }),
+    h("p", { class: "error-line" }, h("span", { class: "error-type", text: error.type || "?" }), ": ",
+      h("span", { class: "error-message", text: error.message || "" }))];
+  for (const inner of error.exceptions || []) {
+    parts.push(h("div", { class: "error-inner" }, errorBlock(inner, "In a branch")));
+  }
+  if (error.traceback) parts.push(h("pre", { class: "traceback", text: error.traceback }));
+  return h("section", { class: "data error" }, parts);
+}
+
+export function runPage(main, runId) {
+  let data = null;
+  let selected = initialSelection();
+  let panelShown = null;
+
+  const head = h("div", { class: "page-head run-head" });
+  const verdictBox = h("div", { class: "verdict-box" });
+  const uncertainBox = h("div", { class: "uncertain-box" });
+  const summary = h("dl", { class: "summary" });
+  const graphBox = h("div", { class: "graph-box" });
+  const panel = h("aside", { class: "panel", "aria-label": "selected step" });
+  const details = h("div", { class: "details" });
+  const steps = h("table", { class: "steps" });
+  const problem = h("p", { class: "problem", role: "alert", hidden: true });
+  replace(main, head, problem, verdictBox, uncertainBox, summary,
+    h("section", { class: "graph-section" }, h("h2", { text: "Steps" }),
+      h("div", { class: "graph-layout" }, graphBox, panel)),
+    details, h("section", {}, h("h2", { text: "Recorded steps" }), steps));
+
+  const live = new Live("run", { id: runId }, render, (message) => {
+    problem.hidden = false;
+    problem.textContent = message;
+  });
+
+  function select(node, key) {
+    selected = key;
+    panelShown = null;
+    render(data);
+  }
+
+  function renderHead() {
+    const run = data.run;
+    const buttons = data.actions.filter((action) => action.name !== "resolve").map((action) =>
+      h("button", { type: "button", class: `action action-${action.name}`, title: action.help, text: action.label,
+                    dataset: { action: action.name },
+                    onclick: () => runAction(run.id, action, action.name === "kill" ? { requeue: false } : {}) }));
+    replace(head,
+      h("h1", {}, "Run ", h("span", { class: "mono", text: run.id })),
+      h("div", { class: "run-title" }, statusBadge(run.status), h("span", { class: "workflow", text: run.name })),
+      h("div", { class: "actions" }, buttons));
+  }
+
+  function renderVerdict() {
+    const verdict = data.verdict;
+    if (!verdict) { replace(verdictBox); return; }
+    const problemClass = verdict.problem ? " bad" : verdict.outcome ? " good" : "";
+    replace(verdictBox, h("div", { class: `verdict${problemClass}`, dataset: { outcome: verdict.outcome || "" } },
+      h("strong", { text: "check-deploy: " }),
+      h("span", { text: verdict.outcome ? VERDICT_TEXT[verdict.outcome] || verdict.outcome : "not checked" }),
+      h("span", { class: "hint", text: ` — ${verdict.detail}` })));
+  }
+
+  function renderUncertain() {
+    if (!data.uncertain.length) { replace(uncertainBox); return; }
+    replace(uncertainBox, data.uncertain.map((step) => h("div", { class: "banner blocked" },
+      h("p", {}, "Blocked on step ", h("code", { text: step.step_id }), " (", h("span", { text: step.name }), "): ",
+        "it is unsafe to repeat and started without a recorded outcome. Check its effect, then resolve it."),
+      h("div", { class: "banner-actions" },
+        h("button", { type: "button", class: "primary", text: "Resolve on its node",
+                      onclick: () => { select(null, `id:${step.step_id}`); panel.scrollIntoView({ block: "nearest" }); } }),
+        commandLine(step.command)))));
+  }
+
+  function renderSummary() {
+    const run = data.run;
+    const rows = [
+      ["Workflow", h("span", { class: "workflow", text: run.name })],
+      ["Created", h("span", {}, timeCell(run.created_at), " ", h("span", { class: "hint", text: when(run.created_at) }))],
+      ["Claimed", run.claimed_at ? timeCell(run.claimed_at) : "—"],
+      ["Finished", run.completed_at ? timeCell(run.completed_at) : "—"],
+      ["Took", run.duration !== null ? seconds(run.duration) : "—"],
+      ["Runner", runnerCell()],
+    ];
+    if (run.attempts !== null && run.attempts !== undefined) rows.push(["Claims", String(run.attempts)]);
+    if (run.idempotency_key) rows.push(["Idempotency key", h("code", { text: run.idempotency_key })]);
+    replace(summary, rows.map(([term, value]) => [h("dt", { text: term }), h("dd", {}, value)]));
+  }
+
+  function runnerCell() {
+    const runner = data.runner;
+    if (!runner) return "—";
+    const parts = [h("a", { href: href("/runners"), text: runner.name })];
+    if (runner.kind) parts.push(h("span", { class: "hint", text: ` ${runner.kind}${runner.expired ? ", lease expired" : ""}` }));
+    else parts.push(h("span", { class: "hint", text: " (not a live runner)" }));
+    const child = runner.child;
+    if (child) {
+      parts.push(h("span", { class: "hint", text:
+        ` · child ${child.slot} pid ${child.pid}${child.step_id ? ` in step ${child.step_id} (${child.step_name}) for ${seconds(child.step_seconds)}` : ""}` }));
+    }
+    return parts;
+  }
+
+  function renderPanel() {
+    const node = selected ? findNode(data.graph, selected) : null;
+    if (!node) {
+      panelShown = null;
+      replace(panel, h("p", { class: "hint", text: "Select a step to see its arguments, result, error and timings." }));
+      return;
+    }
+    const signature = `${selected}|${node.state}|${node.record ? node.record.completed_at : ""}|${data.run.status}`;
+    if (signature === panelShown) return; // keep a form being filled in
+    panelShown = signature;
+    const record = node.record;
+    const parts = [
+      h("h3", {}, h("span", { class: "node-label", text: node.label }), " ", h("code", { text: node.id || "?" })),
+      h("p", {}, h("span", { class: `badge state-${node.state}`, text: node.state }),
+        node.unsafe ? h("span", { class: "tag", text: "unsafe to repeat" }) : null),
+      h("p", { class: "mono small", text: node.function }),
+    ];
+    if (node.state === "diverged") {
+      parts.push(h("p", { class: "problem", text: `Recorded as ${node.function}, but the code now calls ${node.expected} here: replaying this run raises WorkflowCodeError.` }));
+    }
+    if (!record) {
+      parts.push(h("p", { class: "hint", text: node.state === "pending"
+        ? (node.id ? `Not reached yet: it will be step ${node.id}.` : "Not reached yet; its step id depends on the path the run takes.")
+        : "Not reached by this run." }));
+    } else {
+      parts.push(h("dl", { class: "summary small" },
+        h("dt", { text: "Started" }), h("dd", { text: when(record.started_at) }),
+        h("dt", { text: "Finished" }), h("dd", { text: record.completed_at ? when(record.completed_at) : "—" }),
+        h("dt", { text: "Took" }), h("dd", { text: record.duration !== null ? seconds(record.duration) : "—" })));
+      parts.push(jsonBlock("Arguments", record.args, "small"));
+      if (record.kwargs && Object.keys(record.kwargs).length) parts.push(jsonBlock("Keyword arguments", record.kwargs, "small"));
+      if (record.status === "done") parts.push(jsonBlock("Result", record.result, "small"));
+      if (record.error) parts.push(errorBlock(record.error));
+      if (record.status === "started" && data.run.status === "blocked") {
+        parts.push(resolveForm(data.run.id, { step_id: node.id, name: node.function }, () => { panelShown = null; }));
+      }
+    }
+    replace(panel, parts);
+  }
+
+  function renderDetails() {
+    const run = data.run;
+    replace(details,
+      jsonBlock("Arguments", run.args, "args"),
+      run.status === "completed" ? jsonBlock("Result", run.result, "result") : null,
+      errorBlock(run.error, run.status === "stopped" ? "Stopped" : run.status === "blocked" ? "Blocked" : "Error"));
+  }
+
+  function renderSteps() {
+    const head = h("thead", {}, h("tr", {}, ["Step", "Function", "Status", "Started", "Took", "Outcome"].map((text) => h("th", { text }))));
+    const rows = data.steps.map((step) => {
+      const took = step.completed_at && step.started_at ? (Date.parse(step.completed_at) - Date.parse(step.started_at)) / 1000 : null;
+      const outcome = step.error ? `${step.error.type}: ${step.error.message}` : step.status === "done" ? pretty(step.result) : "";
+      return h("tr", { dataset: { step: step.step_id } },
+        h("td", {}, h("button", { type: "button", class: "linkish mono", text: step.step_id,
+                                  onclick: () => select(null, `id:${step.step_id}`) })),
+        h("td", { class: "mono small", text: step.name }),
+        h("td", {}, h("span", { class: `badge state-${step.status}`, text: step.status })),
+        h("td", { text: when(step.started_at) }),
+        h("td", { text: took !== null ? seconds(took) : "" }),
+        h("td", { class: step.error ? "error-cell" : "args-cell" }, h("span", { text: outcome.length > 200 ? `${outcome.slice(0, 199)}…` : outcome })));
+    });
+    replace(steps, head, h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6, class: "empty", text: "No step recorded yet." }))));
+  }
+
+  function render(next) {
+    if (!next) return;
+    data = next;
+    problem.hidden = true;
+    document.title = `Run ${data.run.id.slice(0, 8)} ${data.run.status} · everystep`;
+    renderHead();
+    renderVerdict();
+    renderUncertain();
+    renderSummary();
+    replace(graphBox, renderGraph(data.graph, { selected, onSelect: select }));
+    renderPanel();
+    renderDetails();
+    renderSteps();
+  }
+
+  live.start();
+  return live;
+}
+
+export { runHref, nodeKey };

@@ -1,0 +1,329 @@
+"""What each console page shows, as JSON-ready dicts (the browser draws them).
+
+Every function here reads the database through the Store and returns plain
+data; the same dicts answer the JSON API, feed the live stream and fill the
+polling fallback, so all three always agree. Nothing here renders HTML: the
+browser builds the page with DOM text nodes, which is what keeps user data
+(arguments, results, errors) inert wherever it appears.
+
+Filters: ``RunFilter`` holds what the runs list can be narrowed by (status,
+workflow, id prefix). Queues are the next filter: a field here, a condition
+in the ``page_runs`` statements and an entry in ``FILTERS``; the browser
+builds its filter bar from ``FILTERS`` (served by ``/api/meta``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from .. import dryrun, registry, serde
+from ..errors import EverystepError
+from ..graph import analyse, build_graph, recorded_graph
+from ..graph.plan import Plan
+from ..models import BLOCKED, RUN_STATUSES, RUNNING, SCHEDULED, STEP_STARTED, Run, StepRecord
+from ..store import Store, utcnow
+from ..store.base import MAX_UUID, MIN_UUID
+from . import actions
+from .counts import StatusCounts
+
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+PREVIEW_CHARS = 160
+VERDICT_TIMEOUT = 3.0
+UNFINISHED = (SCHEDULED, RUNNING, BLOCKED)
+
+_PREFIX = re.compile(r"^[0-9a-fA-F-]{1,36}$")
+
+
+class BadRequest(EverystepError):
+    """A request the console cannot serve as asked (HTTP 400)."""
+
+
+#: The runs list's filters, as the browser builds them.
+FILTERS: list[dict[str, Any]] = [
+    {"name": "status", "label": "Status", "kind": "select", "options": list(RUN_STATUSES)},
+    {"name": "workflow", "label": "Workflow", "kind": "text", "placeholder": "module.workflow"},
+    {"name": "q", "label": "Run id", "kind": "text", "placeholder": "id prefix"},
+]
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    status: str | None = None
+    workflow: str | None = None
+    id_prefix: str | None = None
+
+    @classmethod
+    def parse(cls, params: Any) -> RunFilter:
+        status = (params.get("status") or "").strip() or None
+        if status is not None and status not in RUN_STATUSES:
+            raise BadRequest(f"unknown status {status[:40]!r}; expected one of: {', '.join(RUN_STATUSES)}")
+        workflow = (params.get("workflow") or "").strip() or None
+        prefix = (params.get("q") or "").strip().lower() or None
+        if prefix is not None and not _PREFIX.match(prefix):
+            raise BadRequest(f"{prefix[:40]!r} is not a run id prefix (hexadecimal digits and dashes)")
+        return cls(status, workflow[:300] if workflow else None, prefix)
+
+    def id_range(self) -> tuple[str, str]:
+        """The ids starting with the prefix, as an inclusive range (so the
+        primary key answers a prefix search)."""
+        if not self.id_prefix:
+            return MIN_UUID, MAX_UUID
+        digits = self.id_prefix.replace("-", "")[:32]
+        low, high = digits.ljust(32, "0"), digits.ljust(32, "f")
+        return _dashed(low), _dashed(high)
+
+
+def _dashed(hex32: str) -> str:
+    return f"{hex32[:8]}-{hex32[8:12]}-{hex32[12:16]}-{hex32[16:20]}-{hex32[20:]}"
+
+
+def encode_cursor(run: Run) -> str:
+    return f"{run.created_at.isoformat() if run.created_at else ''}~{run.id}"
+
+
+def decode_cursor(text: str) -> tuple[dt.datetime | None, str]:
+    at, sep, run_id = text.partition("~")
+    try:
+        when = dt.datetime.fromisoformat(at) if at else None
+        if not sep or not run_id:
+            raise ValueError
+        return when, run_id
+    except ValueError:
+        raise BadRequest(f"bad page cursor {text[:80]!r}") from None
+
+
+def _seconds(later: dt.datetime | None, earlier: dt.datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return max((later - earlier).total_seconds(), 0.0)
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(serde.to_jsonable(value), ensure_ascii=False, default=str)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def error_line(error: dict[str, Any] | None) -> str | None:
+    if not error:
+        return None
+    message = str(error.get("message", "")).strip().splitlines()
+    return f"{error.get('type', '?')}: {message[0] if message else ''}"[:300]
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "created_at": _iso(run.created_at),
+        "claimed_by": run.claimed_by,
+        "claimed_at": _iso(run.claimed_at),
+        "completed_at": _iso(run.completed_at),
+        "duration": _seconds(run.completed_at, run.created_at),
+        "error": error_line(run.error),
+        "args_preview": _preview(run.args),
+    }
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+class Views:
+    """The console's reads, with the caches that keep them cheap."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.counts = StatusCounts(store)
+        self._plans: dict[tuple[str, int], Plan] = {}
+        self._verdicts: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- meta ----------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "statuses": list(RUN_STATUSES),
+            "workflows": registry.workflow_names(),
+            "filters": FILTERS,
+            "backend": self.store.backend,
+            "database": self.store.describe(),
+            "code_loaded": bool(registry.workflow_names()),
+        }
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def runs(self, params: Any, with_counts: bool = True) -> dict[str, Any]:
+        run_filter = RunFilter.parse(params)
+        limit = _limit(params.get("limit"))
+        before, after = params.get("before"), params.get("after")
+        if before and after:
+            raise BadRequest("give one of before= and after=, not both")
+        older = decode_cursor(before) if before else None
+        newer = decode_cursor(after) if after else None
+        runs = self.store.page_runs(status=run_filter.status, name=run_filter.workflow,
+                                    id_range=run_filter.id_range(), older_than=older, newer_than=newer,
+                                    limit=limit + 1)
+        if newer is not None:
+            more_newer, more_older = len(runs) > limit, True
+            runs = runs[1:] if more_newer else runs
+        else:
+            more_older, more_newer = len(runs) > limit, older is not None
+            runs = runs[:limit]
+        return {
+            "runs": [run_summary(run) for run in runs],
+            "counts": [count.to_dict() for count in self.counts.counts()] if with_counts else [],
+            "older": encode_cursor(runs[-1]) if runs and more_older else None,
+            "newer": encode_cursor(runs[0]) if runs and more_newer else None,
+            "filter": {"status": run_filter.status, "workflow": run_filter.workflow, "q": run_filter.id_prefix},
+            "limit": limit,
+        }
+
+    def blocked(self, params: Any) -> dict[str, Any]:
+        """Blocked runs with their uncertain steps and the command that resolves each."""
+        data = self.runs({**dict(params), "status": BLOCKED}, with_counts=False)
+        ids = [run["id"] for run in data["runs"]]
+        steps = self.store.steps_of_runs(ids)
+        for run in data["runs"]:
+            started = [step for step in steps.get(run["id"], []) if step.status == STEP_STARTED]
+            run["uncertain"] = [
+                {**step.to_dict(), "command": resolve_command(run["id"], step.step_id)} for step in started
+            ]
+        return data
+
+    # -- one run ---------------------------------------------------------------------------------
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        run = self.store.get_run(run_id)
+        steps = self.store.get_steps(run.id)
+        runner = self._runner_of(run)
+        data = run.to_dict()
+        data.update({
+            "duration": _seconds(run.completed_at, run.created_at),
+            "error_line": error_line(run.error),
+            # How many times the run was claimed, once runs count their claims.
+            "attempts": getattr(run, "claim_epoch", None),
+        })
+        return {
+            "run": data,
+            "steps": [step.to_dict() for step in steps],
+            "graph": self.graph(run, steps),
+            "verdict": self.verdict(run, steps),
+            "runner": runner,
+            "actions": actions.available(run, runner),
+            "uncertain": [
+                {"step_id": step.step_id, "name": step.name, "command": resolve_command(run.id, step.step_id)}
+                for step in steps if step.status == STEP_STARTED and run.status == BLOCKED
+            ],
+        }
+
+    def graph(self, run: Run, steps: list[StepRecord]) -> dict[str, Any]:
+        workflow = registry.get_workflow(run.name)
+        if workflow is None:
+            reason = (f"workflow {run.name} is not registered in this console"
+                      + ("" if registry.workflow_names() else " (start it with --app MODULE to read its source)"))
+            return recorded_graph(steps, reason)
+        key = (run.name, id(workflow))
+        with self._lock:
+            plan = self._plans.get(key)
+        if plan is None:
+            plan = analyse(workflow)
+            with self._lock:
+                self._plans[key] = plan
+        graph = build_graph(plan, steps, active=run.status in UNFINISHED)
+        if graph["file"]:
+            relative = os.path.relpath(graph["file"])
+            graph["file"] = relative if not relative.startswith("..") else graph["file"]
+        return graph
+
+    def verdict(self, run: Run, steps: list[StepRecord]) -> dict[str, Any] | None:
+        """check-deploy's verdict on an unfinished run, with the code loaded here."""
+        if run.status not in UNFINISHED:
+            return None
+        if not registry.workflow_names():
+            return {"outcome": None, "problem": False,
+                    "detail": "no workflow code is loaded in this console (start it with --app MODULE)"}
+        last = steps[-1] if steps else None
+        key = (run.id, run.status, len(steps), last.step_id if last else None, last.status if last else None,
+               id(registry.get_workflow(run.name)))
+        with self._lock:
+            cached = self._verdicts.get(key)
+        if cached is not None:
+            return cached
+        verdict = dryrun.replay(run, steps, timeout=VERDICT_TIMEOUT).to_dict()
+        with self._lock:
+            self._verdicts[key] = verdict
+            while len(self._verdicts) > 2000:
+                self._verdicts.popitem(last=False)
+        return verdict
+
+    # -- runners -------------------------------------------------------------------------------------
+
+    def runners(self) -> dict[str, Any]:
+        details = self.store.runner_details()
+        now = utcnow().timestamp()
+        out = []
+        for info in self.store.list_runners():
+            detail = details.get(info.name)
+            entry = {
+                "name": info.name, "kind": info.kind, "host": info.host, "pid": info.pid,
+                "lease": info.lease_seconds, "started_at": _iso(info.started_at),
+                "heartbeat_at": _iso(info.heartbeat_at), "expired": info.expired, "running": info.running,
+                "detail": _detail(detail, now) if detail else None,
+            }
+            out.append(entry)
+        return {"runners": out}
+
+    def _runner_of(self, run: Run) -> dict[str, Any] | None:
+        if not run.claimed_by:
+            return None
+        for runner in self.runners()["runners"]:
+            if runner["name"] == run.claimed_by:
+                child = None
+                for candidate in (runner["detail"] or {}).get("children", []):
+                    if candidate.get("run_id") == run.id:
+                        child = candidate
+                return {**runner, "child": child}
+        return {"name": run.claimed_by, "kind": None, "expired": True, "detail": None, "child": None}
+
+
+def _detail(detail: dict[str, Any], now: float) -> dict[str, Any]:
+    """Published detail with its times turned into ages (seconds, by this
+    console's clock against the publisher's: small skews show as such)."""
+    children = []
+    for child in detail.get("children", []):
+        since = child.get("step_since")
+        run_since = child.get("run_since")
+        children.append({**child,
+                         "step_seconds": max(now - since, 0.0) if isinstance(since, (int, float)) else None,
+                         "run_seconds": max(now - run_since, 0.0) if isinstance(run_since, (int, float)) else None})
+    published = detail.get("published_at")
+    return {**detail, "children": children,
+            "age": max(now - published, 0.0) if isinstance(published, (int, float)) else None}
+
+
+def resolve_command(run_id: str, step_id: str) -> str:
+    return f"everystep resolve-step {run_id} {step_id} --result JSON | --error MESSAGE | --discard"
+
+
+def _limit(value: Any) -> int:
+    if value in (None, ""):
+        return DEFAULT_PAGE
+    try:
+        limit = int(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"limit must be a number from 1 to {MAX_PAGE}") from None
+    if not 1 <= limit <= MAX_PAGE:
+        raise BadRequest(f"limit must be a number from 1 to {MAX_PAGE}")
+    return limit
+
+
+__all__ = ["BadRequest", "FILTERS", "RunFilter", "Views", "run_summary"]

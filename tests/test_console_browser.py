@@ -1,0 +1,226 @@
+"""The console in a real browser (Playwright driving Debian's Chromium).
+
+What an operator does, end to end: watch a run complete on the runs page
+without reloading; open a blocked run, resolve it on its uncertain node and
+watch it resume; keep working when the live stream is cut (polling); scale
+and kill on a real supervisor from the runners page. And what an attacker
+tries: a run whose arguments and error carry markup, and a console bound
+beyond loopback without a token, or reached without credentials.
+
+Each page gets a marker in ``window`` at load; it is still there at the end
+of a test, which proves the page was updated live and never reloaded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from playwright.sync_api import Error as PlaywrightError  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
+
+from everystep import schedule  # noqa: E402
+from everystep.errors import SimulatedCrash  # noqa: E402
+from everystep.models import BLOCKED, COMPLETED, FAILED  # noqa: E402
+from tests.apps import shapes, supervised  # noqa: E402
+from tests.support.browser import browser, open_page, page_errors  # noqa: E402,F401
+from tests.support.console import ConsoleServer, serve  # noqa: E402
+from tests.support.runs import crash_at, execute_run  # noqa: E402
+from tests.support.supervisor import supervisors  # noqa: E402,F401
+from tests.support.waiting import wait_until  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def console(db_url: str) -> Iterator[ConsoleServer]:
+    yield from serve(db_url, app_modules="tests.apps.shapes")
+
+
+def mark(page: Any) -> None:
+    page.evaluate("window.__loadedOnce = 'yes'")
+
+
+def assert_not_reloaded(page: Any) -> None:
+    assert page.evaluate("window.__loadedOnce") == "yes", "the page was reloaded"
+
+
+def real_errors(errors: list[str]) -> list[str]:
+    return [error for error in errors if "favicon" not in error]
+
+
+def test_watch_a_run_complete_on_the_runs_page(console: ConsoleServer, browser: Any, page_errors: list[str]) -> None:
+    run = schedule(shapes.linear, "watch me", database=console.store)
+    page = open_page(browser, page_errors)
+    page.goto(console.url + "/")
+    row = page.locator(f"tr[data-run='{run.id}']")
+    expect(row.locator(".badge")).to_have_text("scheduled")
+    expect(page.locator("#live")).to_have_text("live")
+    mark(page)
+    scheduled = page.locator(".count.status-scheduled .count-value")
+    expect(scheduled).to_have_text("1")
+
+    assert execute_run(console.store, run.id) == COMPLETED
+
+    expect(row.locator(".badge")).to_have_text("completed")
+    expect(page.locator(".count.status-completed .count-value")).to_have_text("1")
+    expect(scheduled).to_have_text("0")
+    another = schedule(shapes.linear, "and another", database=console.store)
+    expect(page.locator(f"tr[data-run='{another.id}'] .badge")).to_have_text("scheduled")
+    assert_not_reloaded(page)
+
+    # Filters and the id search narrow the list (and the URL says so).
+    page.locator(".count.status-completed").click()
+    expect(page.locator("tbody tr")).to_have_count(1)
+    expect(page.locator(f"tr[data-run='{run.id}']")).to_be_visible()
+    assert "status=completed" in page.url
+    assert real_errors(page_errors) == []
+
+
+def test_resolve_a_blocked_run_on_its_node_and_watch_it_resume(console: ConsoleServer, browser: Any,
+                                                                page_errors: list[str]) -> None:
+    store = console.store
+    run = schedule(shapes.payment, 7, database=store)
+    crash_at("1")
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, run.id)
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
+    assert execute_run(store, run.id) == BLOCKED
+
+    page = open_page(browser, page_errors)
+    page.goto(console.url + "/blocked")
+    expect(page.locator(f"tr[data-run='{run.id}'] .uncertain")).to_contain_text(shapes.charge.name)
+    page.locator(f"tr[data-run='{run.id}'] a.resolve-link").click()
+    expect(page.locator(".run-title .badge")).to_have_text("blocked")
+    mark(page)
+    node = page.locator("button.node[data-step='1']")
+    expect(node).to_have_attribute("data-state", "started")
+    node.click()
+    form = page.locator("form.resolve-form")
+    expect(form).to_be_visible()
+    form.locator("textarea").fill('{"charged": 7}')
+    form.locator("button[type=submit]").click()
+
+    expect(page.locator(".run-title .badge")).to_have_text("scheduled")
+    expect(node).to_have_attribute("data-state", "done")
+    assert store.get_steps(run.id)[0].result == {"charged": 7}
+
+    assert execute_run(store, run.id) == COMPLETED
+    expect(page.locator(".run-title .badge")).to_have_text("completed")
+    expect(page.locator("button.node[data-step='2']")).to_have_attribute("data-state", "done")
+    assert_not_reloaded(page)
+    assert real_errors(page_errors) == []
+
+
+def test_markup_in_user_data_stays_text(console: ConsoleServer, browser: Any, page_errors: list[str]) -> None:
+    store = console.store
+    evil = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\">"
+    run = schedule(shapes.exploding, evil, database=store)
+    assert execute_run(store, run.id) == FAILED
+    page = open_page(browser, page_errors)
+    page.goto(console.url + "/")
+    row = page.locator(f"tr[data-run='{run.id}']")
+    expect(row.locator(".error-cell")).to_contain_text("<script>window.__pwned = 1</script>")
+    page.goto(console.url + f"/runs/{run.id}")
+    expect(page.locator("section.args pre")).to_contain_text(evil.replace('"', '\\"'))
+    expect(page.locator("section.error .error-message")).to_have_text(evil)
+    page.locator("button.node[data-step='1']").click()
+    expect(page.locator(".panel .error-message")).to_have_text(evil)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("img[src='x']").count() == 0
+    assert page.locator("main script").count() == 0
+    assert real_errors(page_errors) == []
+
+
+def test_the_page_keeps_updating_when_the_stream_is_cut(console: ConsoleServer, browser: Any,
+                                                         page_errors: list[str]) -> None:
+    page = open_page(browser, page_errors)
+    page.route("**/api/stream**", lambda route: route.abort())
+    page.goto(console.url + "/")
+    expect(page.locator("#live")).to_have_text("polling")
+    mark(page)
+    run = schedule(shapes.linear, "polled", database=console.store)
+    expect(page.locator(f"tr[data-run='{run.id}'] .badge")).to_have_text("scheduled")
+    execute_run(console.store, run.id)
+    expect(page.locator(f"tr[data-run='{run.id}'] .badge")).to_have_text("completed")
+    page.unroute("**/api/stream**")
+    expect(page.locator("#live")).to_have_text("live")
+    assert_not_reloaded(page)
+
+
+def test_scale_and_kill_a_real_supervisor_from_the_runners_page(pg_url: str, browser: Any, page_errors: list[str],
+                                                                supervisors: Any, tmp_path: Any) -> None:
+    for console in serve(pg_url):
+        sup = supervisors(pg_url, procs=1).start()
+        page = open_page(browser, page_errors)
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.goto(console.url + "/runners")
+        section = page.locator(f"section.runner[data-runner='{sup.name}']")
+        expect(section.locator("table.children tbody tr")).to_have_count(1)
+        section.locator("input.procs").fill("2")
+        section.locator("form.scale button").click()
+        expect(page.locator(".toast-ok")).to_contain_text(f"{sup.name}: ok")
+        expect(section.locator("table.children tbody tr")).to_have_count(2)
+        sup.wait_idle(procs=2)
+
+        run = schedule(supervised.gated_flow, {"dir": str(tmp_path), "gate": "never"}, database=console.store)
+        busy = section.locator(f"table.children tr[data-run='{run.id}']")
+        expect(busy).to_contain_text("gated")
+        busy.locator("button.danger").click()
+        expect(page.locator(".toast-ok").last).to_contain_text("in-flight step recorded as StepKilled")
+        wait_until(lambda: console.store.get_run(run.id).status == FAILED, "the killed run to fail")
+        page.goto(console.url + f"/runs/{run.id}")
+        expect(page.locator("button.node[data-step='2']")).to_have_attribute("data-state", "failed")
+        expect(page.locator("button.node[data-step='2'] .node-error")).to_contain_text("StepKilled")
+        assert real_errors(page_errors) == []
+
+
+def test_authentication(db_url: str, browser: Any, page_errors: list[str], subprocess_env: dict[str, str]) -> None:
+    command = [sys.executable, "-m", "everystep.cli", "ui", "--database", db_url]
+    exposed = subprocess.run([*command, "--bind", "0.0.0.0", "--port", "0"], env=subprocess_env,
+                             capture_output=True, text=True, timeout=60)
+    assert exposed.returncode == 2
+    assert exposed.stderr.strip().splitlines() == [
+        "everystep: error: --bind 0.0.0.0 would expose the console beyond this host: set --auth-token "
+        "(or EVERYSTEP_UI_AUTH_TOKEN), or bind 127.0.0.1 and use a proxy that authenticates"]
+    assert exposed.stdout == ""
+
+    env = {**subprocess_env, "EVERYSTEP_UI_AUTH_TOKEN": "t0ken-for-tests"}
+    server = subprocess.Popen([*command, "--bind", "127.0.0.1", "--port", "0"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        first = server.stdout.readline()
+        assert first.startswith("everystep console on http://127.0.0.1:"), first
+        url = first.split()[3]
+        for credentials in (None, {"username": "eve", "password": "guess"}):
+            # Refused with a basic-auth challenge, which the headless browser
+            # cannot answer (or answers wrongly): it gives up on the page.
+            refused = open_page(browser, page_errors, http_credentials=credentials)
+            statuses: list[int] = []
+            refused.on("response", lambda response: statuses.append(response.status))
+            try:
+                assert refused.goto(url).status == 401  # wrong credentials: the 401 page
+            except PlaywrightError as exc:  # none at all: Chromium gives up on the challenge
+                assert "ERR_INVALID_AUTH_CREDENTIALS" in str(exc)
+            assert statuses and set(statuses) == {401}
+            direct = refused.request.get(url + "api/runs")
+            assert direct.status == 401 and direct.headers["www-authenticate"].startswith("Basic")
+        allowed_errors: list[str] = []
+        allowed = open_page(browser, allowed_errors, http_credentials={"username": "ops", "password": "t0ken-for-tests"})
+        assert allowed.goto(url).status == 200
+        expect(allowed.locator("h1")).to_have_text("Runs")
+        expect(allowed.locator("#live")).to_have_text("live")
+        assert real_errors(allowed_errors) == []
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
