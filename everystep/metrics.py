@@ -55,6 +55,7 @@ class Metrics:
     child_restarts: Any
     step_timeouts: Any
     control_requests: Any
+    empty_claims: Any
 
 
 _create_lock = threading.Lock()
@@ -108,6 +109,8 @@ def _create() -> Metrics | None:
                               ["runner"]),
         control_requests=Counter("everystep_supervisor_control_requests_total", "Control-socket requests",
                                  ["runner", "command"]),
+        empty_claims=Counter("everystep_worker_empty_claims_total",
+                             "Claim statements that found nothing to claim", ["runner"]),
     )
 
 

@@ -17,6 +17,10 @@ STOPPED = "stopped"
 BLOCKED = "blocked"
 RUN_STATUSES = (SCHEDULED, RUNNING, COMPLETED, FAILED, STOPPED, BLOCKED)
 TERMINAL_STATUSES = (COMPLETED, FAILED, STOPPED, BLOCKED)
+# Statuses a run never leaves, so retention (`everystep prune`) may delete
+# such runs; blocked is terminal for a supervisor but waits for an operator.
+# The one list of what may be pruned: a new final status goes here.
+PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED)
 
 # Step statuses (everystep_step.status).
 STEP_STARTED = "started"

@@ -696,6 +696,9 @@ class Arbiter:
         self.counts["claimed"] += len(runs)
         if runs:
             metrics.record(lambda m: m.claims.labels(self.name).inc(len(runs)))
+        else:  # contention among supervisors shows here (ctl status, metrics)
+            self.counts["empty_claims"] += 1
+            metrics.record(lambda m: m.empty_claims.labels(self.name).inc())
         for run in runs:
             self._give(idle.pop(), run)
 

@@ -172,3 +172,30 @@ SELECT r.name, r.kind, r.host, r.pid, r.lease_seconds, r.started_at, r.heartbeat
        (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name)
 FROM everystep_runner AS r
 ORDER BY r.name
+
+-- name: prune_count
+-- What `everystep prune` would delete (its --dry-run and progress total).
+SELECT count(*), (SELECT count(*) FROM everystep_step AS s
+                  JOIN everystep_workflow AS w ON w.id = s.workflow_id
+                  WHERE w.status IN (SELECT value FROM json_each(:statuses))
+                    AND w.status NOT IN ('scheduled', 'running', 'blocked')
+                    AND w.completed_at < :cutoff)
+FROM everystep_workflow
+WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN ('scheduled', 'running', 'blocked')
+  AND completed_at < :cutoff
+
+-- name: prune_pick
+-- One batch of finished runs to delete, under the write lock (BEGIN
+-- IMMEDIATE). The NOT IN is the guarantee that no unfinished run is ever
+-- pruned, whatever statuses the caller passes.
+SELECT id FROM everystep_workflow
+WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN ('scheduled', 'running', 'blocked')
+  AND completed_at < :cutoff
+LIMIT :limit
+
+-- name: prune_steps
+DELETE FROM everystep_step WHERE workflow_id IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_runs
+DELETE FROM everystep_workflow
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN ('scheduled', 'running', 'blocked')
