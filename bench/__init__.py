@@ -7,8 +7,7 @@ latency with and without LISTEN/NOTIFY, the peers (DBOS, Procrastinate) and
 the engine's overheads. It writes ``RESULTS.md`` and ``throughput.png``.
 
 Modules: ``runner`` (orchestration and the report document), ``report``
-(sections, tables, the chart), ``pngchart`` (a fallback PNG writer when
-matplotlib is absent), ``pg`` (the server and machine facts), ``procs``
+(sections, tables, the charts, drawn with matplotlib), ``pg`` (the server and machine facts), ``procs``
 (processes under test), ``esdb`` (everystep's tables), ``stats``,
 ``workloads`` (the workflows), ``peer_dbos`` and ``peer_procrastinate`` (the
 peers' apps), and one ``caseN_*`` module per case.

@@ -1,8 +1,8 @@
 """Smoke test of the benchmark harness: ``python -m bench --quick`` produces
-its report and chart with every case present. It asserts nothing about
-speed, and passes without the ``bench`` extra (no DBOS, Procrastinate or
-matplotlib): peers are then reported as not installed and the chart is drawn
-by the built-in PNG writer."""
+its report and charts with every case present. It asserts nothing about
+speed, and passes without the ``bench`` extra's peers (no DBOS or
+Procrastinate: they are then reported as not installed); matplotlib, which
+draws the charts, is in the ``test`` extra."""
 
 from __future__ import annotations
 
