@@ -77,7 +77,7 @@ class ChartSeries:
 
 
 def write_chart(path: Path, title: str, xlabel: str, ylabel: str, series: Sequence[ChartSeries],
-                log_y: bool = True) -> str:
+                log_y: bool = True, log_x: bool = False) -> str:
     """Write a line chart (medians with min–max bars) as a PNG; returns what drew it."""
     series = [s for s in series if s.points]
     import matplotlib
@@ -101,6 +101,10 @@ def write_chart(path: Path, title: str, xlabel: str, ylabel: str, series: Sequen
     ax.set_ylabel(ylabel)
     if log_y:
         ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    if log_x:
+        ax.set_xscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.0f}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _pos: ""))
     xs_all = sorted({p[0] for s in series for p in s.points})

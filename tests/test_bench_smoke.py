@@ -29,11 +29,13 @@ def test_quick_benchmark_writes_report_and_chart(tmp_path: Path) -> None:
     assert result.returncode == 0, output
 
     report = (tmp_path / "RESULTS.md").read_text()
-    for case in range(1, 7):
+    for case in range(1, 11):
         match = re.search(rf"^## Case {case} .*?(?=^## |\Z)", report, re.M | re.S)
         assert match, f"case {case} missing from RESULTS.md\n{output}"
         assert re.search(r"^\|---", match.group(0), re.M), f"case {case} has no table"
     assert "nproc" in report and "PostgreSQL" in report
 
-    chart = (tmp_path / "throughput.png").read_bytes()
-    assert chart.startswith(b"\x89PNG\r\n\x1a\n") and len(chart) > 1000
+    assert "## Scaling" in report and "![scaleout.png](scaleout.png)" in report
+    for name in ("throughput.png", "scaleout.png", "history.png"):
+        chart = (tmp_path / name).read_bytes()
+        assert chart.startswith(b"\x89PNG\r\n\x1a\n") and len(chart) > 1000, name
