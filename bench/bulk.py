@@ -17,13 +17,11 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 
 HISTORY_RUNNER = "bench-history"
 CHUNK = 20_000
-_EPOCH_MS = 0
 
 
 def _uuid7(millis: int) -> str:
@@ -133,11 +131,3 @@ def table_facts(url: str) -> dict[str, float]:
         ):
             facts[f"index:{name}"] = float(size)
     return facts
-
-
-def scheduled_ids(url: str, name: str) -> Iterator[str]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for (run_id,) in conn.execute(
-            "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND name = %s", (name,)
-        ):
-            yield str(run_id)
