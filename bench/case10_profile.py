@@ -188,7 +188,7 @@ def section(ctx: Context) -> Section:
     statements = out.get("statements", [])
     if statements:
         table = Table(["statement", "calls per run", "server µs per call", "server µs per run"],
-                      caption="Server time per statement (pg_stat_statements: execution + planning; the commit's "
+                      caption="Server time per statement (pg_stat_statements execution time; planning is not tracked, and the commit's "
                               "WAL flush is not in it):")
         round_trips = 0.0
         server = 0.0

@@ -69,11 +69,9 @@ def prune(
     statuses: Sequence[str] = PRUNABLE_STATUSES,
     batch: int = DEFAULT_BATCH,
     progress: Callable[[PruneReport], None] | None = None,
-    pause: float = 0.0,
 ) -> PruneReport:
     """Delete runs finished more than ``older_than`` ago, ``batch`` at a time,
-    until none is left; ``progress`` is called after every batch. ``pause``
-    seconds between batches leave room to other writers on a busy server."""
+    until none is left; ``progress`` is called after every batch."""
     statuses = parse_statuses(",".join(statuses))
     if not 1 <= batch <= MAX_BATCH:
         raise EverystepError(f"--batch must be between 1 and {MAX_BATCH:,}")
@@ -90,8 +88,6 @@ def prune(
         report.seconds = time.monotonic() - started
         if progress is not None:
             progress(report)
-        if pause:
-            time.sleep(pause)
     report.seconds = time.monotonic() - started
     return report
 
