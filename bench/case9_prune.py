@@ -61,7 +61,7 @@ def history_count(url: str) -> int:
 
 def run(ctx: Context) -> None:
     s = ctx.settings
-    url = ctx.urls["scale"]
+    url = case7_depth.history_url(ctx, s.prune_history)
     out = ctx.results.setdefault("case9", {})
     case7_depth.cleanup(url)
     have = history_count(url)
