@@ -7,7 +7,9 @@ where pg_stat_statements tracks top-level statements:
 1. *accounting*: nothing attached. CPU seconds per process tree (psutil),
    per-statement server time and calls (pg_stat_statements, reset just
    before), wait events sampled every 50 ms.
-2. *sampling*: the same with ``py-spy record --subprocesses --nonblocking``
+2. *levers*: the child's write path alone, in the forms the levers of
+   issue 18 would give it (``bench.levers``);
+3. *sampling*: the same work as window 1 with ``py-spy record --subprocesses --nonblocking``
    attached to the supervisor (parent and children), which slows it; only
    the *shares* of Python CPU by component are taken from this window and
    applied to the CPU measured in window 1.
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import bulk, esdb, fleet, procs
+from . import bulk, esdb, fleet, levers, procs
 from .context import Context
 from .report import Section, Table
 from .stats import fmt
@@ -113,6 +115,12 @@ def run(ctx: Context) -> None:
     out["statements"] = _statements(url)
     ctx.log(f"case 10: {window.rate['runs_per_s']:,.0f} runs/s; CPU/run parent {window.per_run_us('python:parent'):.0f} µs, "
             f"children {window.per_run_us('python:children'):.0f} µs, PostgreSQL {window.per_run_us('postgres'):.0f} µs")
+    # The child's write path in the forms the levers would give it.
+    for key, lever_url in (("durable", url), ("async", ctx.urls["es_async"])):
+        out.setdefault("levers", {})[key] = levers.measure(lever_url, s.lever_runs)
+        med = levers.medians(out["levers"][key])
+        ctx.log(f"case 10: write path per run ({key}): "
+                + ", ".join(f"{form} {value:.0f} µs" for form, value in med.items()))
     # Window 2: sampling with py-spy.
     spy = shutil.which("py-spy")
     if spy is None:
@@ -211,6 +219,28 @@ def section(ctx: Context) -> Section:
                       caption="What the database's active backends were doing (sampled every 50 ms):")
         for event, value in sorted(waits.items(), key=lambda item: -item[1]):
             table.add(event, fmt(value, 2))
+        section.tables.append(table)
+    lever_results = out.get("levers")
+    if lever_results:
+        table = Table(["form of the write path (3 step records + terminal status)",
+                       "durable: µs per run, median (p25–p75)", "vs today",
+                       "synchronous_commit = off: µs per run", "vs today"],
+                      caption="The write path of one run replayed in the forms the levers would give it "
+                              "(`bench/levers.py`: the engine's own statements, each form on its own connection, "
+                              f"the forms taking turns run by run, {s.lever_runs} runs each):")
+        today = {key: levers.medians(values).get("today") for key, values in lever_results.items()}
+        for form in levers.FORMS:
+            cells: list[str] = [form]
+            for key in ("durable", "async"):
+                values = lever_results.get(key, {}).get(form, [])
+                if len(values) < 2:
+                    cells += ["n/a", "n/a"]
+                    continue
+                q1, q2, q3 = levers.quartiles(values)
+                base = today.get(key)
+                cells += [f"{q2:,.0f} ({q1:,.0f}–{q3:,.0f})",
+                          f"{(q2 / base - 1) * 100:+.0f} %" if base else "n/a"]
+            table.add(*cells)
         section.tables.append(table)
     spy = out.get("spy")
     if spy:

@@ -43,6 +43,7 @@ class Settings:
     prune_history: int = 1_000_000
     prune_phase_seconds: float = 6.0
     profile_runs: int = 3000
+    lever_runs: int = 300
 
     @classmethod
     def for_mode(cls, quick: bool) -> Settings:
@@ -55,7 +56,7 @@ class Settings:
             depth_history=(0, 20_000), depth_backlog=(2_000,), depth_runs=300, depth_probes=60, depth_reps=1,
             history_reps=1,
             scale_supervisors=(1, 2), scale_single_procs=4, scale_runs=300, scale_reps=1,
-            prune_history=20_000, prune_phase_seconds=1.5, profile_runs=300,
+            prune_history=20_000, prune_phase_seconds=1.5, profile_runs=300, lever_runs=60,
         )
 
 
