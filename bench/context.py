@@ -39,7 +39,7 @@ class Settings:
     scale_supervisors: tuple[int, ...] = (1, 2, 4, 8)
     scale_single_procs: int = 8
     scale_runs: int = 3000
-    scale_reps: int = 2
+    scale_reps: int = 3
     prune_history: int = 1_000_000
     prune_phase_seconds: float = 6.0
     profile_runs: int = 3000
