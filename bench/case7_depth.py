@@ -164,10 +164,9 @@ def measure(ctx: Context, url: str, kind: str, size: int) -> dict[str, float]:
 
 
 def history_url(ctx: Context, size: int) -> str:
-    """One database per history size, so repetitions can alternate between
-    them and pair each with an empty-database measurement taken just before."""
-    if size == 0:
-        return ctx.urls["scale"]
+    """One fresh database per history size (the empty one too: the backlog
+    conditions churn ``ctx.urls["scale"]``), so repetitions can alternate
+    between them and pair each with an empty-database measurement."""
     key = f"scale_{size}"
     if key not in ctx.urls:
         url = ctx.urls[key] = ctx.server.create_database(f"bench_scale_{size}")
@@ -189,7 +188,7 @@ def run(ctx: Context) -> None:
             ctx.log(f"case 7: loaded {size:,} finished runs with 3 steps each in {seconds:.1f}s "
                     f"(COPY), VACUUM ANALYZE {vacuum:.1f}s")
             out.setdefault("load", {})[size] = seconds
-    empty_url = history_url(ctx, 0)
+    empty_url = ctx.urls["scale"]
     for kind, size in conditions(ctx):
         if kind == "history":
             continue
@@ -290,7 +289,7 @@ def section(ctx: Context) -> Section:
             "their three `done` steps, realistic payloads, finished 31–90 days ago), then `VACUUM ANALYZE`; each of "
             f"the {s.history_reps} history repetitions measures the sizes back to back, and \"paired\" is the median "
             "of the per-repetition ratios to the empty database, which cancels most of a shared machine's drift. "
-            "Backlogs are scheduled runs COPYed into the empty database: *not served* = a workflow this supervisor "
+            "Backlogs are scheduled runs COPYed into another, empty database: *not served* = a workflow this supervisor "
             "does not know, created before the measured runs; *served* = the measured workflow itself (rate over "
             f"its first runs); {s.depth_reps} repetition(s) each. Claim latency: {s.depth_probes} timed "
             "`Store.claim(limit=2)` calls from the harness on the measured runs before the window (client round "

@@ -37,8 +37,9 @@ def postmaster_pid(url: str) -> int | None:
     """The server's postmaster, if it runs on this machine."""
     with psycopg.connect(url, autocommit=True) as conn:
         backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
-    with contextlib.suppress(psutil.Error):
-        return psutil.Process(backend).ppid()
+        # Ask while the connection is open: its backend exits with it.
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(backend).ppid()
     return None
 
 
