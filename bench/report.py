@@ -110,7 +110,7 @@ def write_chart(path: Path, title: str, xlabel: str, ylabel: str, series: Sequen
     xs_all = sorted({p[0] for s in series for p in s.points})
     if xs_all:
         ax.set_xticks(xs_all)
-        ax.set_xticklabels([f"{x:g}" for x in xs_all])
+        ax.set_xticklabels([f"{x:,.0f}" if x >= 1000 else f"{x:g}" for x in xs_all])
     ax.grid(True, which="both", alpha=0.3)
     if series:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
