@@ -29,6 +29,7 @@ import psycopg
 
 from . import procs
 from .context import Context
+from .procs import Proc
 
 APP = "bench.workloads"
 
@@ -141,7 +142,7 @@ class Fleet:
     procs: int
     label: str
     extra: tuple[str, ...] = ()
-    members: list[tuple[procs.Proc, str, str]] = field(default_factory=list)
+    members: list[tuple[Proc, str, str]] = field(default_factory=list)
 
     def start(self) -> Fleet:
         for index in range(self.supervisors):
@@ -149,7 +150,7 @@ class Fleet:
             name = f"{self.label}-{index}"
             cmd = procs.supervisor_cmd(self.url, self.procs, socket_path, app=APP, name=name, burst=False,
                                        extra=self.extra)
-            self.members.append((procs.Proc(cmd, self.ctx.work.log(f"fleet-{name}")), socket_path, name))
+            self.members.append((Proc(cmd, self.ctx.work.log(f"fleet-{name}")), socket_path, name))
         for proc, socket_path, _name in self.members:
             try:
                 procs.wait_children_idle(socket_path, self.procs, timeout=60)
