@@ -30,6 +30,20 @@ class Settings:
     overhead_reps: int = 5
     respawn_reps: int = 5
     memory_procs: int = 4
+    depth_history: tuple[int, ...] = (0, 100_000, 1_000_000)
+    depth_backlog: tuple[int, ...] = (10_000, 100_000)
+    depth_runs: int = 2000
+    depth_probes: int = 400
+    depth_reps: int = 2
+    history_reps: int = 5
+    scale_supervisors: tuple[int, ...] = (1, 2, 4, 8)
+    scale_single_procs: int = 8
+    scale_runs: int = 3000
+    scale_reps: int = 3
+    prune_history: int = 1_000_000
+    prune_phase_seconds: float = 6.0
+    profile_runs: int = 3000
+    lever_runs: int = 300
 
     @classmethod
     def for_mode(cls, quick: bool) -> Settings:
@@ -39,6 +53,10 @@ class Settings:
             quick=True, throughput_runs=200, pgbench_seconds=1.0, cpu_runs=4, cpu_seconds=0.15,
             latency_notify_runs=60, latency_poll_runs=30, peer_reps=1, peer_runs=200,
             overhead_steps=100, overhead_reps=3, respawn_reps=3, memory_procs=2,
+            depth_history=(0, 20_000), depth_backlog=(2_000,), depth_runs=300, depth_probes=60, depth_reps=1,
+            history_reps=1,
+            scale_supervisors=(1, 2), scale_single_procs=4, scale_runs=300, scale_reps=1,
+            prune_history=20_000, prune_phase_seconds=1.5, profile_runs=300, lever_runs=60,
         )
 
 

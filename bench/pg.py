@@ -6,7 +6,9 @@ binaries (``tests/support/pgserver.py``). That helper tunes its clusters for
 tests (``fsync=off``, ``synchronous_commit=off``); a benchmark of a durable
 engine must pay for a durable commit, so the benchmark cluster is started
 with PostgreSQL's production defaults instead: ``fsync=on``,
-``synchronous_commit=on``, ``full_page_writes=on``. On an existing server
+``synchronous_commit=on``, ``full_page_writes=on``, and pg_stat_statements
+loaded but tracking nothing except in the profile case's database. On an
+existing server
 (``--database URL``) the server's configuration is left alone, and every
 benchmark database gets ``ALTER DATABASE … SET synchronous_commit = on``.
 Either way the report quotes the settings as a benchmark connection sees
@@ -63,6 +65,25 @@ class BenchServer:
             )
         return url
 
+    def set_database(self, url: str, setting: str, value: str) -> None:
+        """``ALTER DATABASE … SET setting = value`` (for new sessions)."""
+        name = url.rsplit("/", 1)[-1].split("?", 1)[0]
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)))
+
+    def enable_statement_stats(self, url: str) -> bool:
+        """pg_stat_statements in this database only (top-level statements);
+        False when the server does not load it."""
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                conn.execute("SELECT count(*) FROM pg_stat_statements").fetchone()
+        except psycopg.Error:
+            return False
+        self.set_database(url, "pg_stat_statements.track", "top")
+        return True
+
     def settings(self, url: str) -> dict[str, str]:
         with psycopg.connect(url, autocommit=True) as conn:
             values = {name: str(conn.execute(f"SHOW {name}").fetchone()[0]) for name in REPORTED_SETTINGS}
@@ -96,11 +117,23 @@ def _start_durable() -> pgserver.PgServer:
         option for option in options
         if not any(key in option for key in ("fsync", "synchronous_commit", "full_page_writes"))
     )
-    pgserver._SERVER_OPTIONS = keep + DURABLE_OPTIONS
+    pgserver._SERVER_OPTIONS = keep + DURABLE_OPTIONS + _statement_stats_options()
     try:
         return pgserver.start_server(env_var=ENV_VAR)
     finally:
         pgserver._SERVER_OPTIONS = options
+
+
+def _statement_stats_options() -> tuple[str, ...]:
+    """Load pg_stat_statements when the local install has it, tracking
+    nothing by default: only the profile case's database turns it on."""
+    try:
+        libdir = Path(pgserver._find_bindir()).resolve().parent / "lib"
+    except Exception:
+        return ()
+    if not (libdir / "pg_stat_statements.so").exists():
+        return ()
+    return ("-c shared_preload_libraries=pg_stat_statements", "-c pg_stat_statements.track=none")
 
 
 def find_tool(name: str) -> str | None:

@@ -1,4 +1,4 @@
-"""RESULTS.md and the throughput chart.
+"""RESULTS.md and its charts (matplotlib, from the ``bench`` or ``test`` extra).
 
 Each case returns a ``Section``: a title, a paragraph on method, one or more
 tables and notes. A case that could not run still returns its section, with
@@ -76,21 +76,14 @@ class ChartSeries:
     ranges: dict[float, tuple[float, float]] = field(default_factory=dict)
 
 
-def write_chart(path: Path, title: str, xlabel: str, ylabel: str, series: Sequence[ChartSeries]) -> str:
-    """Write the PNG with matplotlib when it is installed, else with the
-    built-in rasteriser; returns which one drew it."""
+def write_chart(path: Path, title: str, xlabel: str, ylabel: str, series: Sequence[ChartSeries],
+                log_y: bool = True, log_x: bool = False) -> str:
+    """Write a line chart (medians with min–max bars) as a PNG; returns what drew it."""
     series = [s for s in series if s.points]
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from .pngchart import line_chart
-
-        line_chart(path, title, xlabel, ylabel, [(s.label, s.points) for s in series],
-                   ranges=[s.ranges for s in series])
-        return "built-in PNG writer (matplotlib not installed)"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
@@ -106,13 +99,18 @@ def write_chart(path: Path, title: str, xlabel: str, ylabel: str, series: Sequen
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_yscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    if log_x:
+        ax.set_xscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.0f}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _pos: ""))
     xs_all = sorted({p[0] for s in series for p in s.points})
     if xs_all:
         ax.set_xticks(xs_all)
-        ax.set_xticklabels([f"{x:g}" for x in xs_all])
+        ax.set_xticklabels([f"{x:,.0f}" if x >= 1000 else f"{x:g}" for x in xs_all])
     ax.grid(True, which="both", alpha=0.3)
     if series:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -1,7 +1,7 @@
 """Run every case against one PostgreSQL server and write the report.
 
-Order: cases 1 and 2 together (their repetitions interleave), then 3, 4, 5
-and 6. A case that fails is reported as not measured, with its error; the
+Order: cases 1 and 2 together (their repetitions interleave), then 3 to
+10. Case 9 prunes the history case 7 leaves in the shared scale database. A case that fails is reported as not measured, with its error; the
 others still run. The exit status is 1 if an everystep case failed (a peer
 that is missing or fails does not count), 0 otherwise.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
-               case6_overheads, esdb, pg)
+               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -33,6 +33,10 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case4", "Case 4 — pickup latency", case4_latency.run, case4_latency.section),
     ("case5", "Case 5 — peers", case5_peers.run, case5_peers.section),
     ("case6", "Case 6 — overheads", case6_overheads.run, case6_overheads.section),
+    ("case7", "Case 7 — depth and history", case7_depth.run, case7_depth.section),
+    ("case8", "Case 8 — scale-out", case8_scaleout.run, case8_scaleout.section),
+    ("case9", "Case 9 — retention", case9_prune.run, case9_prune.section),
+    ("case10", "Case 10 — profile", case10_profile.run, case10_profile.section),
 ]
 
 
@@ -77,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         ctx.urls["pgbench_async"] = server.create_database("bench_pgbench_async", synchronous_commit="off")
         ctx.urls["dbos"] = server.create_database("bench_dbos")
         ctx.urls["procrastinate"] = server.create_database("bench_procrastinate")
-        for key in ("es", "es_async"):
+        ctx.urls["scale"] = server.create_database("bench_scale")
+        server.set_database(ctx.urls["scale"], "track_functions", "pl")
+        ctx.urls["profile"] = server.create_database("bench_profile")
+        for key in ("es", "es_async", "scale", "profile"):
             esdb.migrate(ctx.urls[key])
+        server.enable_statement_stats(ctx.urls["profile"])
         settings_seen = server.settings(ctx.urls["es"])
         ctx.log(f"server ready ({'throwaway cluster' if server.owned else 'existing server'}): "
                 f"fsync={settings_seen['fsync']}, synchronous_commit={settings_seen['synchronous_commit']}")
@@ -106,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         drawer = write_chart(chart_path, "Throughput vs --procs (same PostgreSQL server)",
                              "--procs (everystep) / clients (pgbench) / worker processes (peers)",
                              "per second (log scale)", _chart(ctx))
+        scaling = _scaling_charts(ctx, out_dir)
         results = out_dir / "RESULTS.md"
-        results.write_text(_document(ctx, facts, settings_seen, sections, drawer, time.monotonic() - started))
+        results.write_text(_document(ctx, facts, settings_seen, sections, drawer, time.monotonic() - started,
+                                     scaling))
         print(f"[bench] wrote {results} and {chart_path} in {time.monotonic() - started:.0f}s", flush=True)
     finally:
         server.close()
@@ -139,6 +149,7 @@ TARGETS = [
     ("case4", "with NOTIFY", "Case 4: with NOTIFY, p50 ≤ 5 ms and p99 ≤ 25 ms"),
     ("case5", "3-step shape", "Case 5: ≥ 1.5× DBOS runs/s on the 3-step shape"),
     ("case5", "CPU case", "Case 5: ≥ 1.7× DBOS on the CPU case"),
+    ("case7", "finished runs, runs/s within 10 %", "Case 7: at the largest history, runs/s within 10 % of the empty database"),
 ]
 _TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
 
@@ -162,8 +173,33 @@ def _chart(ctx: Context) -> list[ChartSeries]:
     return case2_throughput.chart_series(ctx) + case5_peers.chart_points(ctx)
 
 
+def _scaling_charts(ctx: Context, out_dir: Path) -> list[str]:
+    """The scaling section's charts (cases 7 and 8); returns their file names."""
+    written = []
+    series = case8_scaleout.chart_series(ctx)
+    if any(item.points for item in series):
+        write_chart(out_dir / "scaleout.png", "Scale-out: supervisors on one PostgreSQL server (this machine)",
+                    "supervisors (--procs 2 each)", "runs/s", series, log_y=False)
+        written.append("scaleout.png")
+    series = case7_depth.chart_series(ctx)
+    if any(len(item.points) > 1 for item in series):
+        write_chart(out_dir / "history.png", "Throughput against finished runs in the database",
+                    "finished runs (log scale; 0 drawn at 1)", "runs/s", series, log_y=False, log_x=True)
+        written.append("history.png")
+    return written
+
+
+def _scaling_section(ctx: Context, charts: list[str]) -> list[str]:
+    lines = ["## Scaling (cases 7–9)", "",
+             "How cost grows with history, queue depth and the number of supervisors, and what pruning costs a "
+             "working supervisor. The capacity model and the reading of these numbers are in "
+             "[docs/performance.md](../docs/performance.md).", ""]
+    lines += [f"![{name}]({name})" for name in charts]
+    return lines + [""]
+
+
 def _document(ctx: Context, facts: dict[str, str], server: dict[str, str], sections: list[Section],
-              drawer: str, seconds: float) -> str:
+              drawer: str, seconds: float, charts: list[str] | None = None) -> str:
     s = ctx.settings
     mode = "quick (`--quick`: fewer runs and repetitions)" if s.quick else "full"
     lines = [
@@ -194,11 +230,15 @@ def _document(ctx: Context, facts: dict[str, str], server: dict[str, str], secti
         + ", as in production, for every system measured. The only exceptions are the labelled sensitivity rows "
         "(databases with `synchronous_commit=off`) in cases 2 and 6. SQLite (case 6) uses everystep's "
         "embedded settings: WAL, `synchronous=NORMAL`.",
-        f"- Chart: `throughput.png`, drawn with {drawer}.",
+        f"- Charts: `throughput.png` (cases 1, 2 and 5), `scaleout.png` and `history.png` (cases 7 and 8), drawn "
+        f"with {drawer}.",
+        "- pg_stat_statements is loaded by the harness's cluster but tracks statements only in case 10's database.",
         "",
     ]
     lines += _targets(sections)
     for section in sections:
+        if section.key == "case7":
+            lines += _scaling_section(ctx, charts or [])
         lines.append(section.markdown())
     return "\n".join(lines)
 

@@ -60,6 +60,7 @@ class ClaimLoop:
         self.lease = Lease(store, name, kind, lease, takeover=takeover)
         self.names: list[str] = registry.workflow_names()
         self.claimed = 0
+        self.empty_claims = 0
         self._outage = OutageLog(self.logger, self.who, "claiming")
         self._starting = True
         self._resumed = 0  # runs caught up at startup, logged once when done
@@ -161,6 +162,9 @@ class ClaimLoop:
         self._due = len(runs) == capacity  # a full batch: more may be waiting
         self._next_poll = now + self.poll
         self._count(runs)
+        if not runs:  # contention among runners shows here (ctl status, metrics)
+            self.empty_claims += 1
+            metrics.record(lambda m: m.empty_claims.labels(self.name).inc())
         return runs
 
     def _count(self, runs: list[Run]) -> None:

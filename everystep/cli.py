@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, registry, relay, serde
+from . import admin, dryrun, registry, relay, retention, serde
 from .cliutil import OneLineParser, fail, format_table, print_json, setup_logging
 from .errors import EverystepError
-from .models import RUN_STATUSES, Run, StepRecord
+from .models import PRUNABLE_STATUSES, RUN_STATUSES, Run, StepRecord
 from .observer import Observer
 from .store import Store, connect
 from .lease import DEFAULT_LEASE
@@ -102,6 +102,17 @@ def build_parser() -> OneLineParser:
                           "default: $EVERYSTEP_UI_AUTH_TOKEN")
     sub.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
+    sub = commands.add_parser("prune", help="delete finished runs and their steps older than a duration")
+    _common(sub)
+    sub.add_argument("--older-than", required=True, metavar="DURATION",
+                     help="runs finished longer ago than this: 90s, 10m, 2h, 30d")
+    sub.add_argument("--status", default=",".join(PRUNABLE_STATUSES), metavar="S[,S]",
+                     help=f"which finished runs (default {','.join(PRUNABLE_STATUSES)}); "
+                          "scheduled, running and blocked runs are never pruned")
+    sub.add_argument("--batch", type=int, default=retention.DEFAULT_BATCH, metavar="N",
+                     help=f"runs deleted per transaction (default {retention.DEFAULT_BATCH:,})")
+    sub.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
+
     sub = commands.add_parser("worker", help="run a threaded worker (embedded mode)")
     _common(sub)
     add_worker_arguments(sub)
@@ -170,6 +181,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "resolve-step": cmd_resolve_step,
         "requeue": cmd_requeue,
         "runners": cmd_runners,
+        "prune": cmd_prune,
         "worker": cmd_worker,
         "check-deploy": cmd_check_deploy,
         "remote": cmd_remote,
@@ -305,6 +317,28 @@ def cmd_runners(store: Store, args: argparse.Namespace) -> int:
         for runner in runners
     ]
     print(format_table(("NAME", "KIND", "HOST", "PID", "HEARTBEAT", "LEASE", "STATE", "RUNNING"), rows))
+    return 0
+
+
+def cmd_prune(store: Store, args: argparse.Namespace) -> int:
+    older_than = retention.parse_duration(args.older_than)
+    statuses = retention.parse_statuses(args.status)
+    if not 1 <= args.batch <= retention.MAX_BATCH:
+        raise EverystepError(f"--batch must be between 1 and {retention.MAX_BATCH:,}")
+    runs, steps = retention.count(store, older_than, statuses)
+    what = f"{runs:,} {'/'.join(statuses)} run(s) finished more than {args.older_than} ago ({steps:,} steps)"
+    if args.dry_run:
+        print(f"would delete {what}")
+        return 0
+    print(f"deleting {what}, {args.batch:,} runs per transaction", flush=True)
+
+    def progress(report: retention.PruneReport) -> None:
+        rate = report.runs / report.seconds if report.seconds > 0 else 0.0
+        print(f"deleted {report.runs:,} of ~{runs:,} runs ({report.steps:,} steps) in {report.batches} "
+              f"batch(es), {report.seconds:.1f}s, {rate:,.0f} runs/s", flush=True)
+
+    report = retention.prune(store, older_than, statuses, args.batch, progress=progress)
+    print(f"done: deleted {report.runs:,} runs and {report.steps:,} steps in {report.seconds:.1f}s")
     return 0
 
 

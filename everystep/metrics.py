@@ -59,6 +59,7 @@ class Metrics:
     child_restarts: Counter
     step_timeouts: Counter
     control_requests: Counter
+    empty_claims: Counter
 
 
 _create_lock = threading.Lock()
@@ -115,6 +116,8 @@ def _create() -> Metrics | None:
                               ["runner"]),
         control_requests=Counter("everystep_supervisor_control_requests_total", "Control-socket requests",
                                  ["runner", "command"]),
+        empty_claims=Counter("everystep_worker_empty_claims_total",
+                             "Claim statements that found nothing to claim", ["runner"]),
     )
 
 

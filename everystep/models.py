@@ -37,6 +37,10 @@ BLOCKED = RunStatus.BLOCKED
 RUN_STATUSES = tuple(RunStatus)
 #: Where an execution ends a run (``blocked`` waits for an operator).
 TERMINAL_STATUSES = (COMPLETED, FAILED, STOPPED, BLOCKED)
+# Statuses a run never leaves, so retention (`everystep prune`) may delete
+# such runs; blocked is terminal for a supervisor but waits for an operator.
+# The one list of what may be pruned: a new final status goes here.
+PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED)
 
 STEP_STARTED = StepStatus.STARTED
 STEP_DONE = StepStatus.DONE

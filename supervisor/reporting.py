@@ -52,7 +52,8 @@ def status(arbiter: Arbiter) -> StatusReply:
         uptime=round(now - arbiter.started, 3),
         database=arbiter.store.describe(),
         ready=len(arbiter.ready),
-        runs={**{str(outcome): count for outcome, count in arbiter.counts.items()}, "claimed": arbiter.loop.claimed},
+        runs={**{str(outcome): count for outcome, count in arbiter.counts.items()}, "claimed": arbiter.loop.claimed,
+              "empty_claims": arbiter.loop.empty_claims},
         restarts={str(reason): count for reason, count in arbiter.restarts.items()},
         children=[_child_status(kid, now) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
     )

@@ -96,6 +96,16 @@ def test_status_shows_the_step_each_child_is_running(db_url, store, supervisors,
     assert next(c for c in idle["children"] if c["pid"] == busy["pid"])["runs_done"] == 1
 
 
+def test_status_counts_claims_that_came_back_empty(db_url, store, supervisors, tmp_path):
+    sup = supervisors(db_url, procs=1).start()
+    idle = sup.wait_status(lambda s: s["runs"].get("empty_claims", 0) >= 3, "three polls that found nothing")
+    assert idle["runs"].get("claimed", 0) == 0
+    run = schedule(supervised.tiny, spec(tmp_path), database=store)
+    assert wait_run(store, run.id, (COMPLETED, FAILED), supervisor=sup).status == COMPLETED
+    after = sup.wait_status(lambda s: s["runs"].get("claimed") == 1, "the run counted as claimed")
+    assert after["runs"]["empty_claims"] >= idle["runs"]["empty_claims"]
+
+
 @pytest.mark.parametrize("catch", [False, True], ids=["body-fails", "body-catches"])
 def test_kill_records_the_step_in_flight_as_step_killed(db_url, store, supervisors, tmp_path, catch):
     sup = supervisors(db_url, procs=2).start()

@@ -218,6 +218,9 @@ def test_supervisor_metrics_aggregate_both_children_and_the_queue(db_url, store,
     assert 0 < after.total("everystep_step_duration_seconds_sum") <= 30 * elapsed
     assert after.value("everystep_worker_pool_size", runner=name) == 2
     assert after.value("everystep_worker_claims_total", runner=name) == 10
+    # The claim after the last run finished found nothing, and says so.
+    scrape_until(port, lambda s: (s.value("everystep_worker_empty_claims_total", runner=name) or 0) >= 1,
+                 "an empty claim counted", log=sup.log)
     assert began - 5 <= after.value("everystep_worker_started_at_seconds", runner=name) <= time.time()
     assert after.value("everystep_supervisor_children", runner=name) == 2
     assert after.value("everystep_workflows_running") == 0

@@ -407,3 +407,31 @@ WHERE c.oid = 'everystep_workflow'::regclass
 
 -- name: steps_of_runs
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = ANY(%(ids)s::uuid[]) ORDER BY workflow_id, id
+
+-- name: prune_count
+-- What `everystep prune` would delete (its --dry-run and progress total).
+SELECT count(*) AS runs, (SELECT count(*) FROM everystep_step AS s
+                  JOIN everystep_workflow AS w ON w.id = s.workflow_id
+                  WHERE w.status = ANY(%(statuses)s) AND w.status NOT IN ('scheduled', 'running', 'blocked')
+                    AND w.completed_at < %(cutoff)s) AS steps
+FROM everystep_workflow
+WHERE status = ANY(%(statuses)s) AND status NOT IN ('scheduled', 'running', 'blocked')
+  AND completed_at < %(cutoff)s
+
+-- name: prune_pick
+-- One batch of finished runs to delete. The NOT IN is the guarantee that
+-- no unfinished run is ever pruned, whatever statuses the caller passes;
+-- FOR UPDATE re-checks the row after locking it, and SKIP LOCKED never
+-- waits for an operator command holding one.
+SELECT id FROM everystep_workflow
+WHERE status = ANY(%(statuses)s) AND status NOT IN ('scheduled', 'running', 'blocked')
+  AND completed_at < %(cutoff)s
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: prune_steps
+DELETE FROM everystep_step WHERE workflow_id = ANY(%(ids)s::uuid[])
+
+-- name: prune_runs
+DELETE FROM everystep_workflow
+WHERE id = ANY(%(ids)s::uuid[]) AND status NOT IN ('scheduled', 'running', 'blocked')

@@ -349,3 +349,30 @@ SELECT -1.0 AS estimated_rows, NULL AS status_values, NULL AS status_shares
 SELECT {step_columns} FROM everystep_step
 WHERE workflow_id IN (SELECT value FROM json_each(:ids))
 ORDER BY workflow_id, id
+
+-- name: prune_count
+-- What `everystep prune` would delete (its --dry-run and progress total).
+SELECT count(*) AS runs, (SELECT count(*) FROM everystep_step AS s
+                  JOIN everystep_workflow AS w ON w.id = s.workflow_id
+                  WHERE w.status IN (SELECT value FROM json_each(:statuses))
+                    AND w.status NOT IN ('scheduled', 'running', 'blocked')
+                    AND w.completed_at < :cutoff) AS steps
+FROM everystep_workflow
+WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN ('scheduled', 'running', 'blocked')
+  AND completed_at < :cutoff
+
+-- name: prune_pick
+-- One batch of finished runs to delete, under the write lock (BEGIN
+-- IMMEDIATE). The NOT IN is the guarantee that no unfinished run is ever
+-- pruned, whatever statuses the caller passes.
+SELECT id FROM everystep_workflow
+WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN ('scheduled', 'running', 'blocked')
+  AND completed_at < :cutoff
+LIMIT :limit
+
+-- name: prune_steps
+DELETE FROM everystep_step WHERE workflow_id IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_runs
+DELETE FROM everystep_workflow
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN ('scheduled', 'running', 'blocked')

@@ -1,0 +1,261 @@
+"""Case 10, profile: where the time of one 3-step run goes at ``--procs 2``.
+
+Two windows of the same work (one supervisor, ``--procs 2``, case 2's
+3-step workflow, runs COPYed in and woken by one NOTIFY), on a database
+where pg_stat_statements tracks top-level statements:
+
+1. *accounting*: nothing attached. CPU seconds per process tree (psutil),
+   per-statement server time and calls (pg_stat_statements, reset just
+   before), wait events sampled every 50 ms.
+2. *levers*: the child's write path alone, in the forms the levers of
+   issue 18 would give it (``bench.levers``);
+3. *sampling*: the same work as window 1 with ``py-spy record --subprocesses --nonblocking``
+   attached to the supervisor (parent and children), which slows it; only
+   the *shares* of Python CPU by component are taken from this window and
+   applied to the CPU measured in window 1.
+
+A top-level statement is one round trip (nothing is pipelined today), so
+the calls per run are the round trips per run.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+
+from . import bulk, esdb, fleet, levers, procs
+from .context import Context
+from .report import Section, Table
+from .stats import fmt
+
+RUN_NAME = "bench.workloads.noop3"
+PY_SPY_RATE = 250
+
+#: Python components, by the file of the innermost frame (self time).
+CATEGORIES = (
+    ("psycopg (client side of each statement)", re.compile(r"psycopg")),
+    ("JSON and tagged serde", re.compile(r"(^|/)json/|everystep/serde")),
+    ("replay engine (runner, context, api)", re.compile(r"everystep/(runner|context|api|registry|observer)")),
+    ("store (SQL parameters, row mapping, pool)", re.compile(r"everystep/store")),
+    ("metrics and tracing hooks", re.compile(r"prometheus_client|everystep/(metrics|traces|telemetry|sentry)")),
+    ("child: channel, step board, loop", re.compile(r"supervisor/(child|stepboard|protocol)")),
+    ("parent: arbiter loop, dispatch, children", re.compile(r"supervisor/")),
+    ("selectors, sockets, os", re.compile(r"(^|/)(selectors|socket|os|subprocess)\.py")),
+    ("logging", re.compile(r"(^|/)logging/")),
+)
+OTHER = "other (stdlib, dataclasses, uuid, datetime…)"
+
+
+def _work(url: str, runs: int) -> None:
+    bulk.load_scheduled(url, runs, RUN_NAME, notify=True)
+
+
+def _statements(url: str) -> list[tuple[str, int, float, float]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [(str(q), int(c), float(t), float(p)) for q, c, t, p in conn.execute(
+            "SELECT query, calls, total_exec_time, total_plan_time FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND query NOT ILIKE '%%pg_stat%%' AND query NOT ILIKE 'COPY%%' AND query NOT ILIKE '%%pg_notify(%%$1)%%'"
+            " ORDER BY total_exec_time DESC")]
+
+
+def _reset_statements(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def _category(frame: str) -> str:
+    match = re.search(r"\(([^()]*):\d+\)$", frame)
+    path = match.group(1) if match else frame
+    for name, pattern in CATEGORIES:
+        if pattern.search(path):
+            return name
+    return OTHER
+
+
+def parse_raw(path: Path, parent_pid: int) -> dict[str, collections.Counter[str]]:
+    """py-spy raw output → samples by role (parent / children) and category."""
+    roles: dict[str, collections.Counter[str]] = {"parent": collections.Counter(),
+                                                   "children": collections.Counter()}
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        frames = stack.split(";")
+        pids = [int(m.group(1)) for m in (re.match(r"process (\d+):", f) for f in frames) if m]
+        calls = [f for f in frames if not f.startswith("process ")]
+        if not calls:
+            continue
+        role = "parent" if pids and pids[-1] == parent_pid else "children"
+        roles[role][_category(calls[-1])] += int(count)
+    return roles
+
+
+def run(ctx: Context) -> None:
+    s = ctx.settings
+    url = ctx.urls["profile"]
+    out = ctx.results.setdefault("case10", {})
+    # Window 1: accounting.
+    esdb.reset(url)
+    group = fleet.Fleet(ctx, url, 1, 2, label="profile", extra=("--poll", "600")).start()
+    try:
+        _reset_statements(url)
+        window = fleet.measure_window(group, url, s.profile_runs, lambda: _work(url, s.profile_runs),
+                                      timeout=120 + s.profile_runs * 0.5)
+    finally:
+        group.stop()
+    out["window"] = window
+    out["statements"] = _statements(url)
+    ctx.log(f"case 10: {window.rate['runs_per_s']:,.0f} runs/s; CPU/run parent {window.per_run_us('python:parent'):.0f} µs, "
+            f"children {window.per_run_us('python:children'):.0f} µs, PostgreSQL {window.per_run_us('postgres'):.0f} µs")
+    # The child's write path in the forms the levers would give it.
+    for key, lever_url in (("durable", url), ("async", ctx.urls["es_async"])):
+        out.setdefault("levers", {})[key] = levers.measure(lever_url, s.lever_runs)
+        med = levers.medians(out["levers"][key])
+        ctx.log(f"case 10: write path per run ({key}): "
+                + ", ".join(f"{form} {value:.0f} µs" for form, value in med.items()))
+    # Window 2: sampling with py-spy.
+    spy = shutil.which("py-spy")
+    if spy is None:
+        out["spy_error"] = "py-spy is not installed (it is in the bench extra)"
+        return
+    esdb.reset(url)
+    group = fleet.Fleet(ctx, url, 1, 2, label="profile-spy", extra=("--poll", "600")).start()
+    raw = ctx.work.path / "py-spy.txt"
+    log = ctx.work.log("py-spy")
+    try:
+        with open(log, "wb") as handle:
+            sampler = subprocess.Popen([spy, "record", "--pid", str(group.pids[0]), "--subprocesses",
+                                        "--nonblocking", "--rate", str(PY_SPY_RATE), "--format", "raw",
+                                        "-o", str(raw)], stdout=handle, stderr=subprocess.STDOUT)
+            time.sleep(1.0)  # let py-spy attach to every process
+            before = group.counts().get("completed", 0)
+            _work(url, s.profile_runs)
+            group.wait_completed(before + s.profile_runs, timeout=120 + s.profile_runs)
+            sampler.send_signal(signal.SIGINT)
+            sampler.wait(timeout=60)
+    finally:
+        group.stop()
+    if not raw.exists():
+        out["spy_error"] = f"py-spy wrote nothing: {procs.tail(log, 3)}"
+        return
+    out["spy"] = parse_raw(raw, group.pids[0])
+
+
+def _short(query: str) -> str:
+    text = " ".join(query.split())
+    for name, needle in (("claim (everystep_claim function)", "everystep_claim("),
+                         ("record_step (INSERT … ON CONFLICT, ownership check)", "INSERT INTO everystep_step"),
+                         ("finish_run (UPDATE, async commit)", "SET status = $1, result"),
+                         ("claim_own (reconciliation every 5 s)", "claimed_by = $1 AND name = ANY"),
+                         ("get_steps (outcomes of a replayed run)", "FROM everystep_step WHERE workflow_id"),
+                         ("heartbeat", "UPDATE everystep_runner"),
+                         ("recover_expired (lease sweep)", "WITH dead AS")):
+        if needle in text:
+            return name
+    return "`" + (text[:70] + "…" if len(text) > 70 else text) + "`"
+
+
+def section(ctx: Context) -> Section:
+    s = ctx.settings
+    out = ctx.results.get("case10", {})
+    section = Section(
+        "case10", f"Case 10 — profile: where each 100 µs of a 3-step run goes (--procs 2, {s.profile_runs:,} runs)",
+        method=(
+            "Two windows of the same work: one supervisor at `--procs 2` working off case 2's 3-step runs (COPYed "
+            "in, woken by one NOTIFY). Window 1 is untouched: psutil CPU per process tree, `pg_stat_statements` "
+            "(top-level statements, reset just before) and wait events. Window 2 repeats it with "
+            f"`py-spy record --subprocesses --nonblocking --rate {PY_SPY_RATE}` attached; only the shares of Python "
+            "samples by component (innermost frame's file) are used, scaled to window 1's CPU. Every top-level "
+            "statement is one round trip. See docs/performance.md for the reading of these tables."
+        ),
+    )
+    window = out.get("window")
+    if window is None:
+        return section
+    runs = window.runs
+    rate = window.rate["runs_per_s"]
+    cpu = Table(["per run", "µs", "share of the wall time between completions"],
+                caption=f"CPU per run (window 1: {rate:,.0f} runs/s, so {1e6 / rate:,.0f} µs of wall time per run "
+                        f"and {2e6 / rate:,.0f} µs of the 2 cores):")
+    wall = 1e6 / rate if rate else float("nan")
+    for label, key in (("Python, supervisor parent", "python:parent"), ("Python, 2 children", "python:children"),
+                       ("PostgreSQL backends and background processes", "postgres")):
+        value = window.per_run_us(key)
+        cpu.add(label, fmt(value), f"{value / wall * 100:.0f} %")
+    total = window.per_run_us("python") + window.per_run_us("postgres")
+    cpu.add("**all CPU**", fmt(total), f"{total / wall * 100:.0f} % (of 200 % available)")
+    section.tables.append(cpu)
+    statements = out.get("statements", [])
+    if statements:
+        table = Table(["statement", "calls per run", "server µs per call", "server µs per run"],
+                      caption="Server time per statement (pg_stat_statements execution time; planning is not tracked, and the commit's "
+                              "WAL flush is not in it):")
+        round_trips = 0.0
+        server = 0.0
+        for query, calls, exec_ms, plan_ms in statements:
+            per_run = calls / runs
+            if per_run < 0.001:
+                continue
+            round_trips += per_run
+            us_per_run = (exec_ms + plan_ms) * 1000 / runs
+            server += us_per_run
+            table.add(_short(query), fmt(per_run, 2), fmt((exec_ms + plan_ms) * 1000 / max(calls, 1), 1),
+                      fmt(us_per_run, 1))
+        table.add("**all statements**", fmt(round_trips, 2), "", fmt(server, 1))
+        section.tables.append(table)
+        section.notes.append(f"Round trips per run: {round_trips:.2f} (top-level statements; the claim's "
+                             f"round trip is shared by the runs it claims).")
+    waits = {k.removeprefix("event:"): v for k, v in window.waits.items() if k.startswith("event:")}
+    if waits:
+        table = Table(["wait event of active backends", "mean backends per sample"],
+                      caption="What the database's active backends were doing (sampled every 50 ms):")
+        for event, value in sorted(waits.items(), key=lambda item: -item[1]):
+            table.add(event, fmt(value, 2))
+        section.tables.append(table)
+    lever_results = out.get("levers")
+    if lever_results:
+        table = Table(["form of the write path (3 step records + terminal status)",
+                       "durable: µs per run, median (p25–p75)", "vs today",
+                       "synchronous_commit = off: µs per run", "vs today"],
+                      caption="The write path of one run replayed in the forms the levers would give it "
+                              "(`bench/levers.py`: the engine's own statements, each form on its own connection, "
+                              f"the forms taking turns run by run, {s.lever_runs} runs each):")
+        today = {key: levers.medians(values).get("today") for key, values in lever_results.items()}
+        for form in levers.FORMS:
+            cells: list[str] = [form]
+            for key in ("durable", "async"):
+                values = lever_results.get(key, {}).get(form, [])
+                if len(values) < 2:
+                    cells += ["n/a", "n/a"]
+                    continue
+                q1, q2, q3 = levers.quartiles(values)
+                base = today.get(key)
+                cells += [f"{q2:,.0f} ({q1:,.0f}–{q3:,.0f})",
+                          f"{(q2 / base - 1) * 100:+.0f} %" if base else "n/a"]
+            table.add(*cells)
+        section.tables.append(table)
+    spy = out.get("spy")
+    if spy:
+        table = Table(["Python component (innermost frame)", "parent µs/run", "children µs/run"],
+                      caption="Python CPU per run by component (shares of py-spy samples in window 2 × window 1's "
+                              "CPU per run):")
+        parent_total = sum(spy["parent"].values()) or 1
+        children_total = sum(spy["children"].values()) or 1
+        names = [name for name, _ in CATEGORIES] + [OTHER]
+        for name in names:
+            p = spy["parent"].get(name, 0) / parent_total * window.per_run_us("python:parent")
+            c = spy["children"].get(name, 0) / children_total * window.per_run_us("python:children")
+            if p >= 0.5 or c >= 0.5:
+                table.add(name, fmt(p), fmt(c))
+        section.tables.append(table)
+    elif out.get("spy_error"):
+        section.notes.append(f"Python breakdown not measured: {out['spy_error']}.")
+    return section

@@ -1,0 +1,165 @@
+"""The write path of one 3-step run, replayed in the forms the levers of
+issue 18 would give it, to ground their estimates in measurements.
+
+This is not the engine: it sends the engine's own named statements
+(``record_step``, ``finish_run`` from ``store/queries/postgres.sql``) over
+one psycopg connection, run after run, the way a child does today and the
+way it could. Each form is timed per run (three step records and the
+terminal status write; the claim is left out, it is the same in all):
+
+- ``today``: four autocommit statements, three durable step commits and
+  the asynchronously committed status write (``finish_run``), psycopg's
+  automatic server-side preparation as configured (after 5 executions);
+- ``never prepared`` / ``always prepared``: the same with ``prepare=False``
+  or ``prepare=True`` on every execute;
+- ``last step + status in one transaction``: the third step record and the
+  status write share one durable commit (it must be durable: it holds a
+  step record);
+- ``… pipelined``: that transaction sent in psycopg's pipeline mode, the
+  two statements and the commit in one network round trip;
+- ``… in one statement``: the third step record in a CTE and the status
+  write conditional on it, one statement and one commit (``BEGIN`` and
+  ``COMMIT`` are round trips of their own in the transaction forms).
+
+The forms take turns run by run so a shared machine's drift hits all alike;
+each is measured on a durable database and on one with
+``synchronous_commit = off``, which leaves the CPU and round-trip part.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.types.json import set_json_loads
+
+from everystep import serde
+from everystep.store import connect
+from everystep.store.queries import load
+
+from .esdb import reset
+
+CLAIMER = "bench-levers"
+RUN_NAME = "bench.workloads.noop3"
+PAYLOAD = '{"i": 1, "tag": "bench"}'
+
+FORMS = ("today", "never prepared", "always prepared", "last step + status in one transaction",
+         "last step + status in one transaction, pipelined", "last step + status in one statement")
+
+
+def _claimed_runs(url: str, count: int) -> list[str]:
+    store = connect(url)
+    try:
+        for _ in range(count):
+            store.schedule(RUN_NAME, f"[{PAYLOAD}]")
+        return [run.id for run in store.claim(CLAIMER, count, [RUN_NAME])]
+    finally:
+        store.close()
+
+
+def _step(run_id: str, step_id: str) -> dict[str, Any]:
+    # Each run is claimed once (by ``_claimed_runs``): its claim epoch is 1.
+    return {"run_id": run_id, "claimer": CLAIMER, "claim_epoch": 1, "step_id": step_id, "name": "bench.workloads.noop",
+            "args": f"[{PAYLOAD}]", "kwargs": "{}", "status": "done", "result": PAYLOAD, "error": None,
+            "started_at": dt.datetime.now(dt.timezone.utc)}
+
+
+def _finish(run_id: str) -> dict[str, Any]:
+    return {"run_id": run_id, "claimer": CLAIMER, "claim_epoch": 1, "status": "completed", "result": PAYLOAD,
+            "error": None}
+
+
+def _forms(sql: dict[str, str]) -> dict[str, Callable[[psycopg.Connection[Any], str], None]]:
+    record, finish = sql["record_step"], sql["finish_run"]
+    # Inside a durable transaction the status write must not switch the
+    # commit to asynchronous: drop the CTE that does, keep the guarded UPDATE.
+    finish_sync = finish.replace("FROM async_commit\n", "").split("UPDATE", 1)
+    finish_in_tx = "UPDATE" + finish_sync[1]
+
+    # One statement, one round trip, one durable commit: the step record in
+    # a CTE and the guarded status write conditional on it.
+    run_update = (finish_in_tx.replace("%(status)s", "%(run_status)s").replace("%(result)s", "%(run_result)s")
+                  .replace("%(error)s", "%(run_error)s").replace("RETURNING id", "AND EXISTS (SELECT 1 FROM step)"
+                                                                 " RETURNING id"))
+    combined = (f"WITH step AS ({record}), run AS ({run_update})"
+                " SELECT (SELECT completed_at FROM step), (SELECT id FROM run)")
+
+    def one_statement(conn: psycopg.Connection[Any], run_id: str) -> None:
+        for step in ("1", "2"):
+            conn.execute(record, _step(run_id, step)).fetchone()
+        finish_params = _finish(run_id)
+        params = {**_step(run_id, "3"), "run_status": finish_params["status"],
+                  "run_result": finish_params["result"], "run_error": finish_params["error"]}
+        row = conn.execute(combined, params).fetchone()
+        if row is None or row[1] is None:
+            raise RuntimeError(f"run {run_id}: the combined write changed nothing")
+
+    def today(conn: psycopg.Connection[Any], run_id: str, prepare: bool | None = None) -> None:
+        for step in ("1", "2", "3"):
+            conn.execute(record, _step(run_id, step), prepare=prepare).fetchone()
+        conn.execute(finish, _finish(run_id), prepare=prepare).fetchone()
+
+    def folded(conn: psycopg.Connection[Any], run_id: str) -> None:
+        for step in ("1", "2"):
+            conn.execute(record, _step(run_id, step)).fetchone()
+        with conn.transaction():
+            conn.execute(record, _step(run_id, "3")).fetchone()
+            conn.execute(finish_in_tx, _finish(run_id)).fetchone()
+
+    def pipelined(conn: psycopg.Connection[Any], run_id: str) -> None:
+        for step in ("1", "2"):
+            conn.execute(record, _step(run_id, step)).fetchone()
+        with conn.pipeline(), conn.transaction():
+            conn.execute(record, _step(run_id, "3"))
+            conn.execute(finish_in_tx, _finish(run_id))
+
+    return {
+        "today": today,
+        "never prepared": lambda conn, run_id: today(conn, run_id, prepare=False),
+        "always prepared": lambda conn, run_id: today(conn, run_id, prepare=True),
+        "last step + status in one transaction": folded,
+        "last step + status in one transaction, pipelined": pipelined,
+        "last step + status in one statement": one_statement,
+    }
+
+
+def measure(url: str, runs_per_form: int) -> dict[str, list[float]]:
+    """µs per run for each form, one value per run. The forms take turns
+    run by run, each on its own connection (so preparation state never
+    mixes), so drift on a shared machine hits them all alike."""
+    forms = _forms(load("postgres"))
+    reset(url)
+    run_ids = _claimed_runs(url, (runs_per_form + 1) * len(FORMS))
+    results: dict[str, list[float]] = {form: [] for form in FORMS}
+    conns = {form: psycopg.connect(url, autocommit=True) for form in FORMS}
+    try:
+        for conn in conns.values():
+            set_json_loads(serde.loads, conn)
+        for index, run_id in enumerate(run_ids):
+            form = FORMS[index % len(FORMS)]
+            started = time.perf_counter()
+            forms[form](conns[form], run_id)
+            if index >= len(FORMS):  # the first run of each form warms its connection
+                results[form].append((time.perf_counter() - started) * 1e6)
+    finally:
+        for conn in conns.values():
+            conn.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        done = conn.execute("SELECT count(*) FROM everystep_workflow WHERE status = 'completed'"
+                            " AND claimed_by = %s", (CLAIMER,)).fetchone()[0]
+    if done != len(run_ids):
+        raise RuntimeError(f"levers: {done} of {len(run_ids)} runs completed")
+    return results
+
+
+def medians(results: dict[str, list[float]]) -> dict[str, float]:
+    return {form: statistics.median(values) for form, values in results.items() if values}
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, q2, q3
