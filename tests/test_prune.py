@@ -207,8 +207,11 @@ def test_prune_beside_a_working_supervisor_never_touches_unfinished_runs(store, 
     old = [_make_run(store, COMPLETED, steps=3) for _ in range(60)]
     _set_completed_at(store, old, utcnow() - OLD)
     spec: dict[str, Any] = {"dir": str(tmp_path)}
-    sup = supervisors(db_url, procs=2, app="tests.apps.workers", poll=0.05).start()
-    live = [schedule(workers.three_steps, spec, database=store).id for _ in range(100)]
+    sup = supervisors(db_url, procs=3, app="tests.apps.workers", poll=0.05).start()
+    # Two runs wait in their middle step until a pass has pruned others, so
+    # passes certainly run while claimed, unfinished runs exist.
+    held = [schedule(workers.three_steps, {**spec, "gate": "release"}, database=store).id for _ in range(2)]
+    live = held + [schedule(workers.three_steps, spec, database=store).id for _ in range(98)]
 
     deleted_live = 0
     overlapped = False  # a pass deleted finished live runs while others were still unfinished
@@ -220,6 +223,8 @@ def test_prune_beside_a_working_supervisor_never_touches_unfinished_runs(store, 
         deleted_live += report.runs
         after = _ids(store) & set(live)
         overlapped = overlapped or bool(before - after and after)
+        if overlapped:
+            (tmp_path / "release").touch()
         return not after
 
     wait_until(drained, "every live run finished and pruned", timeout=180, interval=0.01,
