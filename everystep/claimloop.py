@@ -50,18 +50,21 @@ class ClaimLoop:
         poll: float,
         takeover: bool = False,
         logger: logging.Logger | None = None,
+        who: str | None = None,
     ) -> None:
         self.store = store
         self.name = name
         self.kind = kind
         self.poll = poll
         self.logger = logger or logging.getLogger("everystep")
-        self.who = f"everystep {kind} {name}"
-        self.lease = Lease(store, name, kind, lease, takeover=takeover)
+        self.who = who or f"everystep {kind} {name}"
+        #: Every activity of this runner reports database trouble here: one
+        #: line when an outage starts, one when it ends.
+        self.outage = OutageLog(self.logger, self.who)
+        self.lease = Lease(store, name, kind, lease, takeover=takeover, outage=self.outage)
         self.names: list[str] = registry.workflow_names()
         self.claimed = 0
         self.empty_claims = 0
-        self._outage = OutageLog(self.logger, self.who, "claiming")
         self._starting = True
         self._resumed = 0  # runs caught up at startup, logged once when done
         self._next_reconcile = 0.0
@@ -75,7 +78,7 @@ class ClaimLoop:
         announce the runner; call before claiming anything."""
         if not self.lease.registered:
             self.lease.register()
-        metrics.runner_started(self.name, pool_size)
+        metrics.runner_started(self.name, pool_size, self.kind, self.names)
         if not self.names:
             self.logger.warning("%s: no workflows registered (did you pass --app?)", self.who)
 
@@ -131,10 +134,10 @@ class ClaimLoop:
         try:
             runs = self.store.claim_own(self.name, capacity, self.names, exclude=list(held))
         except EverystepError as exc:
-            self._outage.failed(exc)
+            self.outage.failed(exc, "catching up")
             self._next_reconcile = now + max(self.poll, 1.0)
             return []
-        self._outage.ok()
+        self.outage.ok()
         if self._starting:
             self._resumed += len(runs)
         elif runs:
@@ -154,11 +157,11 @@ class ClaimLoop:
         try:
             runs = self.store.claim(self.name, capacity, self.names)
         except EverystepError as exc:
-            self._outage.failed(exc)
+            self.outage.failed(exc, "claiming")
             self._due = False
             self._next_poll = now + max(self.poll, 1.0)
             return []
-        self._outage.ok()
+        self.outage.ok()
         self._due = len(runs) == capacity  # a full batch: more may be waiting
         self._next_poll = now + self.poll
         self._count(runs)

@@ -16,8 +16,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import admin, dryrun, registry, relay, retention, serde
-from .cliutil import OneLineParser, fail, format_table, print_json, setup_logging
-from .errors import EverystepError
+from .cliutil import (
+    EXIT_UNAVAILABLE,
+    LOG_LEVELS,
+    PORT,
+    OneLineParser,
+    add_logging_arguments,
+    count,
+    fail,
+    format_table,
+    print_json,
+    seconds,
+    setup_logging,
+    version,
+)
+from .context import step_sort_key
+from .errors import EverystepError, StoreUnavailable
 from .models import PRUNABLE_STATUSES, RUN_STATUSES, Run, StepRecord
 from .observer import Observer
 from .store import Store, connect
@@ -25,96 +39,124 @@ from .lease import DEFAULT_LEASE
 from .worker import Worker
 
 MAX_COUNT = 1_000_000
+DEFAULT_RUNS_LIMIT = 50
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--database", metavar="URL", help="database URL (default: $EVERYSTEP_DATABASE_URL or sqlite:///everystep.db)")
-    parser.add_argument("--app", metavar="MODULE[,MODULE]", help="import these modules to register workflows")
+    parser.add_argument("--database", metavar="URL",
+                        help="database URL (default: $EVERYSTEP_DATABASE_URL, else sqlite:///everystep.db)")
+    parser.add_argument("-A", "--app", metavar="MODULE[,MODULE]",
+                        help="import these modules to register workflows (default: none)")
+
+
+def _command(commands: Any, name: str, summary: str, description: str) -> OneLineParser:
+    sub: OneLineParser = commands.add_parser(name, help=summary, description=description)
+    _common(sub)
+    return sub
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="everystep", description="Durable workflows recorded step by step in SQL.")
+    parser = OneLineParser(
+        prog="everystep", description="Durable workflows recorded step by step in SQL.",
+        epilog="Exit codes: 0 done; 1 the command ran and reports a problem (check-deploy, remote); "
+               "2 bad input or a refused request; 3 the database is unreachable.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     commands.required = True
 
-    sub = commands.add_parser("migrate", help="create or upgrade the schema (idempotent)")
-    _common(sub)
+    _command(commands, "migrate", "create or upgrade the schema (idempotent)",
+             "Apply the schema versions the database lacks; safe to run concurrently and again. "
+             "A SQLite database migrates itself when first opened.")
 
-    sub = commands.add_parser("schedule", help="schedule runs of a workflow")
-    _common(sub)
-    sub.add_argument("workflow", help="registered workflow name (module.qualname)")
+    sub = _command(commands, "schedule", "schedule runs of a workflow",
+                   "Insert scheduled runs of WORKFLOW (committed at once); prints the run id, or every id with "
+                   "--json.")
+    sub.add_argument("workflow", metavar="WORKFLOW", help="registered workflow name (module.qualname)")
     sub.add_argument(
         "args", nargs="?", default="[]", metavar="ARGS_JSON",
         help="a JSON array of positional arguments, or any other JSON value as the single argument (default: [])",
     )
-    sub.add_argument("--idempotency-key", metavar="KEY")
-    sub.add_argument("--count", type=int, default=1, metavar="N", help="schedule N identical runs")
+    sub.add_argument("--idempotency-key", metavar="KEY",
+                     help="schedule at most one run of this workflow with this key (default: none)")
+    sub.add_argument("--count", type=count(1, MAX_COUNT), default=1, metavar="N",
+                     help=f"schedule N identical runs, 1 to {MAX_COUNT:,} (default 1)")
+    sub.add_argument("--json", action="store_true", help="print the ids as a JSON array (default: one line)")
 
-    sub = commands.add_parser("runs", help="list runs, newest first")
-    _common(sub)
+    sub = _command(commands, "runs", "list runs, newest first",
+                   "List runs, newest first; says how many more match when the list is cut at --limit.")
     add_runs_arguments(sub)
 
-    sub = commands.add_parser("show", help="show a run and its recorded steps")
-    _common(sub)
-    sub.add_argument("run_id", metavar="RUN")
-    sub.add_argument("--json", action="store_true")
+    sub = _command(commands, "show", "show a run and its recorded steps",
+                   "A run (args, result, error with its traceback) and its steps in step-id order.")
+    sub.add_argument("run_id", metavar="RUN", help="the run's id, or a unique prefix of it (like git)")
+    sub.add_argument("--json", action="store_true", help="print JSON (default: text)")
 
-    sub = commands.add_parser("resolve-step", help="resolve the uncertain step of a blocked run")
-    _common(sub)
+    sub = _command(commands, "resolve-step", "resolve the uncertain step of a blocked run",
+                   "Record what happened to the unsafe step a blocked run stopped at, and schedule the run again.")
     add_resolve_step_arguments(sub)
 
-    sub = commands.add_parser("requeue", help="put a run parked 'running' by a dead runner back in the queue")
-    _common(sub)
-    sub.add_argument("run_id", metavar="RUN")
+    sub = _command(commands, "requeue", "put a run parked 'running' by a dead runner back in the queue",
+                   "Put a running run whose runner is dead back in the queue; a live runner's run only with "
+                   "--force.")
+    sub.add_argument("run_id", metavar="RUN", help="the run's id")
     sub.add_argument("--force", action="store_true",
                      help="requeue even though its runner is alive; that execution is fenced (its writes are "
-                          "refused) and a supervisor kills its child")
+                          "refused) and a supervisor kills its child (default: off)")
 
-    sub = commands.add_parser("runners", help="list live runners, their heartbeats and what they hold")
-    _common(sub)
-    sub.add_argument("--json", action="store_true")
+    sub = _command(commands, "runners", "list live runners, their heartbeats and what they hold",
+                   "Every registered supervisor and worker: host, pid, heartbeat age, lease, runs held.")
+    sub.add_argument("--json", action="store_true", help="print JSON (default: a table)")
 
-    sub = commands.add_parser("check-deploy", help="dry-replay every unfinished run against the code in --app")
-    _common(sub)
-    sub.add_argument("--json", action="store_true")
-    sub.add_argument("--all", action="store_true", help="list every run checked, not only those that would fail")
-    sub.add_argument("--timeout", type=float, default=dryrun.DEFAULT_TIMEOUT, metavar="S",
-                     help="give up on one run's replay after S seconds (default 5)")
+    sub = _command(commands, "check-deploy", "dry-replay every unfinished run against the code in --app",
+                   "Replay each unfinished run's body against its recorded steps with the code in --app, never "
+                   "executing a step; exit 1 if any would fail with WorkflowCodeError or names a missing workflow.")
+    sub.add_argument("--json", action="store_true", help="print JSON (default: a table)")
+    sub.add_argument("--all", action="store_true",
+                     help="list every run checked, not only those that would fail (default: off)")
+    sub.add_argument("--timeout", type=seconds(0.01, 3600), default=dryrun.DEFAULT_TIMEOUT, metavar="S",
+                     help=f"give up on one run's replay after S seconds (default {dryrun.DEFAULT_TIMEOUT:g})")
 
-    sub = commands.add_parser("remote", help="send a command to a supervisor on any host, through the database")
-    _common(sub)
+    sub = _command(commands, "remote", "send a command to a supervisor on any host, through the database",
+                   "Send status, kill, scale, reload or drain to the supervisor holding RUNNER, through a request "
+                   "row (and NOTIFY on PostgreSQL), and print its reply.")
     sub.add_argument("runner", metavar="RUNNER", help="the supervisor's runner name (see 'everystep runners')")
     sub.add_argument("remote_command", metavar="COMMAND", choices=relay.COMMANDS,
                      help=f"one of: {', '.join(relay.COMMANDS)}")
     sub.add_argument("target", nargs="?", metavar="RUN|N", help="kill: the run id; scale: the number of children")
-    sub.add_argument("--requeue", action="store_true", help="kill: put the run back in the queue")
-    sub.add_argument("--timeout", type=float, default=relay.REPLY_TIMEOUT, metavar="S",
-                     help="how long to wait for the reply (default 15)")
-    sub.add_argument("--json", action="store_true")
+    sub.add_argument("--requeue", action="store_true", help="kill: put the run back in the queue (default: off)")
+    sub.add_argument("--timeout", type=seconds(0.1, 3600), default=relay.REPLY_TIMEOUT, metavar="S",
+                     help=f"how long to wait for the reply (default {relay.REPLY_TIMEOUT:g})")
+    sub.add_argument("--json", action="store_true", help="print JSON (default: a line)")
 
-    sub = commands.add_parser("ui", help="serve the operations console (needs the ui extra)")
-    _common(sub)
+    sub = _command(commands, "ui", "serve the operations console (needs the ui extra)",
+                   "Serve the web console: runs, step graphs, runners, blocked runs and the operator's actions.")
     sub.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
                      help="address to listen on (default 127.0.0.1; any other needs --auth-token)")
-    sub.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    sub.add_argument("--port", type=PORT, default=8765, metavar="PORT",
+                     help="port, 0 to pick a free one (default 8765)")
     sub.add_argument("--auth-token", metavar="TOKEN", default=None,
-                     help="require this token (Bearer, or as the basic-auth password); "
-                          "default: $EVERYSTEP_UI_AUTH_TOKEN")
-    sub.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+                     help="require this token (Bearer, or as the basic-auth password) "
+                          "(default: $EVERYSTEP_UI_AUTH_TOKEN, else none)")
+    sub.add_argument("-l", "--log-level", default="info", choices=LOG_LEVELS, metavar="LEVEL",
+                     help=f"one of {', '.join(LOG_LEVELS)} (default info)")
 
-    sub = commands.add_parser("prune", help="delete finished runs and their steps older than a duration")
-    _common(sub)
+    sub = _command(commands, "prune", "delete finished runs and their steps older than a duration",
+                   "Delete finished runs (and their steps) in bounded batches; never a scheduled, running or "
+                   "blocked run.")
     sub.add_argument("--older-than", required=True, metavar="DURATION",
-                     help="runs finished longer ago than this: 90s, 10m, 2h, 30d")
+                     help="runs finished longer ago than this: 90s, 10m, 2h, 30d (required)")
     sub.add_argument("--status", default=",".join(PRUNABLE_STATUSES), metavar="S[,S]",
                      help=f"which finished runs (default {','.join(PRUNABLE_STATUSES)}); "
                           "scheduled, running and blocked runs are never pruned")
-    sub.add_argument("--batch", type=int, default=retention.DEFAULT_BATCH, metavar="N",
-                     help=f"runs deleted per transaction (default {retention.DEFAULT_BATCH:,})")
+    sub.add_argument("--batch", type=count(1, retention.MAX_BATCH), default=retention.DEFAULT_BATCH, metavar="N",
+                     help=f"runs deleted per transaction, 1 to {retention.MAX_BATCH:,} "
+                          f"(default {retention.DEFAULT_BATCH:,})")
     sub.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
 
-    sub = commands.add_parser("worker", help="run a threaded worker (embedded mode)")
-    _common(sub)
+    sub = _command(commands, "worker", "run a threaded worker (embedded mode)",
+                   "Claim runs and execute them on a thread pool in this process (the supervisor is the runner "
+                   "for CPU-bound work and step timeouts).")
     add_worker_arguments(sub)
     return parser
 
@@ -124,15 +166,17 @@ def build_parser() -> OneLineParser:
 
 
 def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--status", choices=RUN_STATUSES)
-    parser.add_argument("--workflow", metavar="NAME")
-    parser.add_argument("--limit", type=int, default=50)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--status", choices=RUN_STATUSES, metavar="STATUS",
+                        help=f"only runs in this status: {', '.join(RUN_STATUSES)} (default: all)")
+    parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
+    parser.add_argument("--limit", type=count(1, 100_000), default=DEFAULT_RUNS_LIMIT, metavar="N",
+                        help=f"show at most N runs (default {DEFAULT_RUNS_LIMIT})")
+    parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
 
 
 def add_resolve_step_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id", metavar="RUN")
-    parser.add_argument("step_id", metavar="STEP")
+    parser.add_argument("run_id", metavar="RUN", help="the blocked run's id")
+    parser.add_argument("step_id", metavar="STEP", help="its started step (the id the block names)")
     choice = parser.add_mutually_exclusive_group(required=True)
     choice.add_argument("--result", metavar="JSON", help="the effect happened; record this JSON value as its result")
     choice.add_argument("--error", metavar="MESSAGE", help="the effect happened and failed; record this failure")
@@ -140,20 +184,26 @@ def add_resolve_step_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pool", type=int, default=4, help="threads executing runs (default 4)")
-    parser.add_argument("--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)")
-    parser.add_argument("--name", help="runner name, stable across restarts (default: hostname)")
+    parser.add_argument("-c", "--pool", type=count(1, 1024), default=4, metavar="N",
+                        help="threads executing runs, 1 to 1024 (default 4)")
+    parser.add_argument("--poll", type=seconds(0.01, 3600), default=0.2, metavar="S",
+                        help="seconds between claims when idle (default 0.2)")
+    parser.add_argument("-n", "--name", metavar="NAME",
+                        help="runner name, stable across restarts; refused while a live runner holds it "
+                             "(default: the hostname)")
     parser.add_argument("--takeover", action="store_true",
                         help="take the runner name even though its holder looks alive (it is gone for good, "
-                             "e.g. a frozen VM); its runs are fenced")
-    parser.add_argument("--drain", type=float, default=30.0, help="seconds to wait for runs on stop (default 30)")
-    parser.add_argument("--lease", type=float, default=DEFAULT_LEASE, metavar="S",
-                        help="heartbeat lease: runners silent longer than S seconds have their runs requeued (default 60)")
-    parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
-                        help="serve /metrics and /healthz on this port (default: off)")
-    parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+                             "e.g. a frozen VM); its runs are fenced (default: off)")
+    parser.add_argument("--drain", type=seconds(0), default=30.0, metavar="S",
+                        help="seconds a stop waits for runs in flight (default 30)")
+    parser.add_argument("--lease", type=seconds(1), default=DEFAULT_LEASE, metavar="S",
+                        help="heartbeat lease: runners silent longer than S seconds have their runs requeued "
+                             f"(default {DEFAULT_LEASE:g})")
+    parser.add_argument("--metrics-port", type=PORT, default=0, metavar="PORT",
+                        help="serve /metrics and /healthz on this port, 1 to 65535 (default 0: off)")
+    parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR",
+                        help="address for --metrics-port (default 0.0.0.0)")
+    add_logging_arguments(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         registry.import_apps(args.app)
         return _dispatch(args)
+    except StoreUnavailable as exc:
+        fail(str(exc), code=EXIT_UNAVAILABLE)
     except EverystepError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -213,8 +265,6 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
         raise EverystepError(f"unknown workflow {args.workflow!r}; registered: {known}")
     value = parse_json(args.args, "ARGS_JSON")
     positional = value if isinstance(value, list) else [value]
-    if not 1 <= args.count <= MAX_COUNT:
-        raise EverystepError(f"--count must be between 1 and {MAX_COUNT}")
     if args.idempotency_key is not None:
         # An empty key is almost always an unset shell variable: it would
         # silently merge every run scheduled that way into the first one.
@@ -224,10 +274,12 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
             raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
     args_json = serde.dumps(positional, "ARGS_JSON")
     runs = [store.schedule(args.workflow, args_json, args.idempotency_key) for _ in range(args.count)]
-    if len(runs) == 1:
+    if args.json:
+        print_json([run.id for run in runs])
+    elif len(runs) == 1:
         print(runs[0].id)
     else:
-        print(f"scheduled {len(runs)} runs of {args.workflow} ({runs[0].id} … {runs[-1].id})")
+        print(f"scheduled {len(runs)} runs of {args.workflow} ({runs[0].id} … {runs[-1].id}; --json lists every id)")
     return 0
 
 
@@ -235,15 +287,22 @@ def _age(run: Run) -> str:
     return run.created_at.strftime("%Y-%m-%d %H:%M:%S") if run.created_at else ""
 
 
+COUNT_CAP = 100_000
+
+
 def cmd_runs(store: Store, args: argparse.Namespace) -> int:
-    if args.limit < 1:
-        raise EverystepError("--limit must be at least 1")
-    runs = store.list_runs(status=args.status, name=args.workflow, limit=args.limit)
+    runs = store.list_runs(status=args.status, name=args.workflow, limit=args.limit + 1)
+    truncated = len(runs) > args.limit
+    runs = runs[:args.limit]
     if args.json:
         print_json([run.to_dict() for run in runs])
         return 0
     rows = [(run.id, run.status, run.name, run.claimed_by or "", _age(run)) for run in runs]
     print(format_table(("RUN", "STATUS", "WORKFLOW", "CLAIMED BY", "CREATED (UTC)"), rows))
+    if truncated:
+        total = store.count_runs(args.status, args.workflow, cap=COUNT_CAP)
+        of = f"more than {COUNT_CAP:,}" if total >= COUNT_CAP else f"{total:,}"
+        print(f"showing the newest {len(runs)} of {of} runs (--limit N shows more)")
     return 0
 
 
@@ -254,8 +313,8 @@ def _describe_error(error: dict[str, Any] | None) -> str:
 
 
 def cmd_show(store: Store, args: argparse.Namespace) -> int:
-    run = store.get_run(args.run_id)
-    steps = store.get_steps(run.id)
+    run = store.find_run(args.run_id)
+    steps = sorted(store.get_steps(run.id), key=lambda step: step_sort_key(step.step_id))
     if args.json:
         print_json({"run": run.to_dict(), "steps": [step.to_dict() for step in steps]})
         return 0
@@ -269,6 +328,8 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
         print(f"result     {json.dumps(serde.to_jsonable(run.result))}")
     if run.error:
         print(f"error      {_describe_error(run.error)}")
+        for line in str(run.error.get("traceback") or "").rstrip().splitlines():
+            print(f"           {line}")
     print(f"created    {run.created_at}")
     if run.completed_at:
         print(f"completed  {run.completed_at}")

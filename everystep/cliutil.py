@@ -1,17 +1,43 @@
 """Command-line plumbing shared by ``everystep`` and ``everystep-supervisor``:
-one-line errors with exit code 2, tables, logging setup."""
+exit codes, one-line errors, validated option types, tables, logging.
+
+Exit codes (documented in the README):
+
+- 0: done;
+- 1: the command ran and has bad news (``check-deploy`` found runs that
+  would fail, ``remote`` got no reply or a refusal);
+- 2: bad input or a refused request (one line on stderr says why);
+- 3: the database could not be reached.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+EXIT_OK = 0
+EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import version as installed
+
+        return installed("everystep")
+    except Exception:  # not installed (run from a checkout)
+        from . import __version__
+
+        return __version__
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -21,10 +47,50 @@ class OneLineParser(argparse.ArgumentParser):
         fail(f"{message} (see {self.prog} --help)", prog=self.prog.split()[0])
 
 
-def fail(message: str, prog: str = "everystep") -> NoReturn:
+def fail(message: str, prog: str = "everystep", code: int = EXIT_USAGE) -> NoReturn:
     first = str(message).strip().splitlines()[0] if str(message).strip() else "failed"
     print(f"{prog}: error: {first}", file=sys.stderr)
-    raise SystemExit(EXIT_USAGE)
+    raise SystemExit(code)
+
+
+def number(kind: Callable[[str], float], minimum: float | None = None, maximum: float | None = None,
+           what: str = "a number") -> Callable[[str], Any]:
+    """An argparse type: ``kind`` (int or float) within [minimum, maximum],
+    finite, with a one-line refusal naming the bounds."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            bounds = (f"between {minimum:g} and {maximum:g}" if minimum is not None and maximum is not None
+                      else f"at least {minimum:g}" if minimum is not None else f"at most {maximum:g}")
+            raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: must be {bounds}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+def seconds(minimum: float = 0.0, maximum: float = 365 * 86400.0) -> Callable[[str], Any]:
+    return number(float, minimum, maximum, "a number of seconds")
+
+
+def count(minimum: int = 0, maximum: int = 1_000_000) -> Callable[[str], Any]:
+    return number(int, minimum, maximum, "a whole number")
+
+
+PORT = number(int, 0, 65535, "a TCP port")
+
+
+def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-l", "--log-level", default="info", choices=LOG_LEVELS, metavar="LEVEL",
+                        help=f"one of {', '.join(LOG_LEVELS)} (default info)")
+    parser.add_argument("--log-format", default="text", choices=("text", "json"), metavar="FORMAT",
+                        help="text, or json: one object per line for log shippers (default text)")
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -39,15 +105,29 @@ def print_json(data: Any) -> None:
 
 
 def setup_logging(level: str = "info", fmt: str = "text") -> None:
-    """Configure the ``everystep`` logger for a command-line process."""
+    """Configure the ``everystep`` logger for a command-line process: one
+    line per record, whatever the message or exception holds."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"))
+        handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class OneLineFormatter(logging.Formatter):
+    """Text records on one line each (journald and grep treat every line as
+    a record): newlines in a message become " | ", and a traceback is
+    written inline, innermost frame last."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return " | ".join(part for part in text.splitlines() if part.strip())
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's naming
+        return " | ".join(line.strip() for line in super().formatException(ei).splitlines() if line.strip())
 
 
 class JsonFormatter(logging.Formatter):

@@ -175,6 +175,13 @@ class Context:
         return Context(self.execution, prefix=f"{fork_id}.{index}.")
 
 
+def step_sort_key(step_id: str) -> tuple[tuple[int, int, str], ...]:
+    """Natural order of step ids: "2.0.1" before "2.1.1" before "10",
+    positions by number, names after positions in their scope."""
+    return tuple((0, int(segment), "") if segment.isdigit() else (1, 0, segment)
+                 for segment in step_id.split("."))
+
+
 def validate_name(name: Any) -> str:
     """A step or fork name: letters, digits and ``_:@+-``, not all digits
     (an all-digit name would collide with positional ids), no dots."""

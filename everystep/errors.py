@@ -8,6 +8,7 @@ them).
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 
@@ -128,6 +129,22 @@ class Terminal(EverystepError):
 
     def __str__(self) -> str:
         return str(self.reason)
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message (file:line)`` on one line, the line being where the
+    failure happened (the deepest frame, or a SyntaxError's own position):
+    what an operator needs when an app module fails to import."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        text = exc.msg
+        where = f"{exc.filename}:{exc.lineno}"
+    else:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:
+            where = f"{frames[-1].filename}:{frames[-1].lineno}"
+    return f"{type(exc).__name__}: {text}" + (f" ({where})" if where else "")
 
 
 __all__ = [

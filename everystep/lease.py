@@ -79,7 +79,8 @@ def describe_holder(holder: RunnerInfo) -> str:
 
 class Lease:
     def __init__(
-        self, store: Store, name: str, kind: str, lease: float = DEFAULT_LEASE, takeover: bool = False
+        self, store: Store, name: str, kind: str, lease: float = DEFAULT_LEASE, takeover: bool = False,
+        outage: OutageLog | None = None,
     ) -> None:
         if not lease > 0:
             raise EverystepError("--lease must be a positive number of seconds")
@@ -96,7 +97,7 @@ class Lease:
         self._next_beat = 0.0
         self._next_sweep = 0.0
         self._registered = False
-        self._outage = OutageLog(logger, f"everystep {kind} {name}", "heartbeat")
+        self._outage = outage or OutageLog(logger, f"everystep {kind} {name}")
 
     def register(self) -> None:
         """Take our name, or raise ``NameInUse`` if a live runner holds it."""
@@ -136,22 +137,27 @@ class Lease:
         """Heartbeat and sweep when due; returns runs recovered from dead
         runners (0 most of the time). Never raises on database trouble."""
         recovered = 0
+        touched = False  # only a real round trip may end an outage
         try:
             if not self._registered:
+                touched = True
                 self.register()
             if now >= self._next_beat:
                 self._next_beat = now + self.beat_every
+                touched = True
                 self._beat()
             if now >= self._next_sweep:
                 self._next_sweep = now + self.sweep_every
+                touched = True
                 recovered = self._sweep()
         except NameInUse as exc:
             self._lose_name(str(exc))
         except EverystepError as exc:
-            self._outage.failed(exc)
+            self._outage.failed(exc, "heartbeat")
             self._next_beat = min(self._next_beat, now + min(self.beat_every, 2.0))
         else:
-            self._outage.ok()
+            if touched:
+                self._outage.ok()
         return recovered
 
     def _lose_name(self, why: str) -> None:

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -198,7 +198,8 @@ def render(store: Store | None) -> tuple[bytes, str]:
         try:
             refresh_queue_gauges(store)
         except Exception as exc:
-            logger.warning("everystep: queue gauges not refreshed: %s", exc)
+            # /healthz says the database is away; one line per scrape would not help.
+            logger.debug("everystep: queue gauges not refreshed: %s", exc)
     path = os.environ.get(MULTIPROC_ENV)
     if path:
         from prometheus_client import multiprocess
@@ -228,8 +229,24 @@ def mark_process_dead(pid: int) -> None:
     multiprocess.mark_process_dead(pid, path)
 
 
-def runner_started(runner: str, pool_size: int) -> None:
+def runner_started(runner: str, pool_size: int, kind: str = "worker", workflows: Sequence[str] = ()) -> None:
+    """Announce a runner, and create every labelled series whose labels are
+    known now at 0, so ``rate()`` and alerts work before the first event."""
     metrics = get()
-    if metrics is not None:
-        metrics.pool_size.labels(runner).set(pool_size)
-        metrics.started_at.labels(runner).set(time.time())
+    if metrics is None:
+        return
+    metrics.pool_size.labels(runner).set(pool_size)
+    metrics.started_at.labels(runner).set(time.time())
+    metrics.inflight.labels(runner).set(0)
+    for counter in (metrics.claims, metrics.requeued, metrics.empty_claims):
+        counter.labels(runner)
+    for workflow in workflows:
+        for status in TERMINAL_STATUSES:
+            metrics.workflow_runs.labels(workflow, status)
+    if kind == "supervisor":
+        metrics.children.labels(runner).set(0)
+        metrics.step_timeouts.labels(runner)
+        for reason in RESTART_REASONS:
+            metrics.child_restarts.labels(runner, reason)
+        for command in (*SUPERVISOR_COMMANDS, "invalid"):
+            metrics.control_requests.labels(runner, command)

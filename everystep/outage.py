@@ -1,4 +1,16 @@
-"""One clear warning per database outage, not one per retry."""
+"""One warning when the database goes away and one when it is back, per
+process, however many activities notice.
+
+A runner touches the database for several reasons at once: claiming,
+heartbeats, the LISTEN connection, operator requests. During an outage every
+one of them fails, and each retries on its own schedule; logging each
+failure (or each activity's recovery) buries the one fact an operator needs.
+So a process has one ``OutageLog``, shared by all its activities: the first
+failure starts the outage (one WARNING, naming what failed and the error's
+first line), and only a real successful round trip ends it (one WARNING with
+how long it lasted). Activities that did not touch the database must not
+report success: that would end an outage that is still going on.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +19,9 @@ import time
 
 
 class OutageLog:
-    """Tracks whether the database is failing for one activity (claims,
-    heartbeats…): warns when an outage starts, says so when it ends, and
-    stays quiet in between."""
-
-    def __init__(self, logger: logging.Logger, who: str, what: str) -> None:
+    def __init__(self, logger: logging.Logger, who: str) -> None:
         self.logger = logger
         self.who = who
-        self.what = what
         self.failing_since: float | None = None
         self.last_error = ""
 
@@ -22,15 +29,18 @@ class OutageLog:
     def failing(self) -> bool:
         return self.failing_since is not None
 
-    def failed(self, exc: BaseException) -> None:
-        self.last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    def failed(self, exc: BaseException, what: str) -> None:
+        """``what`` (claiming, heartbeat…) could not reach the database."""
+        text = str(exc).strip()
+        self.last_error = text.splitlines()[0] if text else type(exc).__name__
         if self.failing_since is None:
             self.failing_since = time.monotonic()
-            self.logger.warning("%s: %s failed, retrying until the database is back: %s",
-                                self.who, self.what, self.last_error)
+            self.logger.warning("%s: database unreachable (%s failed: %s); retrying until it is back",
+                                self.who, what, self.last_error, extra={"event": "outage_started"})
 
     def ok(self) -> None:
+        """A round trip to the database just succeeded."""
         if self.failing_since is not None:
-            self.logger.warning("%s: database reachable again; %s resumed after %.1fs",
-                                self.who, self.what, time.monotonic() - self.failing_since)
+            self.logger.warning("%s: database reachable again after %.1fs of outage", self.who,
+                                time.monotonic() - self.failing_since, extra={"event": "outage_ended"})
             self.failing_since = None

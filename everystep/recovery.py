@@ -26,20 +26,26 @@ def requeue_patiently(store: Store, claim: Claim, backoff: Sequence[float] = BAC
     """Requeue the run if ``claim`` is still its current one, riding out an outage.
 
     Returns True when requeued, False when the claim was gone (someone else
-    owns the run) or the database stayed unreachable.
+    owns the run) or the database stayed unreachable. The interruption was
+    logged by the caller; this says once how it ended.
     """
-    for attempt, delay in enumerate((*backoff, None)):
+    outage_started: float | None = None
+    for delay in (*backoff, None):
         try:
-            return outcomes.requeue(store, claim)
-        except StoreUnavailable as exc:
+            requeued = outcomes.requeue(store, claim)
+        except StoreUnavailable:
             if delay is None:
                 break
-            if attempt == 0:
-                logger.warning("everystep: requeue of run %s failed (%s); retrying", claim.run_id, exc)
+            outage_started = outage_started or time.monotonic()
             time.sleep(delay)
+            continue
+        if outage_started is not None:
+            logger.warning("everystep: database reachable again after %.1fs; run %s %s", time.monotonic() - outage_started,
+                           claim.run_id, "requeued" if requeued else "was taken by another runner meanwhile")
+        return requeued
     logger.error(
         "everystep: run %s left running under %r: the database stayed unreachable; "
-        "a restart under the same name resumes it",
+        "a restart under the same name resumes it, or another runner once the lease expires",
         claim.run_id, claim.claimer,
     )
     return False

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .errors import EverystepError
+from .errors import EverystepError, describe
 
 _workflows: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -59,6 +59,6 @@ def import_apps(spec: str | Iterable[str] | None) -> list[str]:
         try:
             importlib.import_module(module)
         except Exception as exc:
-            raise EverystepError(f"cannot import app module {module!r}: {type(exc).__name__}: {exc}") from exc
+            raise EverystepError(f"cannot import app module {module!r}: {describe(exc)}") from exc
         imported.append(module)
     return imported

@@ -410,7 +410,8 @@ def execute_guarded(
     try:
         status = execute(store, run, claimer=claimer, draining=draining, observer=observer)
     except StoreUnavailable as exc:
-        logger.warning("everystep: run %s interrupted by the database: %s", run.id, exc)
+        logger.warning("everystep: run %s interrupted by the database (%s); it goes back to the queue once "
+                       "the database is back", run.id, exc)
         status = Outcome.UNFINISHED
     except Exception as exc:
         logger.exception("everystep: run %s (%s) crashed outside the runner", run.id, run.name)

@@ -102,11 +102,12 @@ class Arbiter:
         self.started = time.monotonic()
         self.signals = SignalQueue()
         self.loop = ClaimLoop(store, config.name, "supervisor", lease=config.lease, poll=config.poll,
-                              takeover=config.takeover, logger=logger)
+                              takeover=config.takeover, logger=logger, who=self.who)
         self.control = ControlServer(config.socket, self.handle_request, self.selector,
                                      idle_timeout=config.control_timeout, on_request=self._count_request)
-        self.listener = Listener(store, self.selector, self._on_notify, self.who)
-        self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request)
+        self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)
+        self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request,
+                                    outage=self.loop.outage)
         self.http: LoopHTTPServer | None = None
         self._next_fence_check = 0.0
         self._boot_failures = 0

@@ -9,14 +9,23 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import psutil
 
 from everystep import metrics, registry
-from everystep.cliutil import OneLineParser, fail, setup_logging
-from everystep.errors import EverystepError, NameInUse, SchemaMissing
+from everystep.cliutil import (
+    EXIT_UNAVAILABLE,
+    PORT,
+    OneLineParser,
+    add_logging_arguments,
+    count,
+    fail,
+    seconds,
+    setup_logging,
+    version,
+)
+from everystep.errors import EverystepError, NameInUse, SchemaMissing, StoreUnavailable
 from everystep.store import Store, connect
 
 from . import ctl
@@ -27,30 +36,20 @@ METRICS_DIR_PREFIX = "everystep-metrics-"
 logger = logging.getLogger("everystep.supervisor")
 
 
-def _positive(kind: Callable[[str], Any], minimum: float) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
-        return value
-
-    return parse
-
-
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog=PROG,
         description="Run everystep workflows in forked child processes (one run per child at a time).",
-        epilog="Signals: TERM/INT drain, QUIT fast stop, HUP reload, TTIN/TTOU one child more/less. "
-        f"Control a running supervisor with '{PROG} ctl --help'.",
+        epilog="Signals: TERM/INT drain (a second INT stops at once), QUIT fast stop, HUP reload, TTIN/TTOU "
+               f"one child more/less. Control a running supervisor with '{PROG} ctl --help'. Exit codes: 0 "
+               "done, 1 stopped by a failure (children failing to boot, runner name taken over), 2 bad "
+               "command line, 3 database unreachable at start.",
     )
-    parser.add_argument("--app", metavar="MODULE[,MODULE]", default="",
-                        help="modules defining your workflows, imported once before forking")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("-A", "--app", metavar="MODULE[,MODULE]", default="",
+                        help="modules defining your workflows, imported once before forking (default: none)")
     parser.add_argument("--database", metavar="URL",
-                        help="database URL (default: $EVERYSTEP_DATABASE_URL or sqlite:///everystep.db)")
+                        help="database URL (default: $EVERYSTEP_DATABASE_URL, else sqlite:///everystep.db)")
     add_arguments(parser)
     return parser
 
@@ -59,68 +58,88 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option but ``--app`` and ``--database``, which a host framework
     (Django's ``everystep_supervisor`` command) takes from its own settings."""
     defaults = Config()
-    parser.add_argument("--procs", type=_positive(int, 0), default=defaults.procs,
-                        help=f"child processes (default: CPU count, {defaults.procs} here; max {MAX_PROCS})")
-    parser.add_argument("--name", default=defaults.name,
-                        help="runner name, stable across restarts: runs are claimed under it (default: hostname)")
+    parser.add_argument("-c", "--procs", type=count(0, MAX_PROCS), default=defaults.procs, metavar="N",
+                        help=f"child processes, 0 to {MAX_PROCS} (default: the CPU count, {defaults.procs} here)")
+    parser.add_argument("-n", "--name", default=defaults.name, metavar="NAME",
+                        help="runner name, stable across restarts: runs are claimed under it; refused while a "
+                             f"live runner holds it (default: the hostname, {defaults.name} here)")
     parser.add_argument("--takeover", action="store_true",
                         help="take the runner name even though its holder looks alive (it is gone for good, "
-                             "e.g. a frozen VM); the runs it held are fenced")
-    parser.add_argument("--poll", type=_positive(float, 0.01), default=defaults.poll,
-                        help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL (default 0.5)")
-    parser.add_argument("--drain", type=_positive(float, 0), default=defaults.drain,
-                        help="seconds a stop waits for steps in flight before killing and requeueing (default 30; 0 waits forever)")
-    parser.add_argument("--step-timeout", type=_positive(float, 0), default=0.0, metavar="S",
-                        help="kill a step running longer than S seconds unless it sets its own timeout (default 0: none)")
-    parser.add_argument("--max-runs-per-child", type=_positive(int, 0), default=0, metavar="N",
+                             "e.g. a frozen VM); the runs it held are fenced (default: off)")
+    parser.add_argument("--poll", type=seconds(0.01, 3600), default=defaults.poll, metavar="S",
+                        help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL "
+                             f"(default {defaults.poll:g})")
+    parser.add_argument("--drain", type=seconds(0), default=defaults.drain, metavar="S",
+                        help="seconds a stop waits for steps in flight before killing and requeueing "
+                             f"(default {defaults.drain:g}; 0 waits forever)")
+    parser.add_argument("--step-timeout", type=seconds(0), default=0.0, metavar="S",
+                        help="kill a step running longer than S seconds unless it sets its own timeout "
+                             "(default 0: none)")
+    parser.add_argument("--max-runs-per-child", type=count(0, 10**9), default=0, metavar="N",
                         help="recycle a child after N runs (default 0: never)")
-    parser.add_argument("--max-memory-per-child", type=_positive(int, 0), default=0, metavar="MB",
+    parser.add_argument("--max-memory-per-child", type=count(0, 10**7), default=0, metavar="MB",
                         help="recycle a child whose RSS exceeds MB after a run (default 0: never)")
-    parser.add_argument("--max-crashes", type=_positive(int, 1), default=defaults.max_crashes, metavar="N",
-                        help="fail a run after its child died N times running it (default 3)")
+    parser.add_argument("--max-crashes", type=count(1, 1000), default=defaults.max_crashes, metavar="N",
+                        help=f"fail a run after its child died N times running it (default {defaults.max_crashes})")
     parser.add_argument("--socket", default=None, metavar="PATH",
-                        help="control socket (default: $RUNTIME_DIRECTORY or the working directory, "
-                             "/everystep-supervisor.sock)")
-    parser.add_argument("--burst", action="store_true", help="exit once nothing is scheduled and every child is idle")
+                        help="control socket (default: everystep-supervisor.sock in $RUNTIME_DIRECTORY, else "
+                             "in the working directory)")
+    parser.add_argument("--burst", action="store_true",
+                        help="exit once nothing is scheduled and every child is idle (default: off)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="log a progress line every 2 s and a summary at exit (default: on with --burst)")
-    parser.add_argument("--lease", type=_positive(float, 1), default=defaults.lease, metavar="S",
+    parser.add_argument("--lease", type=seconds(1), default=defaults.lease, metavar="S",
                         help="heartbeat lease: runners silent longer than S seconds have their runs requeued "
-                             "by any live runner (default 60)")
-    parser.add_argument("--metrics-port", type=_positive(int, 0), default=0, metavar="PORT",
-                        help="serve /metrics (all processes aggregated) and /healthz on this port (default: off)")
-    parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
-    parser.add_argument("--db-timeout", type=_positive(float, 0.1), default=defaults.db_timeout, metavar="S",
+                             f"by any live runner (default {defaults.lease:g})")
+    parser.add_argument("--metrics-port", type=PORT, default=0, metavar="PORT",
+                        help="serve /metrics (all processes aggregated) and /healthz on this port, 1 to 65535 "
+                             "(default 0: off)")
+    parser.add_argument("--metrics-bind", default=defaults.metrics_bind, metavar="ADDR",
+                        help=f"address for --metrics-port (default {defaults.metrics_bind})")
+    parser.add_argument("--db-timeout", type=seconds(0.1, 3600), default=defaults.db_timeout, metavar="S",
                         help="bound on every database statement the parent makes, and on connecting "
-                             "(default 5); children are not bounded")
-    parser.add_argument("--control-timeout", type=_positive(float, 0.1), default=defaults.control_timeout,
-                        metavar="S", help="drop control-socket clients silent for S seconds (default 10)")
-    parser.add_argument("--stall-timeout", type=_positive(float, 0.1), default=defaults.stall_timeout,
+                             f"(default {defaults.db_timeout:g}); children are not bounded")
+    parser.add_argument("--control-timeout", type=seconds(0.1, 3600), default=defaults.control_timeout,
+                        metavar="S", help="drop control-socket clients silent for S seconds "
+                                          f"(default {defaults.control_timeout:g})")
+    parser.add_argument("--stall-timeout", type=seconds(0.1, 3600), default=defaults.stall_timeout,
                         metavar="S", help="kill a child that has not read a run handed to it for S seconds "
-                                          "(default 10)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+                                          f"(default {defaults.stall_timeout:g})")
+    add_logging_arguments(parser)
 
 
 def build_ctl_parser() -> OneLineParser:
-    parser = OneLineParser(prog=f"{PROG} ctl", description="Inspect and control a running supervisor.")
-    parser.add_argument("--socket", default=None, metavar="PATH", help="control socket of the supervisor")
-    parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    parser = OneLineParser(prog=f"{PROG} ctl", description="Inspect and control a running supervisor through its "
+                           "control socket (this host only; 'everystep remote' reaches any host).")
+    parser.add_argument("--socket", default=None, metavar="PATH",
+                        help="control socket of the supervisor (default: everystep-supervisor.sock in "
+                             "$RUNTIME_DIRECTORY, else in the working directory)")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON reply (default: a table or a line)")
+    parser.add_argument("--timeout", type=seconds(0.1, 3600), default=10.0, metavar="S",
+                        help="seconds to wait for a reply (default 10)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=OneLineParser)
     actions.required = True
-    actions.add_parser("status", help="children, their runs and steps")
-    kill = actions.add_parser("kill", help="kill the child running RUN")
-    kill.add_argument("run_id", metavar="RUN")
+    actions.add_parser("status", help="children, their runs and steps",
+                       description="The supervisor's children: state, run, workflow, step, time in step, RSS, CPU.")
+    kill = actions.add_parser("kill", help="kill the child running RUN",
+                              description="SIGKILL the child executing RUN; its step in flight is recorded as "
+                                          "failed (StepKilled), or, with --requeue, the run goes back to the queue.")
+    kill.add_argument("run_id", metavar="RUN", help="the run's id")
     kill.add_argument("--requeue", action="store_true",
-                      help="requeue the run instead of recording its step as failed (StepKilled)")
-    scale = actions.add_parser("scale", help="set the number of children")
-    scale.add_argument("procs", type=int, metavar="N")
-    actions.add_parser("reload", help="re-import the app and replace every child (like SIGHUP)")
-    actions.add_parser("drain", help="stop gracefully (like SIGTERM)")
+                      help="requeue the run instead of recording its step as failed (default: off)")
+    scale = actions.add_parser("scale", help="set the number of children",
+                               description=f"Set the number of children, 0 to {MAX_PROCS}; busy ones leave after "
+                                           "their run.")
+    scale.add_argument("procs", type=int, metavar="N", help=f"0 to {MAX_PROCS}")
+    actions.add_parser("reload", help="re-import the app and replace every child (like SIGHUP)",
+                       description="Re-import the --app modules and replace every child; the reply says whether "
+                                   "the import worked (exit 2 with the failing file and line if not).")
+    actions.add_parser("drain", help="stop gracefully (like SIGTERM)",
+                       description="Stop claiming; each child finishes its step and requeues its run, then the "
+                                   "supervisor exits.")
     for sub in actions.choices.values():
-        sub.add_argument("--socket", default=argparse.SUPPRESS, metavar="PATH")
-        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+        sub.add_argument("--socket", default=argparse.SUPPRESS, metavar="PATH", help=argparse.SUPPRESS)
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -132,8 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ctl.main(args)
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
-    config = config_from_args(args, app=args.app, database=args.database)
-    return run(config)
+    return run(config_from_args(args, args.app, args.database))
 
 
 def config_from_args(args: argparse.Namespace, app: str | Sequence[str], database: str | None) -> Config:
@@ -162,9 +180,19 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         control_timeout=args.control_timeout,
         stall_timeout=args.stall_timeout,
     )
-    if config.procs > MAX_PROCS:
-        fail(f"--procs must be at most {MAX_PROCS}", prog=PROG)
+    _check_socket_path(config.socket)
     return config
+
+
+def _check_socket_path(path: str) -> None:
+    """A control socket path must fit a Unix socket address, in a directory
+    that exists: said at parse time, not as a traceback at bind time."""
+    from .control import MAX_UNIX_PATH
+
+    if len(os.fsencode(path)) > MAX_UNIX_PATH:
+        fail(f"--socket {path} is too long for a Unix socket ({MAX_UNIX_PATH} bytes at most)", prog=PROG)
+    if not os.path.isdir(os.path.dirname(path)):
+        fail(f"--socket {path}: directory {os.path.dirname(path)} does not exist", prog=PROG)
 
 
 def run(config: Config) -> int:
@@ -207,6 +235,8 @@ def _run(config: Config) -> int:
         registry.import_apps(config.app)
         store = connect(config.database, statement_timeout=config.db_timeout)
         _check_database(store)
+    except StoreUnavailable as exc:
+        fail(str(exc), prog=PROG, code=EXIT_UNAVAILABLE)
     except EverystepError as exc:
         fail(str(exc), prog=PROG)
     notifier = Notifier.from_env(unset=True)

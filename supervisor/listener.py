@@ -15,6 +15,7 @@ import selectors
 import time
 from collections.abc import Callable
 
+from everystep.outage import OutageLog
 from everystep.store import Notifications, Store
 
 logger = logging.getLogger("everystep.supervisor")
@@ -24,11 +25,13 @@ RETRY = 2.0
 
 class Listener:
     def __init__(self, store: Store, selector: selectors.BaseSelector, on_notify: Callable[[str, str], None],
-                 who: str) -> None:
+                 who: str, outage: OutageLog | None = None) -> None:
         self.store = store
         self.selector = selector
         self.on_notify = on_notify
         self.who = who
+        #: Shared with the runner's other activities: one line per outage.
+        self.outage = outage or OutageLog(logger, who)
         self.supported = store.notifies
         self._conn: Notifications | None = None
         self._fd = -1
@@ -46,10 +49,11 @@ class Listener:
         try:
             self._conn = self.store.listen()
         except Exception as exc:
-            logger.warning("%s: LISTEN unavailable, polling only: %s", self.who, exc)
+            self.outage.failed(exc, "LISTEN (polling meanwhile)")
             self._retry_at = time.monotonic() + RETRY
             return False
         assert self._conn is not None
+        self.outage.ok()
         self._fd = self._conn.fileno()
         self.selector.register(self._fd, selectors.EVENT_READ, self._readable)
         return True
@@ -81,7 +85,7 @@ class Listener:
             assert self._conn is not None
             notifications = self._conn.drain()
         except Exception as exc:
-            logger.warning("%s: LISTEN connection lost (%s); polling until it is back", self.who, exc)
+            self.outage.failed(exc, "LISTEN (polling meanwhile)")
             self.close()
             self._retry_at = time.monotonic() + RETRY
         for channel, payload in notifications or [("", "")]:

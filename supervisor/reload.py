@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-import traceback
 from collections.abc import Sequence
+
+from everystep.errors import describe
 
 
 class ReloadFailed(Exception):
@@ -29,18 +30,3 @@ def reimport(modules: Sequence[str]) -> list[str]:
         except Exception as exc:
             raise ReloadFailed(f"reload of {module} failed: {describe(exc)}") from exc
     return list(modules)
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message (file:line)``, where the line is the deepest frame of
-    the failure (or a SyntaxError's own position)."""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    where = ""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        text = exc.msg
-        where = f"{exc.filename}:{exc.lineno}"
-    else:
-        frames = traceback.extract_tb(exc.__traceback__)
-        if frames:
-            where = f"{frames[-1].filename}:{frames[-1].lineno}"
-    return f"{type(exc).__name__}: {text}" + (f" ({where})" if where else "")

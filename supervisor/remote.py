@@ -57,7 +57,8 @@ Handler = Callable[[Request, str], Reply]
 
 
 class RemoteControl:
-    def __init__(self, store: Store, name: str, instance: str, handle: Handler) -> None:
+    def __init__(self, store: Store, name: str, instance: str, handle: Handler,
+                 outage: OutageLog | None = None) -> None:
         self.store = store
         self.name = name
         self.instance = instance
@@ -68,7 +69,7 @@ class RemoteControl:
         self._next_publish = 0.0
         self._last_key: Any = None
         self._last_full = 0.0
-        self._outage = OutageLog(logger, f"everystep-supervisor {name}", "operator requests")
+        self._outage = outage or OutageLog(logger, f"everystep-supervisor {name}")
         self._last_error = ""
 
     def wake(self, payload: str | None = None) -> None:
@@ -79,16 +80,18 @@ class RemoteControl:
     def tick(self, now: float) -> None:
         """Serve and publish when due; never raises. The database being away
         is logged once per outage; anything else once per distinct error."""
+        touched = False  # only a real round trip may end an outage
         try:
             if self._woken or now >= self._next_poll:
                 self._woken = False
                 self._next_poll = now + POLL_EVERY
+                touched = True
                 self._serve()
             if now >= self._next_publish:
                 self._next_publish = now + PUBLISH_EVERY
-                self._publish(now)
+                touched = self._publish(now) or touched
         except StoreUnavailable as exc:
-            self._outage.failed(exc)
+            self._outage.failed(exc, "operator requests")
             self._next_poll = self._next_publish = now + BACKOFF
         except EverystepError as exc:
             if str(exc) != self._last_error:
@@ -96,8 +99,9 @@ class RemoteControl:
                 logger.error("everystep-supervisor %s: operator requests: %s", self.name, exc)
             self._next_poll = self._next_publish = now + BACKOFF
         else:
-            self._outage.ok()
-            self._last_error = ""
+            if touched:
+                self._outage.ok()
+                self._last_error = ""
 
     # -- requests ---------------------------------------------------------------------
 
@@ -134,17 +138,19 @@ class RemoteControl:
 
     # -- publishing ---------------------------------------------------------------------
 
-    def _publish(self, now: float) -> None:
+    def _publish(self, now: float) -> bool:
+        """Publish the children when they changed; True if the database was touched."""
         reply = self.handle(StatusRequest(), "status publication")
         if not isinstance(reply, StatusReply):
-            return
+            return False
         detail = snapshot(dataclasses.asdict(reply), self.instance, time.time())
         key = _structure(detail)
         if key == self._last_key and now < self._last_full + REFRESH_EVERY:
-            return
+            return False
         if self.store.publish_runner_detail(self.name, self.instance, detail):
             self._last_key = key
             self._last_full = now
+        return True
 
 
 def snapshot(status: dict[str, Any], instance: str, wall: float) -> dict[str, Any]:

@@ -66,11 +66,12 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
-def refused(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    """Assert a refusal: exit 2, nothing on stdout, exactly one line on
-    stderr naming the problem. Returns that line."""
+def refused(result: subprocess.CompletedProcess[str], *fragments: str, code: int = 2) -> str:
+    """Assert a refusal: exit ``code`` (2: bad input; 3: database
+    unreachable), nothing on stdout, exactly one line on stderr naming the
+    problem. Returns that line."""
     lines = result.stderr.splitlines()
-    assert result.returncode == 2, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    assert result.returncode == code, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
     assert result.stdout == ""
     assert len(lines) == 1, f"expected one line on stderr, got:\n{result.stderr}"
     assert lines[0].startswith("everystep: error: "), lines[0]
@@ -458,15 +459,15 @@ UNREACHABLE_COMMANDS = {
 
 
 @pytest.mark.parametrize("command", list(UNREACHABLE_COMMANDS))
-def test_unreachable_database_exits_2_with_one_line(cli, command):
-    line = refused(cli(*UNREACHABLE_COMMANDS[command], "--database", UNREACHABLE_PG))
+def test_unreachable_database_exits_3_with_one_line(cli, command):
+    line = refused(cli(*UNREACHABLE_COMMANDS[command], "--database", UNREACHABLE_PG), code=3)
     assert "unavailable" in line
     assert "127.0.0.1" in line
 
 
-def test_unreachable_database_from_the_environment_exits_2(cli, subprocess_env):
+def test_unreachable_database_from_the_environment_exits_3(cli, subprocess_env):
     env = dict(subprocess_env, EVERYSTEP_DATABASE_URL=UNREACHABLE_PG)
-    refused(cli("runs", env=env), "unavailable")
+    refused(cli("runs", env=env), "unavailable", code=3)
 
 
 def test_sqlite_path_in_a_missing_directory_is_refused_and_nothing_is_created(cli, tmp_path):
@@ -476,7 +477,7 @@ def test_sqlite_path_in_a_missing_directory_is_refused_and_nothing_is_created(cl
 
 
 def test_sqlite_path_that_is_a_directory_is_refused(cli, tmp_path):
-    refused(cli("migrate", "--database", f"sqlite:///{tmp_path}"))
+    refused(cli("migrate", "--database", f"sqlite:///{tmp_path}"), "is a directory")
 
 
 def test_sqlite_file_that_is_not_a_database_is_refused_and_left_alone(cli, tmp_path):

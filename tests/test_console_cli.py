@@ -37,7 +37,7 @@ def test_bad_command_lines(db_url: str, subprocess_env: dict[str, str]) -> None:
         busy.listen(1)
         port = busy.getsockname()[1]
         assert f"cannot listen on 127.0.0.1:{port}" in refused(db_url, subprocess_env, "--port", str(port))
-    assert "is not a port number" in refused(db_url, subprocess_env, "--port", "70000")
+    assert "70000 is out of range: must be between 0 and 65535" in refused(db_url, subprocess_env, "--port", "70000")
     assert "would expose the console" in refused(db_url, subprocess_env, "--bind", "::")
     assert "cannot import app module" in refused(db_url, subprocess_env, "--app", "no.such.module")
 

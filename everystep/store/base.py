@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import os
+import re
 import threading
 import time
 import uuid
@@ -448,6 +449,29 @@ class Store(abc.ABC):
     def list_runs(self, status: str | None = None, name: str | None = None, limit: int = 100) -> list[Run]:
         rows = self._fetchall("list_runs", {"status": status, "name": name, "limit": limit})
         return [self._run(row) for row in rows]
+
+    def find_run(self, id_or_prefix: str) -> Run:
+        """The run whose id is ``id_or_prefix`` or starts with it (a unique
+        prefix, as git takes one). ``RunNotFound`` when none or several match."""
+        try:
+            return self.get_run(_run_id(id_or_prefix))
+        except RunNotFound:
+            pass
+        matches = self.page_runs(id_range=id_prefix_range(id_or_prefix), limit=3)
+        if not matches:
+            raise RunNotFound(f"no run with id {id_or_prefix} (nor starting with it)")
+        if len(matches) > 1:
+            shown = ", ".join(run.id for run in matches[:2])
+            raise RunNotFound(f"run id prefix {id_or_prefix!r} is ambiguous: it matches {shown}"
+                              f"{' and more' if len(matches) > 2 else ''}; give more characters")
+        return matches[0]
+
+    def count_runs(self, status: str | None = None, name: str | None = None, cap: int = 100_000) -> int:
+        """Runs matching the filters of ``list_runs``, counted exactly up to
+        ``cap`` (the cost is bounded by it)."""
+        row = self._fetchone("count_runs_upto", {"status": status, "name": name, "cap": int(cap)})
+        assert row is not None
+        return int(row["total"])
 
     def get_steps(self, run_id: str) -> list[StepRecord]:
         rows = self._fetchall("get_steps", {"id": _run_id(run_id)})
@@ -895,6 +919,24 @@ class Store(abc.ABC):
             steps = conn.execute(self.sql["prune_steps"], chosen).rowcount
             runs = conn.execute(self.sql["prune_runs"], chosen).rowcount
         return int(runs), int(steps)
+
+
+_ID_PREFIX = re.compile(r"[0-9a-f-]{1,36}")
+
+
+def id_prefix_range(prefix: str) -> tuple[str, str]:
+    """The run ids starting with ``prefix`` as an inclusive range, so the
+    primary key answers a prefix search (``everystep show 01a2``, the
+    console's search). ``RunNotFound`` for text no run id can start with."""
+    prefix = prefix.strip().lower()
+    if not _ID_PREFIX.fullmatch(prefix):
+        raise RunNotFound(f"no run with id {prefix[:40]!r} (run ids are hexadecimal digits and dashes)")
+    digits = prefix.replace("-", "")[:32]
+
+    def dashed(hex32: str) -> str:
+        return f"{hex32[:8]}-{hex32[8:12]}-{hex32[12:16]}-{hex32[16:20]}-{hex32[20:]}"
+
+    return dashed(digits.ljust(32, "0")), dashed(digits.ljust(32, "f"))
 
 
 def _run_id(run_id: str) -> str:

@@ -85,6 +85,8 @@ class SQLiteStore(Store):
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise EverystepError(f"cannot open SQLite database {self.path!r}: directory does not exist")
+        if os.path.isdir(self.path):
+            raise EverystepError(f"cannot open SQLite database {self.path!r}: it is a directory")
         self.migrate()
 
     def _open(self) -> sqlite3.Connection:

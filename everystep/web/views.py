@@ -29,7 +29,7 @@ from ..graph import analyse, build_graph, recorded_graph
 from ..graph.plan import Plan
 from ..models import BLOCKED, RUN_STATUSES, RUNNING, SCHEDULED, STEP_STARTED, Run, StepRecord
 from ..store import Store, utcnow
-from ..store.base import MAX_UUID, MIN_UUID
+from ..store.base import MAX_UUID, MIN_UUID, id_prefix_range
 from . import actions
 from .counts import StatusCounts
 
@@ -76,13 +76,7 @@ class RunFilter:
         primary key answers a prefix search)."""
         if not self.id_prefix:
             return MIN_UUID, MAX_UUID
-        digits = self.id_prefix.replace("-", "")[:32]
-        low, high = digits.ljust(32, "0"), digits.ljust(32, "f")
-        return _dashed(low), _dashed(high)
-
-
-def _dashed(hex32: str) -> str:
-    return f"{hex32[:8]}-{hex32[8:12]}-{hex32[12:16]}-{hex32[16:20]}-{hex32[20:]}"
+        return id_prefix_range(self.id_prefix)
 
 
 def encode_cursor(run: Run) -> str:

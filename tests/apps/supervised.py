@@ -120,6 +120,13 @@ def fenced_flow(spec: dict[str, Any]) -> dict[str, Any]:
     return {"first": first["pid"], "held": held["pid"], "last": last["pid"]}
 
 
+@workflow
+def broken_flow(spec: dict[str, Any]) -> Any:
+    """One step, then a bug in the body: the run fails with KeyError."""
+    note(spec, "first")
+    return {}["item"]
+
+
 @step
 def whoami(spec: dict[str, Any]) -> int:
     _effect(spec, "whoami")

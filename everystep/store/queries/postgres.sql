@@ -27,6 +27,16 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
+-- name: count_runs_upto
+-- `everystep runs` says how many runs its filters match, counting no
+-- further than `cap` rows.
+SELECT count(*) AS total FROM (
+    SELECT 1 FROM everystep_workflow
+    WHERE (%(status)s::text IS NULL OR status = %(status)s)
+      AND (%(name)s::text IS NULL OR name = %(name)s)
+    LIMIT %(cap)s
+) AS capped
+
 -- name: get_steps
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 

@@ -22,6 +22,13 @@ WHERE (:status IS NULL OR status = :status) AND (:name IS NULL OR name = :name)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
+-- name: count_runs_upto
+SELECT count(*) AS total FROM (
+    SELECT 1 FROM everystep_workflow
+    WHERE (:status IS NULL OR status = :status) AND (:name IS NULL OR name = :name)
+    LIMIT :cap
+)
+
 -- name: get_steps
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = :id ORDER BY id
 
