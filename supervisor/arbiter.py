@@ -48,6 +48,7 @@ from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
 from .control import ControlServer, ControlSocketError
 from .fate import Action, ChildEnd, Decision, decide, restart_reason
+from .fencing import FenceWatch, older_executions
 from .http import LoopHTTPServer
 from .listener import Listener
 from .protocol import (
@@ -106,10 +107,10 @@ class Arbiter:
         self.control = ControlServer(config.socket, self.handle_request, self.selector,
                                      idle_timeout=config.control_timeout, on_request=self._count_request)
         self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)
+        self.fences = FenceWatch(store, config.name, self.loop.lease.beat_every)
         self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request,
                                     outage=self.loop.outage)
         self.http: LoopHTTPServer | None = None
-        self._next_fence_check = 0.0
         self._boot_failures = 0
         self._reload_requested = False
         self._last_progress = 0.0
@@ -194,17 +195,17 @@ class Arbiter:
             self.reload("SIGHUP")
         self._keep_lease(now)
         self.remote.tick(now)
-        if now >= self._next_fence_check:
+        if now >= self.fences.next_at:
             self._check_fences(now)
         self._spawn_missing()
         if not self.stopping and self.listener.maintain(now):
             self.loop.wake()
-            self._next_fence_check = now  # a fence notice may have been missed too
+            self.fences.wake()  # a fence notice may have been missed too
         self._dispatch(now)
         self._periodic(now)
 
     def _timeout(self, now: float) -> float:
-        candidates = [1.0, max(self._next_fence_check - now, 0.0)]
+        candidates = [1.0, max(self.fences.next_at - now, 0.0)]
         if not self.stopping:
             due = self.loop.next_due(now) if self._available() else self.loop.lease.next_due()
             candidates.append(max(due - now, 0.0))
@@ -621,7 +622,7 @@ class Arbiter:
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == FENCE_CHANNEL:
             if payload.rsplit(" ", 1)[0] == self.name:
-                self._next_fence_check = 0.0
+                self.fences.wake()
         elif channel == REQUEST_CHANNEL:
             self.remote.wake(payload)
         else:
@@ -636,41 +637,15 @@ class Arbiter:
                 if kid.executing is not None and (settling or kid.state != ChildState.FINISHING)]
 
     def _fence_older_executions(self, run: Run) -> None:
-        """A run re-claimed at a newer epoch while a child still executes an
-        older claim of it: that child is stale and must stop now."""
-        for kid, held in self._executing():
-            if held.id == run.id and held.claim_epoch < run.claim_epoch:
-                self._kill_fenced(kid, held, f"re-claimed at epoch {run.claim_epoch}")
+        for kid, held in older_executions(self._executing(), run):
+            self._kill_fenced(kid, held, f"re-claimed at epoch {run.claim_epoch}")
 
     def _check_fences(self, now: float) -> None:
-        """Kill children executing a run whose claim moved on without them.
-
-        Their writes are refused anyway (every write carries the epoch); the
-        kill stops the step in flight at once instead of at its end. Runs
-        that reached a terminal status are left alone: the child is merely
-        reporting late. Claimed runs not yet dispatched are dropped the same
-        way. Checked every heartbeat period, and at once on a fence
-        notification (PostgreSQL).
-        """
-        self._next_fence_check = now + self.loop.lease.beat_every
-        executing = self._executing()
-        ids = [run.id for _, run in executing] + [run.id for run in self.ready]
-        if not ids:
-            return
-        try:
-            states = self.store.claim_states(ids)
-        except EverystepError as exc:
-            logger.debug("%s: fence check failed: %s", self.who, exc)
-            return
-
-        def taken(run: Run) -> bool:
-            state = states.get(run.id)
-            return state is not None and state.moved_on_from(run.claim_as(self.name))
-
-        for kid, run in executing:
-            if taken(run):
-                self._kill_fenced(kid, run, "its claim moved on")
-        self.ready = collections.deque(run for run in self.ready if not taken(run))
+        stale, dropped = self.fences.check(now, self._executing(), list(self.ready))
+        for kid, run in stale:
+            self._kill_fenced(kid, run, "its claim moved on")
+        if dropped:
+            self.ready = collections.deque(run for run in self.ready if run not in dropped)
 
     def _kill_fenced(self, kid: Child, run: Run, why: str) -> None:
         logger.warning("%s: run %s was taken from this execution (%s); killing child %d (pid %d)",
@@ -767,22 +742,10 @@ class Arbiter:
         metrics.record(lambda m: m.control_requests.labels(self.name, label).inc())
 
     def _gauge_children(self) -> None:
-        alive = len(self.children)
-        busy = reporting.busy(self)
-
-        def update(m: metrics.Metrics) -> None:
-            m.children.labels(self.name).set(alive)
-            m.inflight.labels(self.name).set(busy)
-            m.pool_size.labels(self.name).set(self.procs)
-
-        metrics.record(update)
+        reporting.gauge_children(self)
 
     def _log_progress(self) -> None:
-        try:
-            queued: int | None = self.store.count_scheduled(self.loop.names)
-        except EverystepError:
-            queued = None
-        line = reporting.progress_line(self, queued)
+        line = reporting.progress_line(self, reporting.queued(self))
         if line != self._last_progress_line:
             self._last_progress_line = line
             logger.info("%s: %s", self.who, line)
@@ -792,12 +755,9 @@ class Arbiter:
         if not self.config.burst or self.stopping or self.ready:
             return
         if self.procs == 0:
-            try:
-                if self.store.count_scheduled(self.loop.names):
-                    logger.warning("%s: burst mode with --procs 0: runs are scheduled but no child "
-                                   "will execute them", self.who)
-            except EverystepError:
-                pass
+            if reporting.queued(self):
+                logger.warning("%s: burst mode with --procs 0: runs are scheduled but no child will execute them",
+                               self.who)
         else:
             kids = list(self.children.values())
             if not kids or any(kid.state != ChildState.IDLE for kid in kids) or self.loop.due:

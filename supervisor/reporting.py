@@ -7,6 +7,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from everystep import metrics
+from everystep.errors import EverystepError
 from everystep.models import TERMINAL_STATUSES
 
 from .protocol import ChildStatus, StatusReply
@@ -87,3 +89,23 @@ def summary_line(arbiter: Arbiter) -> str:
     elapsed = time.monotonic() - arbiter.started
     return (f"done: {plural(finished(arbiter), 'run', 'runs')} in {elapsed:.1f}s ({finished_summary(arbiter)}); "
             f"{plural(sum(arbiter.restarts.values()), 'child restart', 'child restarts')}")
+
+
+def queued(arbiter: Arbiter) -> int | None:
+    """Runs waiting for this supervisor's workflows (None: the database is away)."""
+    try:
+        return arbiter.store.count_scheduled(arbiter.loop.names)
+    except EverystepError:
+        return None
+
+
+def gauge_children(arbiter: Arbiter) -> None:
+    """The process-tree gauges (set when scraped and once a second)."""
+    alive, running = len(arbiter.children), busy(arbiter)
+
+    def update(m: metrics.Metrics) -> None:
+        m.children.labels(arbiter.name).set(alive)
+        m.inflight.labels(arbiter.name).set(running)
+        m.pool_size.labels(arbiter.name).set(arbiter.procs)
+
+    metrics.record(update)
