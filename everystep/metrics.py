@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .models import TERMINAL_STATUSES
+from .models import EXECUTION_ENDS
 from .observer import Observer
 from .store import utcnow
 
@@ -168,7 +168,7 @@ class MetricsObserver(Observer):
         return child
 
     def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
-        if status not in TERMINAL_STATUSES or get() is None:
+        if status not in EXECUTION_ENDS or get() is None:
             return
         self._child("workflow_runs", run.name, status).inc()
         claimed = run.claimed_at or utcnow()
