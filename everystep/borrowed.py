@@ -19,6 +19,7 @@ the same lock and writes the same version table as ``Store.migrate()``).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -37,10 +38,11 @@ def cursor(conn: Any) -> Iterator[tuple[type[Store], Any]]:
         yield store_class, cur
 
 
-def schedule(conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
+def schedule(conn: Any, name: str, args_json: str, idempotency_key: str | None,
+             not_before: dt.datetime | None = None) -> Run:
     """Insert a run in ``conn``'s open transaction (or commit it at once if
     the connection is in autocommit mode)."""
-    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key)
+    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key, not_before)
 
 
 def get_run(conn: Any, run_id: str) -> Run:

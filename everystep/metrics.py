@@ -60,6 +60,8 @@ class Metrics:
     step_timeouts: Counter
     control_requests: Counter
     empty_claims: Counter
+    step_retries: Counter
+    waiting: Gauge
 
 
 _create_lock = threading.Lock()
@@ -104,7 +106,7 @@ def _create() -> Metrics | None:
         requeued=Counter("everystep_worker_requeued_total", "Runs given back to the queue", ["runner"]),
         started_at=Gauge("everystep_worker_started_at_seconds", "Runner start time (unix seconds)", ["runner"],
                          multiprocess_mode=latest),
-        pending=Gauge("everystep_workflows_pending", "Scheduled runs waiting to be claimed", multiprocess_mode=latest),
+        pending=Gauge("everystep_workflows_pending", "Scheduled runs due now, waiting to be claimed", multiprocess_mode=latest),
         running=Gauge("everystep_workflows_running", "Claimed runs", multiprocess_mode=latest),
         blocked=Gauge("everystep_workflows_blocked", "Runs blocked on an uncertain effect", multiprocess_mode=latest),
         oldest_pending_age=Gauge("everystep_workflows_oldest_pending_age_seconds",
@@ -118,6 +120,10 @@ def _create() -> Metrics | None:
                                  ["runner", "command"]),
         empty_claims=Counter("everystep_worker_empty_claims_total",
                              "Claim statements that found nothing to claim", ["runner"]),
+        step_retries=Counter("everystep_step_retries_total", "Failed step attempts that will be retried",
+                             ["workflow", "step"]),
+        waiting=Gauge("everystep_workflows_waiting",
+                      "Scheduled runs not yet due (delayed, sleeping, waiting to retry)", multiprocess_mode=latest),
     )
 
 
@@ -137,6 +143,7 @@ def refresh_queue_gauges(store: Store) -> None:
         return
     stats = store.queue_stats()
     metrics.pending.set(stats["pending"])
+    metrics.waiting.set(stats["waiting"])
     metrics.running.set(stats["running"])
     metrics.blocked.set(stats["blocked"])
     metrics.oldest_pending_age.set(stats["oldest_pending_age_seconds"])
@@ -179,6 +186,8 @@ class MetricsObserver(Observer):
 
     def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
                       error: BaseException | None, token: Any) -> None:
+        if status == "retrying" and get() is not None:
+            self._child("step_retries", ctx.workflow_name, name).inc()
         if status not in ("done", "failed") or get() is None:
             return
         self._child("step_runs", ctx.workflow_name, name, status).inc()
