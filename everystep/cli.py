@@ -8,6 +8,7 @@ user's workflows. Bad input prints one line on stderr and exits 2.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import socket
@@ -17,8 +18,12 @@ from typing import Any
 
 from . import admin, dryrun, registry, relay, retention, serde
 from .cliutil import OneLineParser, fail, format_table, print_json, setup_logging
+from .cron import CronSchedule
 from .errors import EverystepError
-from .models import PRUNABLE_STATUSES, RUN_STATUSES, Run, StepRecord
+from .models import (
+    PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, SCHEDULED, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED,
+    Run, StepRecord,
+)
 from .observer import Observer
 from .store import Store, connect
 from .lease import DEFAULT_LEASE
@@ -49,6 +54,9 @@ def build_parser() -> OneLineParser:
     )
     sub.add_argument("--idempotency-key", metavar="KEY")
     sub.add_argument("--count", type=int, default=1, metavar="N", help="schedule N identical runs")
+    when = sub.add_mutually_exclusive_group()
+    when.add_argument("--at", metavar="ISO8601", help="not before this time (with its offset: 2030-01-01T09:00+01:00)")
+    when.add_argument("--in", dest="in_", metavar="DURATION", help="not before this long from now: 90s, 10m, 2h, 30d")
 
     sub = commands.add_parser("runs", help="list runs, newest first")
     _common(sub)
@@ -62,6 +70,15 @@ def build_parser() -> OneLineParser:
     sub = commands.add_parser("resolve-step", help="resolve the uncertain step of a blocked run")
     _common(sub)
     add_resolve_step_arguments(sub)
+
+    sub = commands.add_parser("cancel", help="cancel a run that is not finished (it ends 'cancelled')")
+    _common(sub)
+    sub.add_argument("run_id", metavar="RUN")
+    sub.add_argument("--reason", metavar="TEXT", help="why (stored as the run's error)")
+
+    sub = commands.add_parser("schedules", help="list the periodic (cron) workflows in --app, their last and next tick")
+    _common(sub)
+    sub.add_argument("--json", action="store_true")
 
     sub = commands.add_parser("requeue", help="put a run parked 'running' by a dead runner back in the queue")
     _common(sub)
@@ -179,6 +196,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         "runs": cmd_runs,
         "show": cmd_show,
         "resolve-step": cmd_resolve_step,
+        "cancel": cmd_cancel,
+        "schedules": cmd_schedules,
         "requeue": cmd_requeue,
         "runners": cmd_runners,
         "prune": cmd_prune,
@@ -223,12 +242,28 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
         if args.count > 1:
             raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
     args_json = serde.dumps(positional, "ARGS_JSON")
-    runs = [store.schedule(args.workflow, args_json, args.idempotency_key) for _ in range(args.count)]
+    not_before = _not_before(args.at, args.in_)
+    runs = [store.schedule(args.workflow, args_json, args.idempotency_key, not_before) for _ in range(args.count)]
     if len(runs) == 1:
         print(runs[0].id)
     else:
         print(f"scheduled {len(runs)} runs of {args.workflow} ({runs[0].id} … {runs[-1].id})")
     return 0
+
+
+def _not_before(at: str | None, within: str | None) -> dt.datetime | None:
+    """``--at ISO8601`` (an offset is required) or ``--in DURATION``."""
+    if within is not None:
+        return dt.datetime.now(dt.timezone.utc) + retention.parse_duration(within)
+    if at is None:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(at.strip())
+    except ValueError:
+        raise EverystepError(f"--at {at!r} is not an ISO 8601 time (e.g. 2030-01-01T09:00:00+01:00)") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise EverystepError(f"--at {at!r} has no time zone offset: add one (+01:00, Z), so it means one moment")
+    return when.astimezone(dt.timezone.utc)
 
 
 def _age(run: Run) -> str:
@@ -253,15 +288,39 @@ def _describe_error(error: dict[str, Any] | None) -> str:
     return f"{error.get('type', '?')}: {error.get('message', '')}"
 
 
+def waiting_for(run: Run, steps: list[StepRecord]) -> str | None:
+    """What a scheduled run with a not-before time in the future waits for:
+    a durable sleep, a retry's backoff, or its delayed start."""
+    if run.status != SCHEDULED or run.not_before is None or run.not_before <= dt.datetime.now(dt.timezone.utc):
+        return None
+    until = run.not_before.isoformat()
+    retrying = [step for step in steps if step.status == STEP_RETRYING and step.wake_at == run.not_before]
+    if retrying:
+        step = retrying[0]
+        return f"waiting to retry step {step.step_id} ({step.name}): attempt {step.attempt + 1} at {until}"
+    if any(step.status == STEP_SLEEPING and step.wake_at == run.not_before for step in steps):
+        return f"sleeping until {until}"
+    return f"delayed until {until}"
+
+
+def effect_uncertain(run: Run, step: StepRecord) -> bool:
+    """An unsafe step's ``started`` row outside a running run: it may have
+    had its effect, and nothing says whether it did."""
+    return step.status == STEP_STARTED and run.status != RUNNING
+
+
 def cmd_show(store: Store, args: argparse.Namespace) -> int:
     run = store.get_run(args.run_id)
     steps = store.get_steps(run.id)
+    waiting = waiting_for(run, steps)
     if args.json:
-        print_json({"run": run.to_dict(), "steps": [step.to_dict() for step in steps]})
+        print_json({"run": {**run.to_dict(), "waiting": waiting},
+                    "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)}
+                              for step in steps]})
         return 0
     print(f"run        {run.id}")
     print(f"workflow   {run.name}")
-    print(f"status     {run.status}")
+    print(f"status     {run.status}" + (f" ({waiting})" if waiting else ""))
     print(f"args       {json.dumps(serde.to_jsonable(run.args))}")
     if run.claimed_by:
         print(f"claimed by {run.claimed_by}")
@@ -274,17 +333,35 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
         print(f"completed  {run.completed_at}")
     if steps:
         print()
-        print(format_table(("STEP", "STATUS", "FUNCTION", "OUTCOME"), [_step_row(step) for step in steps]))
+        rows = [_step_row(run, step) for step in steps]
+        if any(step.attempt > 1 or step.status == STEP_RETRYING for step in steps):
+            print(format_table(("STEP", "STATUS", "FUNCTION", "ATTEMPT", "OUTCOME"), rows))
+        else:  # nothing was retried: the attempt column would say 1 throughout
+            print(format_table(("STEP", "STATUS", "FUNCTION", "OUTCOME"), [row[:3] + row[4:] for row in rows]))
+        for step in steps:
+            for attempt in step.attempts:
+                retry = attempt.retry_at.isoformat() if attempt.retry_at else "?"
+                print(f"  step {step.step_id} attempt {attempt.attempt} failed at "
+                      f"{attempt.failed_at.isoformat() if attempt.failed_at else '?'}: "
+                      f"{_describe_error(attempt.error)}; next attempt at {retry}")
     return 0
 
 
-def _step_row(step: StepRecord) -> tuple[str, str, str, str]:
-    if step.status == "done":
+def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str]:
+    status = str(step.status)
+    if step.status == STEP_DONE:
         outcome = json.dumps(serde.to_jsonable(step.result))
         outcome = outcome if len(outcome) <= 60 else outcome[:57] + "..."
+    elif step.status == STEP_SLEEPING:
+        outcome = f"until {step.wake_at.isoformat() if step.wake_at else '?'}"
+    elif step.status == STEP_RETRYING:
+        outcome = (f"{_describe_error(step.error)}; attempt {step.attempt + 1} at "
+                   f"{step.wake_at.isoformat() if step.wake_at else '?'}")
     else:
         outcome = _describe_error(step.error)
-    return step.step_id, step.status, step.name, outcome
+    if effect_uncertain(run, step):
+        status = "started (effect uncertain)"
+    return step.step_id, status, step.name, str(step.attempt), outcome
 
 
 def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
@@ -297,6 +374,43 @@ def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
         options["discard"] = True
     run = admin.resolve_step(store, args.run_id, args.step_id, **options)
     print(f"run {run.id} resolved at step {args.step_id}; now {run.status}")
+    return 0
+
+
+def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
+    before = store.get_run(args.run_id)
+    run = admin.cancel(store, args.run_id, args.reason)
+    if before.status == RUNNING and before.claimed_by:
+        print(f"run {run.id} cancelled; it was running under {before.claimed_by}: a supervisor kills its child "
+              "now, a threaded worker stops at the next step boundary")
+    else:
+        print(f"run {run.id} cancelled (it was {before.status})")
+    return 0
+
+
+def cmd_schedules(store: Store, args: argparse.Namespace) -> int:
+    periodic: dict[str, CronSchedule] = registry.schedules()
+    if not args.app:
+        raise EverystepError("schedules needs --app MODULE[,MODULE]: the code that declares the periodic workflows")
+    ticks = store.cron_ticks(sorted(periodic))
+    now = dt.datetime.now(dt.timezone.utc)
+    entries = []
+    for name, schedule in periodic.items():
+        last = ticks.get(name)
+        entries.append({
+            "workflow": name, "cron": schedule.expr, "timezone": schedule.timezone,
+            "last_tick": last[0].isoformat() if last else None, "last_run": last[1] if last else None,
+            "last_status": last[2] if last else None, "next_tick": schedule.next_after(now).isoformat(),
+        })
+    if args.json:
+        print_json(entries)
+        return 0
+    if not entries:
+        print("no periodic workflows in " + args.app)
+        return 0
+    rows = [(entry["workflow"], entry["cron"], entry["timezone"], entry["last_tick"] or "never",
+             entry["last_status"] or "", entry["next_tick"]) for entry in entries]
+    print(format_table(("WORKFLOW", "CRON", "TIMEZONE", "LAST TICK (UTC)", "LAST RUN", "NEXT TICK (UTC)"), rows))
     return 0
 
 

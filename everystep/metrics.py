@@ -37,7 +37,7 @@ logger = logging.getLogger("everystep")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SUPERVISOR_COMMANDS = ("status", "kill", "scale", "reload", "drain")
-RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced")
+RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced", "cancelled")
 
 
 @dataclass(frozen=True)

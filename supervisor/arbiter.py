@@ -205,7 +205,7 @@ class Arbiter:
     def _timeout(self, now: float) -> float:
         candidates = [1.0, max(self._next_fence_check - now, 0.0)]
         if not self.stopping:
-            due = self.loop.next_due(now) if self._available() else self.loop.lease.next_due()
+            due = self.loop.next_due(now) if self._available() else self.loop.housekeeping_due(now)
             candidates.append(max(due - now, 0.0))
             if self.ready and self._available():
                 candidates.append(0.0)
@@ -533,9 +533,19 @@ class Arbiter:
         if decision.crashed:
             self.crashes[run.id] += 1
         try:
+            record = outcomes.fail_cancelled_step if decision.action == Action.CANCELLED else outcomes.fail_step
             for step, error in decision.fail_steps:
-                outcomes.fail_step(self.store, claim, run.name, step.step, step.name, error)
-            if decision.action == Action.REDISPATCH:
+                record(self.store, claim, run.name, step.step, step.name, error)
+            for step, error in decision.retry_steps:
+                assert step.retry_in is not None
+                outcomes.retry_step(self.store, claim, run.name, step.step, step.name, step.attempt, error,
+                                    step.retry_in)
+            if decision.action == Action.CANCELLED:
+                self.crashes.pop(run.id, None)
+                self.counts[Outcome.CANCELLED] += 1
+                logger.info("%s: run %s (%s) cancelled; its child (pid %d) was killed", self.who, run.id,
+                            run.name, end.pid, extra={"run_id": run.id, "workflow": run.name, "event": "run_cancelled"})
+            elif decision.action == Action.REDISPATCH:
                 self._redispatch(run)
             elif decision.action == Action.REQUEUE:
                 self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
@@ -645,13 +655,20 @@ class Arbiter:
         """Kill children executing a run whose claim moved on without them.
 
         Their writes are refused anyway (every write carries the epoch); the
-        kill stops the step in flight at once instead of at its end. Runs
-        that reached a terminal status are left alone: the child is merely
-        reporting late. Claimed runs not yet dispatched are dropped the same
-        way. Checked every heartbeat period, and at once on a fence
-        notification (PostgreSQL).
+        kill stops the step in flight at once instead of at its end. A run
+        an operator cancelled is killed the same way, for its own reason
+        (the step cut off is recorded ``Cancelled``). Runs that reached a
+        terminal status are left alone: the child is merely reporting late.
+        Claimed runs not yet dispatched are dropped the same way. Checked at
+        once on a fence notification (PostgreSQL), else every heartbeat
+        period while notifications arrive, every poll when they cannot
+        (SQLite, or LISTEN down): that is how a cancel reaches the child
+        within a poll interval there.
         """
-        self._next_fence_check = now + self.loop.lease.beat_every
+        period = self.loop.lease.beat_every
+        if not self.listener.connected:
+            period = min(period, self.config.poll)
+        self._next_fence_check = now + period
         executing = self._executing()
         ids = [run.id for _, run in executing] + [run.id for run in self.ready]
         if not ids:
@@ -667,7 +684,12 @@ class Arbiter:
             return state is not None and state.moved_on_from(run.claim_as(self.name))
 
         for kid, run in executing:
-            if taken(run):
+            state = states.get(run.id)
+            if state is not None and state.cancelled_under(run.claim_as(self.name)):
+                logger.warning("%s: run %s was cancelled; killing child %d (pid %d)", self.who, run.id, kid.slot,
+                               kid.pid, extra={"run_id": run.id, "child_pid": kid.pid, "event": "cancel_kill"})
+                kid.kill(KillReason.CANCELLED)
+            elif taken(run):
                 self._kill_fenced(kid, run, "its claim moved on")
         self.ready = collections.deque(run for run in self.ready if not taken(run))
 
