@@ -31,11 +31,14 @@ SELECT 1 AS one
 -- name: claim
 -- Runs that are due, earliest due first, along the partial index of
 -- scheduled runs ordered by due time (it stops at the first run not yet
--- due). Each claim bumps the run's epoch: the fencing token its writes carry.
+-- due). INDEXED BY pins that plan, as PostgreSQL's claim function does:
+-- left to itself, SQLite reads every scheduled run through the status
+-- index and sorts them, sleeping ones included. Each claim bumps the run's
+-- epoch: the fencing token its writes carry.
 UPDATE everystep_workflow
 SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1
 WHERE id IN (
-    SELECT id FROM everystep_workflow
+    SELECT id FROM everystep_workflow INDEXED BY everystep_workflow_claimable
     WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= :now
       AND name IN (SELECT value FROM json_each(:names))
     ORDER BY coalesce(not_before, created_at)
@@ -414,7 +417,7 @@ FROM everystep_attempt WHERE workflow_id = :id ORDER BY step_id, attempt
 -- Seconds until the earliest scheduled run of these workflows is due
 -- (negative: overdue); no row when none is scheduled.
 SELECT (julianday(coalesce(not_before, created_at)) - julianday(:now)) * 86400.0 AS wait
-FROM everystep_workflow
+FROM everystep_workflow INDEXED BY everystep_workflow_claimable
 WHERE status = 'scheduled' AND name IN (SELECT value FROM json_each(:names))
 ORDER BY coalesce(not_before, created_at)
 LIMIT 1
