@@ -20,10 +20,8 @@ from . import admin, dryrun, registry, relay, retention, serde
 from .cliutil import OneLineParser, fail, format_table, print_json, setup_logging
 from .cron import CronSchedule
 from .errors import EverystepError
-from .models import (
-    PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, SCHEDULED, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED,
-    Run, StepRecord,
-)
+from .models import PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run, StepRecord
+from .waiting import effect_uncertain, waiting_for
 from .observer import Observer
 from .store import Store, connect
 from .lease import DEFAULT_LEASE
@@ -286,27 +284,6 @@ def _describe_error(error: dict[str, Any] | None) -> str:
     if not error:
         return ""
     return f"{error.get('type', '?')}: {error.get('message', '')}"
-
-
-def waiting_for(run: Run, steps: list[StepRecord]) -> str | None:
-    """What a scheduled run with a not-before time in the future waits for:
-    a durable sleep, a retry's backoff, or its delayed start."""
-    if run.status != SCHEDULED or run.not_before is None or run.not_before <= dt.datetime.now(dt.timezone.utc):
-        return None
-    until = run.not_before.isoformat()
-    retrying = [step for step in steps if step.status == STEP_RETRYING and step.wake_at == run.not_before]
-    if retrying:
-        step = retrying[0]
-        return f"waiting to retry step {step.step_id} ({step.name}): attempt {step.attempt + 1} at {until}"
-    if any(step.status == STEP_SLEEPING and step.wake_at == run.not_before for step in steps):
-        return f"sleeping until {until}"
-    return f"delayed until {until}"
-
-
-def effect_uncertain(run: Run, step: StepRecord) -> bool:
-    """An unsafe step's ``started`` row outside a running run: it may have
-    had its effect, and nothing says whether it did."""
-    return step.status == STEP_STARTED and run.status != RUNNING
 
 
 def cmd_show(store: Store, args: argparse.Namespace) -> int:
