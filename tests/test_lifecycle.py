@@ -231,6 +231,10 @@ def test_a_retried_step_records_its_attempts_and_releases_the_run(store: Store) 
     assert [(a.attempt, a.error["message"]) for a in record.attempts] == [(1, "attempt 1"), (2, "attempt 2")]
     assert all(a.started_at <= a.failed_at and a.retry_at is not None for a in record.attempts)
     assert record.to_dict()["attempts"][0]["attempt"] == 1
+    from prometheus_client import REGISTRY
+
+    assert REGISTRY.get_sample_value("everystep_step_retries_total",
+                                     {"workflow": retrying_flow.name, "step": flaky.name}) >= 2
 
 
 def test_the_final_failure_is_recorded_as_before_and_caught_by_the_body(store: Store) -> None:
@@ -478,9 +482,28 @@ def test_a_threaded_worker_stops_a_cancelled_run_at_the_next_step_boundary(store
 # -- periodic runs -------------------------------------------------------------------------------
 
 
-@workflow(name="tests.lifecycle.hourly", cron="0 * * * *", timezone="Europe/Paris")
-def hourly(tick: dt.datetime) -> str:
-    return tick.isoformat()
+#: Not registered as a workflow (a ticker is handed its schedules): every
+#: runner a later test starts in this process would otherwise tick it.
+HOURLY = "tests.lifecycle.hourly"
+HOURLY_CRON = CronSchedule.parse("0 * * * *", "Europe/Paris")
+
+
+def test_a_cron_workflow_is_registered_with_its_schedule() -> None:
+    from everystep import registry
+
+    @workflow(name="tests.lifecycle.new_year", cron="0 0 1 1 *", timezone="Pacific/Auckland")
+    def new_year(tick: dt.datetime) -> str:
+        return tick.isoformat()
+
+    try:
+        assert new_year.cron == CronSchedule("0 0 1 1 *", "Pacific/Auckland")
+        assert registry.schedules()[new_year.name] == new_year.cron
+        assert new_year.cron.next_after(dt.datetime(2030, 6, 1, tzinfo=UTC)) == \
+            dt.datetime(2030, 12, 31, 11, 0, tzinfo=UTC)  # midnight in Auckland (summer time)
+    finally:
+        # Registered, it would be ticked by every runner later tests start here.
+        with registry._lock:
+            registry._workflows.pop(new_year.name, None)
 
 
 class FakeClock:
@@ -494,7 +517,7 @@ class FakeClock:
 def ticker(store: Store, clock: FakeClock) -> Ticker:
     import logging
 
-    return Ticker(store, {hourly.name: hourly.cron}, logging.getLogger("test"), "test", clock=clock)
+    return Ticker(store, {HOURLY: HOURLY_CRON}, logging.getLogger("test"), "test", clock=clock)
 
 
 def test_tickers_enqueue_each_tick_once_however_many_there_are(store: Store) -> None:
@@ -506,12 +529,12 @@ def test_tickers_enqueue_each_tick_once_however_many_there_are(store: Store) -> 
             dt.datetime(2030, 3, 31, hour - 1, 0, 1, tzinfo=UTC)
         made = first.tick(1.0) + second.tick(1.0)
         assert len(made) == 1
-    runs = store.list_runs(name=hourly.name)
+    runs = store.list_runs(name=HOURLY)
     ticks = sorted(run.args[0] for run in runs)
     assert [tick.isoformat() for tick in ticks] == [
         "2030-03-30T23:00:00+00:00", "2030-03-31T00:00:00+00:00", "2030-03-31T01:00:00+00:00"]
     assert {run.idempotency_key for run in runs} == {tick_key(tick) for tick in ticks}
-    assert store.cron_ticks([hourly.name])[hourly.name][0] == ticks[-1]
+    assert store.cron_ticks([HOURLY])[HOURLY][0] == ticks[-1]
 
 
 def test_after_downtime_only_the_latest_missed_tick_runs(store: Store) -> None:
@@ -525,7 +548,7 @@ def test_after_downtime_only_the_latest_missed_tick_runs(store: Store) -> None:
     [missed] = restarted.tick(0.0)
     assert missed.args[0] == dt.datetime(2030, 1, 1, 15, 0, tzinfo=UTC)
     assert restarted.tick(0.0) == []
-    assert len(store.list_runs(name=hourly.name)) == 2
+    assert len(store.list_runs(name=HOURLY)) == 2
     assert restarted.next_due(100.0) == pytest.approx(100.0 + 40 * 60)
 
 

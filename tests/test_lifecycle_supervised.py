@@ -20,7 +20,7 @@ import pytest
 from everystep import schedule
 from everystep.models import CANCELLED, COMPLETED, SCHEDULED, STEP_DONE, STEP_FAILED, STEP_SLEEPING, STEP_STARTED
 from everystep.store import Store
-from tests.apps import lifecycle, periodic
+from tests.apps import lifecycle
 from tests.apps.supervised import effect_lines, effects
 from tests.support.supervisor import error_type, supervisors, wait_for_pids_gone, wait_run  # noqa: F401
 from tests.support.waiting import wait_until
@@ -188,7 +188,10 @@ def test_two_supervisors_yield_one_run_per_tick(db_url, store, supervisors):
     """Both supervisors load the cron workflow (a tick every 2 s) and both
     enqueue every tick: three ticks later there is exactly one run per tick."""
     app = "tests.apps.periodic"
-    name = periodic.every_two_seconds.name
+    # By name: importing the module here would register its cron workflow in
+    # this process, where every threaded worker a later test starts would
+    # enqueue its ticks.
+    name = f"{app}.every_two_seconds"
     first = supervisors(db_url, procs=1, app=app).start(wait_idle=False)
     second = supervisors(db_url, procs=1, app=app).start(wait_idle=False)
 

@@ -978,12 +978,16 @@ class Store(abc.ABC):
         """The failed attempts of a run's retried steps, by step id, oldest first."""
         found: dict[str, list[Attempt]] = {}
         for row in self._fetchall("get_attempts", {"id": _run_id(run_id)}):
-            found.setdefault(row["step_id"], []).append(Attempt(
-                attempt=int(row["attempt"]), error=self._json(row["error"]),
-                started_at=self._time(row["started_at"]), failed_at=self._time(row["failed_at"]),
-                retry_at=self._time(row["retry_at"]),
-            ))
+            found.setdefault(row["step_id"], []).append(self._attempt(row))
         return found
+
+    @classmethod
+    def _attempt(cls, row: Row) -> Attempt:
+        return Attempt(
+            attempt=int(row["attempt"]), error=cls._json(row["error"]),
+            started_at=cls._time(row["started_at"]), failed_at=cls._time(row["failed_at"]),
+            retry_at=cls._time(row["retry_at"]),
+        )
 
     def _with_attempts(self, run_id: str, steps: list[StepRecord]) -> list[StepRecord]:
         if not any(step.attempt > 1 or step.status == "retrying" for step in steps):
