@@ -24,13 +24,14 @@ logger = logging.getLogger("everystep")
 
 
 def fail_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str,
-              exc: BaseException) -> bool:
-    """Record step ``step_id`` as failed with ``exc`` (a ``StepTimeout``,
-    ``StepKilled``…), so the body's try/except sees it on replay like any
-    step failure. False if the claim is gone or the step was recorded."""
+              exc: BaseException, attempt: int = 1) -> bool:
+    """Record attempt ``attempt`` of step ``step_id`` as failed with ``exc``
+    (a ``StepTimeout``, ``StepKilled``…), so the body's try/except sees it
+    on replay like any step failure. False if the claim is gone or the step
+    was recorded."""
     error = serde.dumps(serde.encode_exception(exc), "step error")
     write = store.record_step(claim, NewStep(step_id, step_name, None, None, utcnow(),
-                                             status=STEP_FAILED, error_json=error))
+                                             status=STEP_FAILED, error_json=error, attempt=attempt))
     ours = write is not None and write.ours
     if ours:
         metrics.record(lambda m: m.step_runs.labels(workflow, step_name, STEP_FAILED).inc())
@@ -70,14 +71,14 @@ def retry_step(store: Store, claim: Claim, workflow: str, step_id: str, step_nam
 
 
 def fail_cancelled_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str,
-                        exc: BaseException) -> bool:
+                        exc: BaseException, attempt: int = 1) -> bool:
     """Record the step a cancel cut off (its process was killed) as failed
     with ``exc`` (``Cancelled``): the one write the holder of a cancelled
     claim may still make. False if the run was not cancelled under
     ``claim`` or the step has an outcome."""
     error = serde.dumps(serde.encode_exception(exc), "step error")
     written = store.record_cancelled_step(claim, NewStep(step_id, step_name, None, None, utcnow(),
-                                                         status=STEP_FAILED, error_json=error))
+                                                         status=STEP_FAILED, error_json=error, attempt=attempt))
     if written:
         metrics.record(lambda m: m.step_runs.labels(workflow, step_name, STEP_FAILED).inc())
     return written

@@ -535,7 +535,7 @@ class Arbiter:
         try:
             record = outcomes.fail_cancelled_step if decision.action == Action.CANCELLED else outcomes.fail_step
             for step, error in decision.fail_steps:
-                record(self.store, claim, run.name, step.step, step.name, error)
+                record(self.store, claim, run.name, step.step, step.name, error, step.attempt)
             for step, error in decision.retry_steps:
                 assert step.retry_in is not None
                 outcomes.retry_step(self.store, claim, run.name, step.step, step.name, step.attempt, error,
