@@ -13,11 +13,14 @@ from .api import (
     get_steps,
     parallel,
     schedule,
+    sleep,
+    sleep_until,
     step,
     wait,
     workflow,
 )
 from .errors import (
+    Cancelled,
     ClaimLost,
     DrainOrphan,
     EffectUncertain,
@@ -37,6 +40,7 @@ from .provider import set_connection_provider
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cancelled",
     "ClaimLost",
     "DrainOrphan",
     "EffectUncertain",
@@ -58,6 +62,8 @@ __all__ = [
     "parallel",
     "schedule",
     "set_connection_provider",
+    "sleep",
+    "sleep_until",
     "step",
     "wait",
     "workflow",

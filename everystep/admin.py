@@ -1,5 +1,5 @@
-"""Operator actions on runs, shared by the ``everystep`` CLI and the
-supervisor's control socket.
+"""Operator actions on runs, shared by the ``everystep`` CLI, the console
+and the supervisor's control socket: resolve a blocked step, requeue, cancel.
 
 Each action checks the run's state inside a transaction that holds the
 run's row lock, and refuses with ``AdminError`` (a one-line explanation)
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import serde
-from .errors import EverystepError, StepFailure
-from .models import BLOCKED, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run
+from .errors import Cancelled, EverystepError, StepFailure
+from .models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run
 from .store import RunnerInfo, Store
 
 _MISSING: Any = object()
@@ -106,3 +106,31 @@ def _live_holder_refusal(run: Run, holder: RunnerInfo) -> str:
         stop_it = f"stop worker {holder.name!r} on {holder.host} (it requeues its runs as it drains)"
     return (f"run {run.id} is executing under live {where}; to take it back: {stop_it}, "
             f"or everystep requeue {run.id} --force (fences that execution)")
+
+
+def cancel(store: Store, run_id: str, reason: str | None = None) -> Run:
+    """Cancel a run that is not finished: it ends ``cancelled`` (a final
+    status) with ``Cancelled(reason)`` as its error, at once.
+
+    A scheduled run (delayed, sleeping, waiting to retry) or a blocked one
+    simply stops there. A running run's execution can write nothing more
+    from this moment (its writes are conditional on ``running``); the
+    supervisor holding it is told (NOTIFY on PostgreSQL, its next fence
+    check elsewhere) and SIGKILLs the child, recording the step in flight
+    as failed with ``Cancelled`` (an unsafe step keeps its ``started`` row:
+    its effect is uncertain); a threaded worker stops at the next step
+    boundary. A finished run is refused with ``AdminError``.
+    """
+    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+        raise AdminError("the cancel reason must not be empty (leave it out for the default)")
+    with store.locked_run(run_id) as (conn, run):
+        if run.status not in CANCELLABLE_STATUSES:
+            raise AdminError(f"run {run.id} is {run.status}: only scheduled, running or blocked runs can be "
+                             "cancelled")
+        error = Cancelled(reason.strip() if reason else "cancelled by an operator")
+        store.execute_named(conn, "cancel_run", run_id=run.id, from_status=run.status,
+                            error=serde.dumps(serde.encode_exception(error), "cancel reason"))
+        if run.status == RUNNING and run.claimed_by:
+            store.notify_fenced(conn, run.claimed_by, run.id)
+    return store.get_run(run_id)
+

@@ -1,4 +1,4 @@
-"""The public API: ``@workflow``, ``@step``, ``parallel``, ``schedule``.
+"""The public API: ``@workflow``, ``@step``, ``parallel``, ``schedule``, ``sleep``.
 
 Decorated functions stay plain functions outside a running workflow, so they
 can be unit-tested directly; inside one, each step call is recorded (or
@@ -7,16 +7,20 @@ replayed) by the runner.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from . import borrowed, registry, runner, serde
+from .cron import CronSchedule
 from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord
 from .provider import ConnectionProvider, connection_provider
-from .store import Store, default_store
+from .retry import RetryPolicy
+from .store import Store, default_store, utcnow
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -25,10 +29,12 @@ class WorkflowFunction:
     """A registered workflow. Calling it directly runs the body as a plain
     function (steps inside are plain calls too)."""
 
-    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str, cron: CronSchedule | None = None) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
+        #: Periodic workflows: runners enqueue a run per tick (see ``everystep.cron``).
+        self.cron = cron
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -54,12 +60,14 @@ class StepFunction:
         name: str,
         unsafe_to_repeat: bool = False,
         timeout: float | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.unsafe_to_repeat = unsafe_to_repeat
         self.timeout = timeout
+        self.retry = retry
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return runner.call_step(self, args, kwargs)
@@ -72,14 +80,25 @@ class StepFunction:
 @overload
 def workflow(fn: F) -> WorkflowFunction: ...
 @overload
-def workflow(*, name: str | None = None) -> Callable[[F], WorkflowFunction]: ...
+def workflow(
+    *, name: str | None = None, cron: str | None = None, timezone: str | None = None
+) -> Callable[[F], WorkflowFunction]: ...
 
 
-def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
-    """Register a workflow under ``module.qualname`` (or ``name``)."""
+def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None, cron: str | None = None,
+             timezone: str | None = None) -> Any:
+    """Register a workflow under ``module.qualname`` (or ``name``).
+
+    ``cron`` makes it periodic: every runner with it loaded enqueues one run
+    per tick of the cron expression, evaluated in ``timezone`` (an IANA
+    name; default UTC), whose single argument is the tick time (see
+    ``everystep.cron``; needs the extra ``everystep[cron]``)."""
+    if timezone is not None and cron is None:
+        raise EverystepError("timezone= applies to a cron schedule: give cron= too")
+    schedule = CronSchedule.parse(cron, timezone) if cron is not None else None
 
     def decorate(fn: Callable[..., Any]) -> WorkflowFunction:
-        wf = WorkflowFunction(fn, name or registry.qualified_name(fn))
+        wf = WorkflowFunction(fn, name or registry.qualified_name(fn), schedule)
         registry.register_workflow(wf.name, wf)
         return wf
 
@@ -90,7 +109,9 @@ def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None) -
 def step(fn: F) -> StepFunction: ...
 @overload
 def step(
-    *, unsafe_to_repeat: bool = False, timeout: float | None = None, name: str | None = None
+    *, unsafe_to_repeat: bool = False, timeout: float | None = None, name: str | None = None,
+    retries: int = 0, backoff: float = 1.0, backoff_max: float = 300.0, jitter: bool = True,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
 ) -> Callable[[F], StepFunction]: ...
 
 
@@ -100,16 +121,30 @@ def step(
     unsafe_to_repeat: bool = False,
     timeout: float | None = None,
     name: str | None = None,
+    retries: int = 0,
+    backoff: float = 1.0,
+    backoff_max: float = 300.0,
+    jitter: bool = True,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
 ) -> Any:
     """Declare a step. ``unsafe_to_repeat=True`` records a ``started`` row
     before the effect so a crash mid-effect blocks the run instead of
     repeating it. ``timeout`` (seconds) is enforced by the supervisor, which
-    kills the step's process and records ``StepTimeout``."""
+    kills the step's process and records ``StepTimeout``.
+
+    ``retries``: a failure in ``retry_on`` is retried up to this many times;
+    before attempt k+1 the run waits ``min(backoff_max, backoff * 2**(k-1))``
+    seconds (with ``jitter``, 50 % to 100 % of that), released: no process
+    or thread waits (see ``everystep.retry`` for what is never retried)."""
     if timeout is not None and not timeout > 0:
         raise EverystepError(f"step timeout must be a positive number of seconds, not {timeout!r}")
+    policy = RetryPolicy.build(retries, backoff, backoff_max, jitter, retry_on)
+    if policy is not None and unsafe_to_repeat:
+        raise EverystepError("an unsafe_to_repeat step is never retried (its effect may have happened): "
+                             "drop retries= or unsafe_to_repeat=")
 
     def decorate(fn: Callable[..., Any]) -> StepFunction:
-        return StepFunction(fn, name or registry.qualified_name(fn), unsafe_to_repeat, timeout)
+        return StepFunction(fn, name or registry.qualified_name(fn), unsafe_to_repeat, timeout, policy)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -126,6 +161,51 @@ def parallel(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]
     get ids under ``<fork id>.<branch index>.``.
     """
     return runner.run_parallel(branches, everystep_id)
+
+
+def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
+    """Wait ``seconds`` (a number or a ``timedelta``), durably.
+
+    Inside a workflow the sleep is a step: recorded with its wake time, and
+    the run is released until then (status ``scheduled`` with that
+    not-before time: a row, not a process), so a 30-day sleep costs nothing
+    while it lasts and survives restarts; the replay after the wake time
+    returns from it. In a ``parallel`` branch only that branch waits: the
+    others carry on until they settle or wait too, and the run is released
+    until the earliest wake time. Outside a workflow (or inside a step's own
+    code) it is ``time.sleep``.
+    """
+    if isinstance(seconds, dt.timedelta):
+        seconds = seconds.total_seconds()
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise EverystepError(f"sleep needs a finite number of seconds, 0 or more, not {seconds!r}")
+    runner.sleep_until(utcnow() + dt.timedelta(seconds=seconds), everystep_id)
+
+
+def sleep_until(when: dt.datetime, everystep_id: str | None = None) -> None:
+    """Wait until ``when`` (an aware datetime), durably: see ``sleep``."""
+    runner.sleep_until(_aware(when, "sleep_until"), everystep_id)
+
+
+def _aware(when: Any, what: str) -> dt.datetime:
+    if not isinstance(when, dt.datetime) or when.tzinfo is None or when.utcoffset() is None:
+        raise EverystepError(f"{what} needs an aware datetime (with a time zone), not {when!r}")
+    return when.astimezone(dt.timezone.utc)
+
+
+def _not_before(run_at: dt.datetime | None, delay: float | dt.timedelta | None) -> dt.datetime | None:
+    if run_at is not None and delay is not None:
+        raise EverystepError("give run_at= or delay=, not both")
+    if run_at is not None:
+        return _aware(run_at, "run_at")
+    if delay is None:
+        return None
+    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise EverystepError(f"delay must be a finite number of seconds, 0 or more, not {delay!r}")
+    return utcnow() + dt.timedelta(seconds=seconds)
 
 
 def _workflow_name(wf: WorkflowFunction | str | Callable[..., Any]) -> str:
@@ -155,8 +235,13 @@ def schedule(
     idempotency_key: str | None = None,
     conn: Any = None,
     database: str | Store | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
 ) -> Run:
     """Schedule a run of ``wf`` with positional ``args``; returns the ``Run``.
+
+    ``run_at`` (an aware datetime) or ``delay`` (seconds, or a timedelta):
+    the run is not claimable before then.
 
     The arguments are validated before anything is written. Without ``conn``
     the run is committed at once. With ``conn`` (a psycopg or sqlite3
@@ -174,13 +259,14 @@ def schedule(
     args_json = serde.dumps(list(args), f"arguments of workflow {name}")
     if idempotency_key is not None and not isinstance(idempotency_key, str):
         raise EverystepError("idempotency_key must be a string")
+    not_before = _not_before(run_at, delay)
     if conn is not None:
-        return borrowed.schedule(conn, name, args_json, idempotency_key)
+        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before)
     provider = _provided(database)
     if provider is not None:
         with provider() as provided:
-            return borrowed.schedule(provided, name, args_json, idempotency_key)
-    return _store(database).schedule(name, args_json, idempotency_key)
+            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before)
+    return _store(database).schedule(name, args_json, idempotency_key, not_before)
 
 
 def get_run(run_id: str, database: str | Store | None = None) -> Run:
@@ -220,4 +306,4 @@ def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | 
 
 
 __all__ = ["StepFunction", "WorkflowFunction", "get_run", "get_steps", "parallel",
-           "schedule", "step", "wait", "workflow"]
+           "schedule", "sleep", "sleep_until", "step", "wait", "workflow"]

@@ -19,12 +19,14 @@ the same lock and writes the same version table as ``Store.migrate()``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from .errors import RunNotFound
-from .models import Run, StepRecord
+from .models import Attempt, Run, StepRecord
 from .store import Store, backend_for_connection
 
 
@@ -37,10 +39,11 @@ def cursor(conn: Any) -> Iterator[tuple[type[Store], Any]]:
         yield store_class, cur
 
 
-def schedule(conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
+def schedule(conn: Any, name: str, args_json: str, idempotency_key: str | None,
+             not_before: dt.datetime | None = None) -> Run:
     """Insert a run in ``conn``'s open transaction (or commit it at once if
     the connection is in autocommit mode)."""
-    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key)
+    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key, not_before)
 
 
 def get_run(conn: Any, run_id: str) -> Run:
@@ -57,7 +60,13 @@ def get_steps(conn: Any, run_id: str) -> list[StepRecord]:
         sql = store_class.statements()
         if cur.execute(sql["get_run"], {"id": _run_id(run_id)}).fetchone() is None:
             raise RunNotFound(f"no run with id {run_id}")
-        return [store_class._step(row) for row in cur.execute(sql["get_steps"], {"id": _run_id(run_id)}).fetchall()]
+        steps = [store_class._step(row) for row in cur.execute(sql["get_steps"], {"id": _run_id(run_id)}).fetchall()]
+        if not any(step.attempt > 1 or step.status == "retrying" for step in steps):
+            return steps
+        history: dict[str, list[Attempt]] = {}
+        for row in cur.execute(sql["get_attempts"], {"id": _run_id(run_id)}).fetchall():
+            history.setdefault(row["step_id"], []).append(store_class._attempt(row))
+        return [dataclasses.replace(step, attempts=history.get(step.step_id, [])) for step in steps]
 
 
 def migrate(conn: Any) -> list[str]:

@@ -15,8 +15,17 @@ decides where the runs come from, in this order:
    batch comes back short of the free capacity: a predecessor may have
    held more than one batch, and nobody else will ever take those runs.
 2. **New claims**, when due: at once after ``wake()`` (a notification, a
-   run that ended, recovered runs) or a full batch, else every ``poll``
-   seconds.
+   run that ended, recovered runs) or a full batch, at the **due timer**,
+   else every ``poll`` seconds. Claims take only runs that are due (a
+   delayed, sleeping or retry-waiting run is ``scheduled`` with a
+   not-before time). After a claim that came back short, one indexed query
+   (``Store.next_due``) says when the earliest run not yet due will be,
+   and a timer is set for then: a delayed run starts on time without
+   anyone polling faster. On PostgreSQL a newly scheduled or released run
+   notifies, which wakes the loop: its claim re-reads that time.
+3. **Periodic runs**: the ``cron.Ticker`` enqueues the ticks of the
+   periodic workflows loaded here when they are due, whatever the free
+   capacity (``keep_lease``).
 
 It also keeps the lease (heartbeat, sweep of dead runners, the owned name)
 and logs a database outage once when it starts and once when it ends.
@@ -28,6 +37,7 @@ import logging
 from collections.abc import Collection
 
 from . import metrics, outcomes, registry
+from .cron import Ticker
 from .errors import EverystepError
 from .lease import Lease
 from .models import Run
@@ -63,6 +73,7 @@ class ClaimLoop:
         self.outage = OutageLog(self.logger, self.who)
         self.lease = Lease(store, name, kind, lease, takeover=takeover, outage=self.outage)
         self.names: list[str] = registry.workflow_names()
+        self.ticker = Ticker(store, registry.schedules(), self.logger, self.who, outage=self.outage)
         self.claimed = 0
         self.empty_claims = 0
         self._starting = True
@@ -70,6 +81,8 @@ class ClaimLoop:
         self._next_reconcile = 0.0
         self._next_poll = 0.0
         self._due = True
+        #: When the earliest scheduled run not yet due becomes due (monotonic).
+        self._due_timer: float | None = None
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -85,6 +98,7 @@ class ClaimLoop:
     def refresh_names(self) -> None:
         """Workflows were (re)imported: claim what is registered now."""
         self.names = registry.workflow_names()
+        self.ticker.refresh(registry.schedules())
         self.wake()
 
     def stop(self) -> None:
@@ -106,14 +120,22 @@ class ClaimLoop:
     def next_due(self, now: float) -> float:
         """When ``take`` or ``keep_lease`` next has something to do (for a
         caller with free capacity)."""
-        claim_at = now if self._due else self._next_poll
-        return min(claim_at, self._next_reconcile, self.lease.next_due())
+        claim_at = now if self._due else min(self._next_poll, self._due_timer or self._next_poll)
+        return min(claim_at, self._next_reconcile, self.housekeeping_due(now))
+
+    def housekeeping_due(self, now: float) -> float:
+        """When ``keep_lease`` next has something to do (for any caller,
+        free capacity or not)."""
+        return min(self.lease.next_due(), self.ticker.next_due(now))
 
     def keep_lease(self, now: float) -> bool:
-        """Heartbeat and sweep when due. Returns False once another instance
-        holds our name: the runner must stop."""
+        """Heartbeat and sweep when due, and enqueue the periodic runs due.
+        Returns False once another instance holds our name: the runner must
+        stop."""
         if self.lease.tick(now):
             self.wake()  # recovered runs are claimable now
+        if self.ticker.tick(now):
+            self.wake()  # a periodic run was enqueued
         return not self.lease.lost_name
 
     # -- claiming ---------------------------------------------------------------
@@ -126,7 +148,8 @@ class ClaimLoop:
         runs: list[Run] = []
         if now >= self._next_reconcile:
             runs = self._catch_up(now, capacity, held)
-        if len(runs) < capacity and not self._starting and (self._due or now >= self._next_poll):
+        timer = self._due_timer is not None and now >= self._due_timer
+        if len(runs) < capacity and not self._starting and (self._due or timer or now >= self._next_poll):
             runs += self._claim(now, capacity - len(runs))
         return runs
 
@@ -168,7 +191,21 @@ class ClaimLoop:
         if not runs:  # contention among runners shows here (ctl status, metrics)
             self.empty_claims += 1
             metrics.record(lambda m: m.empty_claims.labels(self.name).inc())
+        if not self._due:
+            self._set_due_timer(now)
         return runs
+
+    def _set_due_timer(self, now: float) -> None:
+        """Nothing more is due now: time the next claim by the earliest run
+        that is not due yet. A run due already but not claimed (locked by
+        another claimer) is left to the poll, so racing claimers never spin."""
+        try:
+            wait = self.store.next_due(self.names)
+        except EverystepError as exc:
+            self.outage.failed(exc, "timing the next due run")
+            self._due_timer = None
+            return
+        self._due_timer = now + wait if wait is not None and wait > 0 else None
 
     def _count(self, runs: list[Run]) -> None:
         if runs:

@@ -8,6 +8,7 @@ user's workflows. Bad input prints one line on stderr and exits 2.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import socket
@@ -32,7 +33,9 @@ from .cliutil import (
 )
 from .context import step_sort_key
 from .errors import EverystepError, StoreUnavailable
-from .models import PRUNABLE_STATUSES, RUN_STATUSES, Run, StepRecord
+from .cron import CronSchedule
+from .models import PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run, StepRecord
+from .waiting import effect_uncertain, waiting_for
 from .observer import Observer
 from .store import Store, connect
 from .lease import DEFAULT_LEASE
@@ -82,6 +85,11 @@ def build_parser() -> OneLineParser:
     sub.add_argument("--count", type=count(1, MAX_COUNT), default=1, metavar="N",
                      help=f"schedule N identical runs, 1 to {MAX_COUNT:,} (default 1)")
     sub.add_argument("--json", action="store_true", help="print the ids as a JSON array (default: one line)")
+    when = sub.add_mutually_exclusive_group()
+    when.add_argument("--at", metavar="ISO8601",
+                      help="not before this time, with its offset: 2030-01-01T09:00+01:00 (default: now)")
+    when.add_argument("--in", dest="in_", metavar="DURATION",
+                      help="not before this long from now: 90s, 10m, 2h, 30d (default: now)")
 
     sub = _command(commands, "runs", "list runs, newest first",
                    "List runs, newest first; says how many more match when the list is cut at --limit.")
@@ -95,6 +103,16 @@ def build_parser() -> OneLineParser:
     sub = _command(commands, "resolve-step", "resolve the uncertain step of a blocked run",
                    "Record what happened to the unsafe step a blocked run stopped at, and schedule the run again.")
     add_resolve_step_arguments(sub)
+
+    sub = _command(commands, "cancel", "cancel a run that is not finished (it ends 'cancelled')",
+                   "Cancel a scheduled, sleeping, retry-waiting, blocked or running run: it ends 'cancelled' at "
+                   "once; a supervisor executing it kills its child within a second (a poll on SQLite).")
+    sub.add_argument("run_id", metavar="RUN", help="the run's id")
+    sub.add_argument("--reason", metavar="TEXT", help="why (stored as the run's error) (default: none)")
+
+    sub = _command(commands, "schedules", "list the periodic (cron) workflows in --app, their last and next tick",
+                   "The periodic workflows the --app modules declare, with their last and next tick.")
+    sub.add_argument("--json", action="store_true", help="print JSON (default: a table)")
 
     sub = _command(commands, "requeue", "put a run parked 'running' by a dead runner back in the queue",
                    "Put a running run whose runner is dead back in the queue; a live runner's run only with "
@@ -231,6 +249,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         "runs": cmd_runs,
         "show": cmd_show,
         "resolve-step": cmd_resolve_step,
+        "cancel": cmd_cancel,
+        "schedules": cmd_schedules,
         "requeue": cmd_requeue,
         "runners": cmd_runners,
         "prune": cmd_prune,
@@ -273,7 +293,8 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
         if args.count > 1:
             raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
     args_json = serde.dumps(positional, "ARGS_JSON")
-    runs = [store.schedule(args.workflow, args_json, args.idempotency_key) for _ in range(args.count)]
+    not_before = _not_before(args.at, args.in_)
+    runs = [store.schedule(args.workflow, args_json, args.idempotency_key, not_before) for _ in range(args.count)]
     if args.json:
         print_json([run.id for run in runs])
     elif len(runs) == 1:
@@ -281,6 +302,21 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
     else:
         print(f"scheduled {len(runs)} runs of {args.workflow} ({runs[0].id} … {runs[-1].id}; --json lists every id)")
     return 0
+
+
+def _not_before(at: str | None, within: str | None) -> dt.datetime | None:
+    """``--at ISO8601`` (an offset is required) or ``--in DURATION``."""
+    if within is not None:
+        return dt.datetime.now(dt.timezone.utc) + retention.parse_duration(within)
+    if at is None:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(at.strip())
+    except ValueError:
+        raise EverystepError(f"--at {at!r} is not an ISO 8601 time (e.g. 2030-01-01T09:00:00+01:00)") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise EverystepError(f"--at {at!r} has no time zone offset: add one (+01:00, Z), so it means one moment")
+    return when.astimezone(dt.timezone.utc)
 
 
 def _age(run: Run) -> str:
@@ -315,12 +351,15 @@ def _describe_error(error: dict[str, Any] | None) -> str:
 def cmd_show(store: Store, args: argparse.Namespace) -> int:
     run = store.find_run(args.run_id)
     steps = sorted(store.get_steps(run.id), key=lambda step: step_sort_key(step.step_id))
+    waiting = waiting_for(run, steps)
     if args.json:
-        print_json({"run": run.to_dict(), "steps": [step.to_dict() for step in steps]})
+        print_json({"run": {**run.to_dict(), "waiting": waiting},
+                    "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)}
+                              for step in steps]})
         return 0
     print(f"run        {run.id}")
     print(f"workflow   {run.name}")
-    print(f"status     {run.status}")
+    print(f"status     {run.status}" + (f" ({waiting})" if waiting else ""))
     print(f"args       {json.dumps(serde.to_jsonable(run.args))}")
     if run.claimed_by:
         print(f"claimed by {run.claimed_by}")
@@ -335,17 +374,35 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
         print(f"completed  {run.completed_at}")
     if steps:
         print()
-        print(format_table(("STEP", "STATUS", "FUNCTION", "OUTCOME"), [_step_row(step) for step in steps]))
+        rows = [_step_row(run, step) for step in steps]
+        if any(step.attempt > 1 or step.status == STEP_RETRYING for step in steps):
+            print(format_table(("STEP", "STATUS", "FUNCTION", "ATTEMPT", "OUTCOME"), rows))
+        else:  # nothing was retried: the attempt column would say 1 throughout
+            print(format_table(("STEP", "STATUS", "FUNCTION", "OUTCOME"), [row[:3] + row[4:] for row in rows]))
+        for step in steps:
+            for attempt in step.attempts:
+                retry = attempt.retry_at.isoformat() if attempt.retry_at else "?"
+                print(f"  step {step.step_id} attempt {attempt.attempt} failed at "
+                      f"{attempt.failed_at.isoformat() if attempt.failed_at else '?'}: "
+                      f"{_describe_error(attempt.error)}; next attempt at {retry}")
     return 0
 
 
-def _step_row(step: StepRecord) -> tuple[str, str, str, str]:
-    if step.status == "done":
+def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str]:
+    status = str(step.status)
+    if step.status == STEP_DONE:
         outcome = json.dumps(serde.to_jsonable(step.result))
         outcome = outcome if len(outcome) <= 60 else outcome[:57] + "..."
+    elif step.status == STEP_SLEEPING:
+        outcome = f"until {step.wake_at.isoformat() if step.wake_at else '?'}"
+    elif step.status == STEP_RETRYING:
+        outcome = (f"{_describe_error(step.error)}; attempt {step.attempt + 1} at "
+                   f"{step.wake_at.isoformat() if step.wake_at else '?'}")
     else:
         outcome = _describe_error(step.error)
-    return step.step_id, step.status, step.name, outcome
+    if effect_uncertain(run, step):
+        status = "started (effect uncertain)"
+    return step.step_id, status, step.name, str(step.attempt), outcome
 
 
 def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
@@ -358,6 +415,43 @@ def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
         options["discard"] = True
     run = admin.resolve_step(store, args.run_id, args.step_id, **options)
     print(f"run {run.id} resolved at step {args.step_id}; now {run.status}")
+    return 0
+
+
+def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
+    before = store.get_run(args.run_id)
+    run = admin.cancel(store, args.run_id, args.reason)
+    if before.status == RUNNING and before.claimed_by:
+        print(f"run {run.id} cancelled; it was running under {before.claimed_by}: a supervisor kills its child "
+              "now, a threaded worker stops at the next step boundary")
+    else:
+        print(f"run {run.id} cancelled (it was {before.status})")
+    return 0
+
+
+def cmd_schedules(store: Store, args: argparse.Namespace) -> int:
+    periodic: dict[str, CronSchedule] = registry.schedules()
+    if not args.app:
+        raise EverystepError("schedules needs --app MODULE[,MODULE]: the code that declares the periodic workflows")
+    ticks = store.cron_ticks(sorted(periodic))
+    now = dt.datetime.now(dt.timezone.utc)
+    entries = []
+    for name, schedule in periodic.items():
+        last = ticks.get(name)
+        entries.append({
+            "workflow": name, "cron": schedule.expr, "timezone": schedule.timezone,
+            "last_tick": last[0].isoformat() if last else None, "last_run": last[1] if last else None,
+            "last_status": last[2] if last else None, "next_tick": schedule.next_after(now).isoformat(),
+        })
+    if args.json:
+        print_json(entries)
+        return 0
+    if not entries:
+        print("no periodic workflows in " + args.app)
+        return 0
+    rows = [(entry["workflow"], entry["cron"], entry["timezone"], entry["last_tick"] or "never",
+             entry["last_status"] or "", entry["next_tick"]) for entry in entries]
+    print(format_table(("WORKFLOW", "CRON", "TIMEZONE", "LAST TICK (UTC)", "LAST RUN", "NEXT TICK (UTC)"), rows))
     return 0
 
 

@@ -12,7 +12,7 @@ at id F, index i, prefixes its steps with "F.i.".
 
 An *interrupt* is an exception that ends the whole run whatever the body does
 with it: a ``Terminal`` stop, an ``EffectUncertain`` block, a drain, a lost
-claim, a code error, a simulated crash. The first one raised is remembered
+claim, a cancel, a code error, a simulated crash. The first one raised is remembered
 (the more severe wins when branches race) and every later step call in any
 scope re-raises it, so no new step starts once the run is ending.
 """
@@ -20,6 +20,7 @@ scope re-raises it, so no new step starts once the run is ending.
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
 import itertools
 import re
 import threading
@@ -29,6 +30,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import (
+    Cancelled,
     ClaimLost,
     DrainOrphan,
     EffectUncertain,
@@ -53,6 +55,7 @@ _INTERRUPT_RANKS: tuple[type[BaseException], ...] = (
     SimulatedCrash,
     StoreUnavailable,
     ClaimLost,
+    Cancelled,
     Terminal,
     EffectUncertain,
     DrainOrphan,
@@ -106,6 +109,14 @@ class Execution:
     #: check-deploy: replay recorded steps only, stop before the first unrecorded one.
     dry_run: bool = False
     interrupt: BaseException | None = None
+    #: Set once a scope waits (a durable sleep, a retry's backoff): the
+    #: earliest time any of them wakes. The run is released until then once
+    #: every scope has settled or waits too.
+    wake_at: dt.datetime | None = None
+    #: Steps being started now, with their attempt (read by observers in
+    #: ``step_started``: the supervisor's child tells its parent what a
+    #: timeout of that attempt leads to).
+    starting: dict[str, StepAttempt] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -124,6 +135,25 @@ class Execution:
     def check_interrupt(self) -> None:
         if self.interrupt is not None:
             raise self.interrupt
+
+    def wait_until(self, wake_at: dt.datetime) -> None:
+        """A scope waits until ``wake_at``: keep the earliest wake time."""
+        with self._lock:
+            if self.wake_at is None or wake_at < self.wake_at:
+                self.wake_at = wake_at
+
+    def attempt_of(self, step_id: str) -> StepAttempt | None:
+        """The attempt of step ``step_id``, while it is being started."""
+        return self.starting.get(step_id)
+
+
+@dataclass(frozen=True)
+class StepAttempt:
+    """Which attempt of a step is starting, and what a timeout of it means:
+    ``retry_in`` seconds until the next attempt, or None (a timeout is final)."""
+
+    attempt: int = 1
+    retry_in: float | None = None
 
 
 class Context:

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import registry
 from .context import Context, Execution, _current
-from .errors import EffectUncertain, EverystepError, Terminal, WorkflowCodeError
+from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
 from .models import BLOCKED, RUNNING, SCHEDULED, Run, StepRecord
 from .observer import Observers
 from .store import Store
@@ -123,6 +123,9 @@ def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT
 
 
 def _judge(run: Run, outcome: BaseException | None) -> Verdict:
+    if isinstance(outcome, Suspended):
+        return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then waits until "
+                                              f"{outcome.wake_at.isoformat()} (a sleep or a retry's backoff)")
     if isinstance(outcome, StopBeforeStep):
         return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then runs step {outcome.step_id} "
                                               f"({outcome.name})", outcome.step_id)

@@ -113,6 +113,33 @@ class ChildCrashed(EverystepError):
     """The process executing a run died too many times while running it."""
 
 
+class Cancelled(EverystepError):
+    """An operator cancelled the run (``everystep cancel RUN``).
+
+    The run's error, with the operator's reason; a step the cancel cut off
+    (its process was killed) is recorded as failed with it too. Final: a
+    cancelled run is never resumed, and this is never retried. An
+    unsafe-to-repeat step cut off mid-effect keeps its ``started`` row: its
+    effect is uncertain, and ``everystep show`` says so.
+    """
+
+
+class Suspended(BaseException):
+    """Control flow, not an error: the run waits until ``wake_at``.
+
+    Raised where a workflow calls ``everystep.sleep`` or a step failed and
+    will be retried after a backoff. It unwinds the scope that waits (the
+    body, or one parallel branch); once every other branch has settled or
+    waits too, the runner releases the run until the earliest wake time. A
+    ``BaseException``, so the workflow's ``except Exception`` clauses let it
+    through; never catch it. Never stored.
+    """
+
+    def __init__(self, wake_at: Any) -> None:
+        super().__init__(wake_at)
+        self.wake_at = wake_at
+
+
 class Terminal(EverystepError):
     """Raised from a step to stop its workflow deliberately.
 
@@ -148,6 +175,7 @@ def describe(exc: BaseException) -> str:
 
 
 __all__ = [
+    "Cancelled",
     "ChildCrashed",
     "ClaimLost",
     "DrainOrphan",
@@ -161,6 +189,7 @@ __all__ = [
     "StepKilled",
     "StepTimeout",
     "StoreUnavailable",
+    "Suspended",
     "Terminal",
     "WorkflowCodeError",
 ]

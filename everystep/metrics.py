@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .models import TERMINAL_STATUSES
+from .models import EXECUTION_ENDS
 from .observer import Observer
 from .store import utcnow
 
@@ -37,7 +37,7 @@ logger = logging.getLogger("everystep")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SUPERVISOR_COMMANDS = ("status", "kill", "scale", "reload", "drain")
-RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced")
+RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class Metrics:
     step_timeouts: Counter
     control_requests: Counter
     empty_claims: Counter
+    step_retries: Counter
+    waiting: Gauge
 
 
 _create_lock = threading.Lock()
@@ -104,7 +106,7 @@ def _create() -> Metrics | None:
         requeued=Counter("everystep_worker_requeued_total", "Runs given back to the queue", ["runner"]),
         started_at=Gauge("everystep_worker_started_at_seconds", "Runner start time (unix seconds)", ["runner"],
                          multiprocess_mode=latest),
-        pending=Gauge("everystep_workflows_pending", "Scheduled runs waiting to be claimed", multiprocess_mode=latest),
+        pending=Gauge("everystep_workflows_pending", "Scheduled runs due now, waiting to be claimed", multiprocess_mode=latest),
         running=Gauge("everystep_workflows_running", "Claimed runs", multiprocess_mode=latest),
         blocked=Gauge("everystep_workflows_blocked", "Runs blocked on an uncertain effect", multiprocess_mode=latest),
         oldest_pending_age=Gauge("everystep_workflows_oldest_pending_age_seconds",
@@ -118,6 +120,10 @@ def _create() -> Metrics | None:
                                  ["runner", "command"]),
         empty_claims=Counter("everystep_worker_empty_claims_total",
                              "Claim statements that found nothing to claim", ["runner"]),
+        step_retries=Counter("everystep_step_retries_total", "Failed step attempts that will be retried",
+                             ["workflow", "step"]),
+        waiting=Gauge("everystep_workflows_waiting",
+                      "Scheduled runs not yet due (delayed, sleeping, waiting to retry)", multiprocess_mode=latest),
     )
 
 
@@ -137,6 +143,7 @@ def refresh_queue_gauges(store: Store) -> None:
         return
     stats = store.queue_stats()
     metrics.pending.set(stats["pending"])
+    metrics.waiting.set(stats["waiting"])
     metrics.running.set(stats["running"])
     metrics.blocked.set(stats["blocked"])
     metrics.oldest_pending_age.set(stats["oldest_pending_age_seconds"])
@@ -168,7 +175,7 @@ class MetricsObserver(Observer):
         return child
 
     def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
-        if status not in TERMINAL_STATUSES or get() is None:
+        if status not in EXECUTION_ENDS or get() is None:
             return
         self._child("workflow_runs", run.name, status).inc()
         claimed = run.claimed_at or utcnow()
@@ -179,6 +186,8 @@ class MetricsObserver(Observer):
 
     def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
                       error: BaseException | None, token: Any) -> None:
+        if status == "retrying" and get() is not None:
+            self._child("step_retries", ctx.workflow_name, name).inc()
         if status not in ("done", "failed") or get() is None:
             return
         self._child("step_runs", ctx.workflow_name, name, status).inc()
@@ -241,7 +250,7 @@ def runner_started(runner: str, pool_size: int, kind: str = "worker", workflows:
     for counter in (metrics.claims, metrics.requeued, metrics.empty_claims):
         counter.labels(runner)
     for workflow in workflows:
-        for status in TERMINAL_STATUSES:
+        for status in EXECUTION_ENDS:
             metrics.workflow_runs.labels(workflow, status)
     if kind == "supervisor":
         metrics.children.labels(runner).set(0)

@@ -18,6 +18,7 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
     BLOCKED = "blocked"
+    CANCELLED = "cancelled"  # an operator cancelled it (``everystep cancel``): final
 
 
 class StepStatus(StrEnum):
@@ -26,6 +27,8 @@ class StepStatus(StrEnum):
     STARTED = "started"  # an unsafe step's effect may be under way
     DONE = "done"
     FAILED = "failed"
+    RETRYING = "retrying"  # an attempt failed; the next one is due at ``wake_at``
+    SLEEPING = "sleeping"  # a durable sleep (``everystep.sleep``) that ends at ``wake_at``
 
 
 SCHEDULED = RunStatus.SCHEDULED
@@ -34,17 +37,26 @@ COMPLETED = RunStatus.COMPLETED
 FAILED = RunStatus.FAILED
 STOPPED = RunStatus.STOPPED
 BLOCKED = RunStatus.BLOCKED
+CANCELLED = RunStatus.CANCELLED
 RUN_STATUSES = tuple(RunStatus)
 #: Where an execution ends a run (``blocked`` waits for an operator).
-TERMINAL_STATUSES = (COMPLETED, FAILED, STOPPED, BLOCKED)
+EXECUTION_ENDS = (COMPLETED, FAILED, STOPPED, BLOCKED)
+#: Where a run rests until an operator acts, if ever: ``wait()`` returns on these.
+TERMINAL_STATUSES = (*EXECUTION_ENDS, CANCELLED)
 # Statuses a run never leaves, so retention (`everystep prune`) may delete
 # such runs; blocked is terminal for a supervisor but waits for an operator.
 # The one list of what may be pruned: a new final status goes here.
-PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED)
+PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED, CANCELLED)
+#: What ``everystep cancel`` accepts: everything not yet final.
+CANCELLABLE_STATUSES = (SCHEDULED, RUNNING, BLOCKED)
 
 STEP_STARTED = StepStatus.STARTED
 STEP_DONE = StepStatus.DONE
 STEP_FAILED = StepStatus.FAILED
+STEP_RETRYING = StepStatus.RETRYING
+STEP_SLEEPING = StepStatus.SLEEPING
+#: A step row with this status is waiting for ``wake_at``; its outcome is not final.
+STEP_WAITING = (STEP_RETRYING, STEP_SLEEPING)
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,9 @@ class Run:
     completed_at: dt.datetime | None = None
     #: Bumped by every claim: the fencing token of the current execution.
     claim_epoch: int = 0
+    #: A scheduled run is not claimable before this time (a delayed start,
+    #: a durable sleep, a retry's backoff); ``None``: at once.
+    not_before: dt.datetime | None = None
     #: Whether the run had recorded steps when it was claimed (``None``:
     #: unknown). A run with none is on its first execution, so the runner
     #: skips reading its steps.
@@ -114,6 +129,32 @@ class Run:
             "created_at": _iso(self.created_at),
             "completed_at": _iso(self.completed_at),
             "claim_epoch": self.claim_epoch,
+            "not_before": _iso(self.not_before),
+        }
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One failed attempt of a step that was retried (``everystep_attempt``)."""
+
+    attempt: int
+    error: dict[str, Any] | None
+    started_at: dt.datetime | None
+    failed_at: dt.datetime | None
+    #: When the next attempt was allowed to start.
+    retry_at: dt.datetime | None
+
+    @property
+    def exception(self) -> BaseException | None:
+        return serde.decode_exception(self.error)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "error": serde.to_jsonable(self.error),
+            "started_at": _iso(self.started_at),
+            "failed_at": _iso(self.failed_at),
+            "retry_at": _iso(self.retry_at),
         }
 
 
@@ -122,8 +163,12 @@ class StepRecord:
     """One recorded step: a row of ``everystep_step``.
 
     ``status`` is ``done`` (``result`` holds the value), ``failed`` (``error``
-    holds the encoded exception) or ``started`` (an unsafe-to-repeat step
-    whose effect may be under way, with no outcome yet).
+    holds the encoded exception), ``started`` (an unsafe-to-repeat step
+    whose effect may be under way, with no outcome yet), ``retrying`` (attempt
+    ``attempt`` failed with ``error``; the next one may start at
+    ``wake_at``) or ``sleeping`` (a durable sleep until ``wake_at``).
+    ``attempts`` lists the failed attempts that were retried, oldest first
+    (filled by ``get_steps``; the runner does not read them).
     """
 
     workflow_id: str
@@ -136,6 +181,10 @@ class StepRecord:
     kwargs: dict[str, Any] = field(default_factory=dict)
     started_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
+    #: Which attempt this outcome belongs to (1 unless the step was retried).
+    attempt: int = 1
+    wake_at: dt.datetime | None = None
+    attempts: list[Attempt] = field(default_factory=list, compare=False)
 
     @property
     def exception(self) -> BaseException | None:
@@ -153,6 +202,9 @@ class StepRecord:
             "kwargs": serde.to_jsonable(self.kwargs),
             "started_at": _iso(self.started_at),
             "completed_at": _iso(self.completed_at),
+            "attempt": self.attempt,
+            "wake_at": _iso(self.wake_at),
+            "attempts": [attempt.to_dict() for attempt in self.attempts],
         }
 
 

@@ -13,23 +13,25 @@ and its children alike.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from . import metrics, sentry, serde
-from .models import FAILED, STEP_FAILED, Claim, Run
+from .models import FAILED, STEP_FAILED, STEP_RETRYING, Claim, Run
 from .store import NewStep, Store, utcnow
 
 logger = logging.getLogger("everystep")
 
 
 def fail_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str,
-              exc: BaseException) -> bool:
-    """Record step ``step_id`` as failed with ``exc`` (a ``StepTimeout``,
-    ``StepKilled``…), so the body's try/except sees it on replay like any
-    step failure. False if the claim is gone or the step was recorded."""
+              exc: BaseException, attempt: int = 1) -> bool:
+    """Record attempt ``attempt`` of step ``step_id`` as failed with ``exc``
+    (a ``StepTimeout``, ``StepKilled``…), so the body's try/except sees it
+    on replay like any step failure. False if the claim is gone or the step
+    was recorded."""
     error = serde.dumps(serde.encode_exception(exc), "step error")
     write = store.record_step(claim, NewStep(step_id, step_name, None, None, utcnow(),
-                                             status=STEP_FAILED, error_json=error))
+                                             status=STEP_FAILED, error_json=error, attempt=attempt))
     ours = write is not None and write.ours
     if ours:
         metrics.record(lambda m: m.step_runs.labels(workflow, step_name, STEP_FAILED).inc())
@@ -51,6 +53,43 @@ def fail_run(store: Store, claim: Claim, run: Run, exc: BaseException) -> bool:
     return True
 
 
+def retry_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str, attempt: int,
+               exc: BaseException, delay: float) -> bool:
+    """Record attempt ``attempt`` of step ``step_id`` as failed with ``exc``
+    (a ``StepTimeout``) and to be retried ``delay`` seconds from now: the
+    replay of the run finds the step ``retrying`` and waits for it. False if
+    the claim is gone or the step was recorded."""
+    now = utcnow()
+    error = serde.dumps(serde.encode_exception(exc), "step error")
+    write = store.record_attempt(claim, NewStep(step_id, step_name, None, None, now, status=STEP_RETRYING,
+                                                error_json=error, attempt=attempt,
+                                                wake_at=now + dt.timedelta(seconds=delay)))
+    ours = write is not None and write.ours
+    if ours:
+        metrics.record(lambda m: m.step_retries.labels(workflow, step_name).inc())
+    return ours
+
+
+def fail_cancelled_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str,
+                        exc: BaseException, attempt: int = 1) -> bool:
+    """Record the step a cancel cut off (its process was killed) as failed
+    with ``exc`` (``Cancelled``): the one write the holder of a cancelled
+    claim may still make. False if the run was not cancelled under
+    ``claim`` or the step has an outcome."""
+    error = serde.dumps(serde.encode_exception(exc), "step error")
+    written = store.record_cancelled_step(claim, NewStep(step_id, step_name, None, None, utcnow(),
+                                                         status=STEP_FAILED, error_json=error, attempt=attempt))
+    if written:
+        metrics.record(lambda m: m.step_runs.labels(workflow, step_name, STEP_FAILED).inc())
+    return written
+
+
+def release(store: Store, claim: Claim, not_before: dt.datetime) -> bool:
+    """Give the run back to the queue until ``not_before`` (it waits for a
+    sleep or a retry). False if the claim is gone."""
+    return store.release(claim, not_before)
+
+
 def requeue(store: Store, claim: Claim) -> bool:
     """Give the run back to the queue (counted as a requeue of its runner).
     False if the claim is gone."""
@@ -64,6 +103,7 @@ def requeue(store: Store, claim: Claim) -> bool:
 _LOG_LEVELS = {
     "failed": logging.WARNING,
     "blocked": logging.WARNING,
+    "cancelled": logging.INFO,
     "lost": logging.WARNING,
     "unfinished": logging.WARNING,
     "stopped": logging.INFO,
@@ -80,4 +120,4 @@ def log_outcome(log: logging.Logger, who: str, run: Run, outcome: str, where: st
             extra={"run_id": run.id, "workflow": run.name, "event": f"run_{outcome}", **fields})
 
 
-__all__ = ["fail_run", "fail_step", "log_outcome", "requeue"]
+__all__ = ["fail_cancelled_step", "fail_run", "fail_step", "log_outcome", "release", "requeue", "retry_step"]

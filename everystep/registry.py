@@ -39,6 +39,12 @@ def workflow_names() -> list[str]:
         return sorted(_workflows)
 
 
+def schedules() -> dict[str, Any]:
+    """``{name: CronSchedule}`` of the periodic workflows registered."""
+    with _lock:
+        return {name: wf.cron for name, wf in sorted(_workflows.items()) if getattr(wf, "cron", None) is not None}
+
+
 def import_apps(spec: str | Iterable[str] | None) -> list[str]:
     """Import the user's workflow modules (``"a.b,c"`` or a list).
 

@@ -27,12 +27,31 @@ exact point with ``SimulatedCrash``, after which nothing more is written.
 A step write that fails because the database is unreachable interrupts the
 run without marking it failed (``StoreUnavailable``); the caller requeues it
 once the database is back, and replay redoes the unrecorded step.
+
+Waiting. A step that fails and will be retried (``@step(retries=...)``) is
+recorded ``retrying``, with its attempt and the time of the next one, and a
+durable sleep (``everystep.sleep``) is recorded ``sleeping`` with its wake
+time. The scope that waits unwinds (``Suspended``); sibling parallel branches
+carry on until they settle or wait too; then the run is *released*: back to
+``scheduled``, not claimable before the earliest wake time (a write fenced
+by the claim like every other). No process or thread sits through the wait.
+The next claim replays: a wait whose time has come ends (the sleep is
+recorded ``done``, the step runs its next attempt), one still ahead waits
+again. Wake times are compared with the later of this host's clock and the
+database's time of the claim, so a host whose clock runs behind the
+database's cannot release a due run again and again.
+
+Cancelling. An operator's cancel turns the run ``cancelled`` at once, so
+every write of its execution is refused; the runner tells a refusal caused
+by a cancel from a lost claim (``Cancelled``), records the step it just
+finished through the one write a cancelled claim still allows, and stops.
 """
 
 from __future__ import annotations
 
 import contextvars
 import dataclasses
+import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
@@ -45,25 +64,31 @@ from .context import (
     Context,
     Execution,
     Flag,
+    StepAttempt,
     _current,
     _in_step,
     interrupt_rank,
     recording_context,
 )
 from .errors import (
+    Cancelled,
     ClaimLost,
     DrainOrphan,
     EffectUncertain,
     EverystepError,
     SimulatedCrash,
     StepFailure,
+    StepTimeout,
     StoreUnavailable,
+    Suspended,
     Terminal,
     WorkflowCodeError,
 )
 from .models import (
     STEP_DONE,
     STEP_FAILED,
+    STEP_RETRYING,
+    STEP_SLEEPING,
     STEP_STARTED,
     Run,
     StepRecord,
@@ -90,7 +115,9 @@ class Outcome(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
     BLOCKED = "blocked"
+    CANCELLED = "cancelled"  # an operator cancelled it mid-run: nothing more was written
     REQUEUED = "requeued"  # drained at a step boundary, back in the queue
+    RELEASED = "released"  # waits (sleep, retry backoff): back in the queue until its wake time
     LOST = "lost"  # the claim moved on: nothing more was written
     UNFINISHED = "unfinished"  # the database failed mid-run; still claimed, to be retried
 
@@ -103,6 +130,9 @@ class Outcome(StrEnum):
 REQUEUED = Outcome.REQUEUED
 LOST_CLAIM = Outcome.LOST
 UNFINISHED = Outcome.UNFINISHED
+
+#: The function name recorded for a durable sleep's step row.
+SLEEP_STEP = "everystep.sleep"
 
 
 # -- steps -----------------------------------------------------------------
@@ -123,17 +153,17 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     ex.check_interrupt()
     step_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
     recorded = ex.outcomes.get(step_id)
+    attempt = 1
     if recorded is not None:
         if recorded.name != step.name:
-            raise ex.interrupt_with(
-                WorkflowCodeError(
-                    f"run {ex.run.id}: step {step_id} recorded {recorded.name!r} but the workflow now "
-                    f"calls {step.name!r}; the code diverged from the recorded run"
-                )
-            )
-        if recorded.status != STEP_STARTED:
+            raise _diverged(ex, step_id, recorded.name, step.name)
+        if recorded.status == STEP_RETRYING:
+            if not _due(ex, recorded.wake_at):
+                raise _suspend(ex, recorded.wake_at)
+            attempt = recorded.attempt + 1  # its time has come: the next attempt runs
+        elif recorded.status != STEP_STARTED:
             return _replay(ex, recorded)
-        if step.unsafe_to_repeat:
+        elif step.unsafe_to_repeat:
             raise ex.interrupt_with(_uncertain(ex.run, step_id, step.name))
         # A started row without outcome, for a step no longer marked unsafe:
         # current code says it may repeat, so it runs again.
@@ -148,7 +178,7 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         if kwargs else "{}"
     started_at = utcnow()
     started: StepRecord | None = None
-    entry = NewStep(step_id, step.name, args_json, kwargs_json, started_at)
+    entry = NewStep(step_id, step.name, args_json, kwargs_json, started_at, attempt=attempt)
     if step.unsafe_to_repeat:
         write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry))
         if not write.ours:
@@ -158,7 +188,12 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
             return _replay(ex, write.record)
         started = write.record
         ex.outcomes[step_id] = started
-    token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
+    policy = step.retry
+    ex.starting[step_id] = StepAttempt(attempt, policy.delay_after(attempt, StepTimeout()) if policy else None)
+    try:
+        token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
+    finally:
+        ex.starting.pop(step_id, None)
     result, error = _invoke(step, args, kwargs)
     if isinstance(error, Terminal):
         # The run stops now, not once this step's record is written: a
@@ -173,6 +208,10 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         except SimulatedCrash as crash:
             ex.observer.step_finished(ctx, step_id, step.name, "crashed", crash, token)
             raise ex.interrupt_with(crash) from None
+    if error is not None and policy is not None:
+        delay = policy.delay_after(attempt, error)
+        if delay is not None:
+            return _retry_later(ex, ctx, step.name, entry, args, kwargs, error, delay, token)
     if error is None:
         try:
             result_json = serde.dumps(result, f"result of step {step_id} ({step.name})")
@@ -188,16 +227,16 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         error_json = serde.dumps(encoded_error, f"exception of step {step_id}")
     decoded = StepRecord(
         workflow_id=ex.run.id, step_id=step_id, name=step.name, status=status, result=result,
-        error=encoded_error, args=list(args), kwargs=dict(kwargs), started_at=started_at,
+        error=encoded_error, args=list(args), kwargs=dict(kwargs), started_at=started_at, attempt=attempt,
     )
+    finished = dataclasses.replace(entry, status=status, result_json=result_json, error_json=error_json)
     try:
         if started is not None:
             write = _store_call(ex, lambda: ex.store.finish_step(
                 ex.claim, started, status, result_json, error_json, decoded
-            ))
+            ), finished)
         else:
-            finished = dataclasses.replace(entry, status=status, result_json=result_json, error_json=error_json)
-            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded))
+            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded), finished)
     except BaseException as exc:
         ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
         raise
@@ -210,6 +249,115 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     if error is not None:
         raise error
     return result
+
+
+def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], error: Exception, delay: float, token: Any) -> Any:
+    """Record a failed attempt that will be retried, then wait (``Suspended``)
+    until the next one is due; the run is released meanwhile."""
+    retry_at = utcnow() + dt.timedelta(seconds=delay)
+    encoded = serde.encode_exception(error)
+    waiting = dataclasses.replace(entry, status=STEP_RETRYING, wake_at=retry_at,
+                                  error_json=serde.dumps(encoded, f"exception of step {entry.step_id}"))
+    decoded = StepRecord(
+        workflow_id=ex.run.id, step_id=entry.step_id, name=name, status=STEP_RETRYING, error=encoded,
+        args=list(args), kwargs=dict(kwargs), started_at=entry.started_at, attempt=entry.attempt, wake_at=retry_at,
+    )
+    try:
+        write = _store_call(ex, lambda: ex.store.record_attempt(ex.claim, waiting, decoded))
+    except BaseException as exc:
+        ex.observer.step_finished(ctx, entry.step_id, name, "unrecorded", exc, token)
+        raise
+    ex.outcomes[entry.step_id] = write.record
+    ex.observer.step_finished(ctx, entry.step_id, name, STEP_RETRYING, error, token)
+    if not write.ours:
+        return _replay(ex, write.record)
+    logger.info("everystep: run %s step %s (%s) attempt %d failed (%s: %s); attempt %d at %s",
+                ex.run.id, entry.step_id, name, entry.attempt, type(error).__name__, error, entry.attempt + 1,
+                retry_at.isoformat(), extra={"run_id": ex.run.id, "workflow": ex.run.name, "event": "step_retry"})
+    raise _suspend(ex, retry_at)
+
+
+def _due(ex: Execution, wake_at: dt.datetime | None) -> bool:
+    """Whether a wait ending at ``wake_at`` is over: by this host's clock, or
+    by the database's time of the claim (it only hands out due runs)."""
+    if wake_at is None:
+        return True
+    claimed = ex.run.claimed_at
+    now = utcnow()
+    return wake_at <= (claimed if claimed is not None and claimed > now else now)
+
+
+def _suspend(ex: Execution, wake_at: dt.datetime | None) -> Suspended:
+    """The scope waits until ``wake_at``: remember it, unwind with ``Suspended``."""
+    assert wake_at is not None
+    ex.wait_until(wake_at)
+    return Suspended(wake_at)
+
+
+def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseException:
+    return ex.interrupt_with(
+        WorkflowCodeError(
+            f"run {ex.run.id}: step {step_id} recorded {recorded!r} but the workflow now "
+            f"calls {called!r}; the code diverged from the recorded run"
+        )
+    )
+
+
+# -- durable sleep -------------------------------------------------------------
+
+
+def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
+    """A durable sleep inside a workflow (see ``api.sleep``); outside one,
+    a plain ``time.sleep`` until ``wake_at``."""
+    ctx = recording_context()
+    if ctx is None:
+        import time
+
+        time.sleep(max((wake_at - utcnow()).total_seconds(), 0.0))
+        return
+    ex = ctx.execution
+    ex.check_interrupt()
+    step_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
+    recorded = ex.outcomes.get(step_id)
+    if recorded is not None:
+        if recorded.name != SLEEP_STEP:
+            raise _diverged(ex, step_id, recorded.name, SLEEP_STEP)
+        if recorded.status != STEP_SLEEPING:
+            _replay(ex, recorded)
+            return
+        if not _due(ex, recorded.wake_at):
+            raise _suspend(ex, recorded.wake_at)
+        if ex.dry_run:
+            return  # it would wake now; a dry replay writes nothing
+        _record_sleep(ex, step_id, recorded.wake_at, recorded.started_at or utcnow(), STEP_DONE)
+        return
+    if ex.dry_run:
+        from .dryrun import StopBeforeStep
+
+        raise StopBeforeStep(step_id, SLEEP_STEP)
+    if ex.draining is not None and ex.draining.is_set():
+        raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
+    now = utcnow()
+    if wake_at <= now:
+        _record_sleep(ex, step_id, wake_at, now, STEP_DONE)
+        return
+    write = _record_sleep(ex, step_id, wake_at, now, STEP_SLEEPING)
+    if write.record.status == STEP_DONE:
+        return  # a racing execution recorded it over already
+    raise _suspend(ex, wake_at)
+
+
+def _record_sleep(ex: Execution, step_id: str, wake_at: dt.datetime | None, started_at: dt.datetime,
+                  status: str) -> StepWrite:
+    args_json = serde.dumps([wake_at], "sleep")
+    entry = NewStep(step_id, SLEEP_STEP, args_json, "{}", started_at, status=status,
+                    result_json="null" if status == STEP_DONE else None, wake_at=wake_at)
+    decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=SLEEP_STEP, status=status,
+                         args=[wake_at], started_at=started_at, wake_at=wake_at)
+    write = _store_call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded), entry)
+    ex.outcomes[step_id] = write.record
+    return write
 
 
 def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Exception | None]:
@@ -248,17 +396,33 @@ def _fatal_on_error(ex: Execution, action: Callable[[], Any]) -> Any:
         raise ex.interrupt_with(exc) from None
 
 
-def _store_call(ex: Execution, action: Callable[[], StepWrite | None]) -> StepWrite:
+def _store_call(ex: Execution, action: Callable[[], StepWrite | None], outcome: NewStep | None = None) -> StepWrite:
+    """Make a step write; a refused one interrupts the run: ``Cancelled`` if
+    an operator cancelled it under this claim (``outcome``, the step just
+    finished, is then recorded through the one write a cancelled claim
+    still allows), else ``ClaimLost``."""
     try:
         write = action()
     except StoreUnavailable as exc:
         raise ex.interrupt_with(exc) from None
     if write is LOST:
-        raise ex.interrupt_with(
-            ClaimLost(f"run {ex.run.id} is no longer held by this execution ({ex.claimer!r}, claim "
-                      f"epoch {ex.claim.epoch}); stopping it without writing anything more")
-        )
+        raise ex.interrupt_with(_refused(ex, outcome))
     return write
+
+
+def _refused(ex: Execution, outcome: NewStep | None = None) -> BaseException:
+    """Why a write of this execution was refused: a cancel or a lost claim."""
+    try:
+        state = ex.store.claim_states([ex.run.id]).get(ex.run.id)
+        if state is not None and state.cancelled_under(ex.claim):
+            if outcome is not None and outcome.status in (STEP_DONE, STEP_FAILED):
+                ex.store.record_cancelled_step(ex.claim, outcome)
+            return Cancelled(f"run {ex.run.id} was cancelled while this execution ({ex.claimer!r}) held it; "
+                             "it stopped at the step boundary")
+    except StoreUnavailable:
+        pass
+    return ClaimLost(f"run {ex.run.id} is no longer held by this execution ({ex.claimer!r}, claim "
+                     f"epoch {ex.claim.epoch}); stopping it without writing anything more")
 
 
 # -- parallel ----------------------------------------------------------------
@@ -324,16 +488,23 @@ def _gather(jobs: list[tuple[Callable[[], Any], Context | None]]) -> tuple[Any, 
 
 def raise_branch_errors(errors: list[BaseException]) -> None:
     """One failure re-raises as is, several as ``ExceptionGroup``; interrupts
-    (crash, lost claim, ``Terminal``, ``EffectUncertain``, drain) come first,
-    and anything that is not an ``Exception`` (KeyboardInterrupt) before all."""
+    (crash, lost claim, cancel, ``Terminal``, ``EffectUncertain``, drain) come
+    first, and anything that is not an ``Exception`` (KeyboardInterrupt)
+    before all. A branch that waits (``Suspended``) comes after interrupts and
+    before failures: the fork cannot return before that branch is done, so
+    the run waits; the failures are recorded and re-raised on the replay
+    that finds every branch settled."""
     if not errors:
         return
     for error in errors:
-        if not isinstance(error, Exception):
+        if not isinstance(error, (Exception, Suspended)):
             raise error
     interrupts = [error for error in errors if interrupt_rank(error) < NOT_AN_INTERRUPT]
     if interrupts:
         raise min(interrupts, key=interrupt_rank)
+    waiting = [error for error in errors if isinstance(error, Suspended)]
+    if waiting:
+        raise min(waiting, key=lambda suspended: suspended.wake_at)
     if len(errors) == 1:
         raise errors[0]
     raise ExceptionGroup(f"{len(errors)} parallel branches failed", errors)  # type: ignore[type-var]
@@ -376,6 +547,8 @@ def execute(
             value = workflow.fn(*run.args)
     except Exception as exc:
         raised = exc
+    except Suspended:
+        pass  # ex.wake_at says until when: _settle releases the run
     except BaseException as exc:
         # KeyboardInterrupt, SystemExit: the process is going away; write
         # nothing and let the claim be recovered like a crash.
@@ -428,19 +601,32 @@ def execute_guarded(
 
 def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Outcome, BaseException | None]:
     """Decide and write the run's outcome; returns (outcome, exception). A
-    ``SimulatedCrash`` comes back as the exception with nothing written."""
+    ``SimulatedCrash`` comes back as the exception with nothing written.
+
+    An interrupt decides first; then a wait (``ex.wake_at``: a scope sleeps
+    or waits for a retry) releases the run whatever the body did after it;
+    then the body's exception or value."""
     outcome = ex.interrupt or raised
     if isinstance(outcome, SimulatedCrash):
         return Outcome.LOST, outcome
     if isinstance(outcome, (ClaimLost, StoreUnavailable)):
         return (Outcome.LOST if isinstance(outcome, ClaimLost) else Outcome.UNFINISHED), outcome
-    if isinstance(outcome, DrainOrphan):
-        ex.observer.run_settling(ex.run, Outcome.REQUEUED)
+    if isinstance(outcome, Cancelled):
+        return Outcome.CANCELLED, outcome
+    if isinstance(outcome, DrainOrphan) or (ex.interrupt is None and ex.wake_at is not None):
+        # Back to the queue: drained, or waiting (until its wake time).
+        waiting = ex.wake_at is not None
+        ex.observer.run_settling(ex.run, Outcome.RELEASED if waiting else Outcome.REQUEUED)
         try:
-            requeued = outcomes.requeue(ex.store, ex.claim)
+            if ex.wake_at is not None:
+                back = outcomes.release(ex.store, ex.claim, ex.wake_at)
+            else:
+                back = outcomes.requeue(ex.store, ex.claim)
         except StoreUnavailable as exc:
             return Outcome.UNFINISHED, exc
-        return (Outcome.REQUEUED if requeued else Outcome.LOST), outcome
+        if not back:
+            return _lost(ex), outcome
+        return (Outcome.RELEASED if waiting else Outcome.REQUEUED), outcome
     result_json = None
     if isinstance(outcome, Terminal):
         status = Outcome.STOPPED
@@ -461,5 +647,10 @@ def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Ou
     except StoreUnavailable as exc:
         return Outcome.UNFINISHED, exc
     if not written:
-        return Outcome.LOST, outcome
+        return _lost(ex), outcome
     return status, outcome
+
+
+def _lost(ex: Execution) -> Outcome:
+    """A settling write was refused: cancelled under this claim, or lost."""
+    return Outcome.CANCELLED if isinstance(_refused(ex), Cancelled) else Outcome.LOST

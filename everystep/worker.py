@@ -197,7 +197,7 @@ class Worker:
     def _wait_time(self, now: float) -> float:
         """Until the claim loop has something to do; with no free thread, a
         finishing run wakes us (its done-callback writes to the pipe)."""
-        due = self.loop.next_due(now) if self._capacity() > 0 else self.loop.lease.next_due()
+        due = self.loop.next_due(now) if self._capacity() > 0 else self.loop.housekeeping_due(now)
         return max(0.0, min(self.poll, due - now))
 
     def _submit(self, executor: ThreadPoolExecutor, runs: list[Run]) -> None:

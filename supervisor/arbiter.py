@@ -207,7 +207,7 @@ class Arbiter:
     def _timeout(self, now: float) -> float:
         candidates = [1.0, max(self.fences.next_at - now, 0.0)]
         if not self.stopping:
-            due = self.loop.next_due(now) if self._available() else self.loop.lease.next_due()
+            due = self.loop.next_due(now) if self._available() else self.loop.housekeeping_due(now)
             candidates.append(max(due - now, 0.0))
             if self.ready and self._available():
                 candidates.append(0.0)
@@ -535,9 +535,19 @@ class Arbiter:
         if decision.crashed:
             self.crashes[run.id] += 1
         try:
+            record = outcomes.fail_cancelled_step if decision.action == Action.CANCELLED else outcomes.fail_step
             for step, error in decision.fail_steps:
-                outcomes.fail_step(self.store, claim, run.name, step.step, step.name, error)
-            if decision.action == Action.REDISPATCH:
+                record(self.store, claim, run.name, step.step, step.name, error, step.attempt)
+            for step, error in decision.retry_steps:
+                assert step.retry_in is not None
+                outcomes.retry_step(self.store, claim, run.name, step.step, step.name, step.attempt, error,
+                                    step.retry_in)
+            if decision.action == Action.CANCELLED:
+                self.crashes.pop(run.id, None)
+                self.counts[Outcome.CANCELLED] += 1
+                logger.info("%s: run %s (%s) cancelled; its child (pid %d) was killed", self.who, run.id,
+                            run.name, end.pid, extra={"run_id": run.id, "workflow": run.name, "event": "run_cancelled"})
+            elif decision.action == Action.REDISPATCH:
                 self._redispatch(run)
             elif decision.action == Action.REQUEUE:
                 self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
@@ -641,11 +651,17 @@ class Arbiter:
             self._kill_fenced(kid, held, f"re-claimed at epoch {run.claim_epoch}")
 
     def _check_fences(self, now: float) -> None:
-        stale, dropped = self.fences.check(now, self._executing(), list(self.ready))
-        for kid, run in stale:
+        # Where no notification can say a run was cancelled, look every poll.
+        every = None if self.listener.connected else min(self.loop.lease.beat_every, self.config.poll)
+        verdict = self.fences.check(now, self._executing(), list(self.ready), every)
+        for kid, run in verdict.cancelled:
+            logger.warning("%s: run %s was cancelled; killing child %d (pid %d)", self.who, run.id, kid.slot,
+                           kid.pid, extra={"run_id": run.id, "child_pid": kid.pid, "event": "cancel_kill"})
+            kid.kill(KillReason.CANCELLED)
+        for kid, run in verdict.stale:
             self._kill_fenced(kid, run, "its claim moved on")
-        if dropped:
-            self.ready = collections.deque(run for run in self.ready if run not in dropped)
+        if verdict.dropped:
+            self.ready = collections.deque(run for run in self.ready if run not in verdict.dropped)
 
     def _kill_fenced(self, kid: Child, run: Run, why: str) -> None:
         logger.warning("%s: run %s was taken from this execution (%s); killing child %d (pid %d)",

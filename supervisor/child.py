@@ -180,8 +180,11 @@ class Reporter(Observer):
 
     def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
         titles.child_busy(self.slot, ctx.workflow_name, ctx.workflow_id, step_id)
+        attempt = ctx.execution.attempt_of(step_id)
         step = StepInFlight(run=ctx.workflow_id, step=step_id, name=name, started=time.monotonic(),
-                            timeout=timeout or self.default_timeout, unsafe=unsafe)
+                            timeout=timeout or self.default_timeout, unsafe=unsafe,
+                            attempt=attempt.attempt if attempt else 1,
+                            retry_in=attempt.retry_in if attempt else None)
         with self._lock:
             self._inflight[step_id] = step
             self._publish()

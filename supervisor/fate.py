@@ -14,11 +14,18 @@ The rules:
 - a step timeout: each overdue step fails with ``StepTimeout`` (not an
   unsafe-to-repeat one: its ``started`` row stays, so the replay ends the
   run ``blocked``), then the run goes to a fresh child, whose replay lets
-  the body's ``except`` see the timeout;
+  the body's ``except`` see the timeout; a step whose retry policy retries
+  timeouts (``StepInFlight.retry_in``) has the attempt recorded instead,
+  and the fresh child's replay finds it waiting and releases the run until
+  the next attempt;
 - ``ctl kill``: the same with ``StepKilled``; killed between steps, the run
   itself fails with ``StepKilled``;
 - fenced (the run was taken from this execution): nothing, its current
   holder carries on;
+- cancelled (an operator cancelled the run; it is ``cancelled`` already):
+  each step in flight fails with ``Cancelled``, through the one write the
+  cancelled claim still allows (an unsafe step keeps its ``started`` row:
+  its effect is uncertain); nothing else;
 - ``ctl kill --requeue``, a drain deadline, a fast stop, an unresponsive
   child, or any death while the supervisor stops: back to the queue;
 - anything else is a crash: the run is handed to another child, and fails
@@ -33,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from everystep.errors import ChildCrashed, EverystepError, StepKilled, StepTimeout
+from everystep.errors import Cancelled, ChildCrashed, EverystepError, StepKilled, StepTimeout
 from everystep.models import Run
 
 from .protocol import StepInFlight
@@ -45,6 +52,7 @@ class Action(StrEnum):
     REQUEUE = "requeue"        # back to the queue, for any runner
     FAIL_RUN = "fail-run"      # ends failed with ``Decision.run_error``
     FORGET = "forget"          # not ours any more: write nothing
+    CANCELLED = "cancelled"    # cancelled: record the steps cut off (``fail_steps``) as its holder, nothing more
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,8 @@ class Decision:
     fail_steps: tuple[tuple[StepInFlight, EverystepError], ...] = ()
     run_error: EverystepError | None = None
     crashed: bool = False  # counts toward ``max_crashes``
+    #: Steps whose failed attempt is recorded for a retry (``StepInFlight.retry_in`` seconds later).
+    retry_steps: tuple[tuple[StepInFlight, EverystepError], ...] = ()
 
 
 def decide(end: ChildEnd) -> Decision:
@@ -79,13 +89,23 @@ def decide(end: ChildEnd) -> Decision:
     if reason == KillReason.FENCED:
         return Decision(Action.FORGET)
     failed: tuple[tuple[StepInFlight, EverystepError], ...]
-    if reason == KillReason.TIMEOUT:
+    if reason == KillReason.CANCELLED:
         failed = tuple(
+            (step, Cancelled(f"step {step.step} ({step.name}) was cut off by a cancel of run {end.run.id}: "
+                             f"its process (pid {end.pid}) was killed"))
+            for step in end.steps if not step.unsafe
+        )
+        return Decision(Action.CANCELLED, fail_steps=failed)
+    if reason == KillReason.TIMEOUT:
+        timed_out = tuple(
             (step, StepTimeout(f"step {step.step} ({step.name}) ran past its timeout of {step.timeout:g}s "
                                f"and its process (pid {end.pid}) was killed"))
             for step in end.steps if not step.unsafe and step.timeout is not None
         )
-        return _handed_on(end, failed)
+        failed = tuple(pair for pair in timed_out if pair[0].retry_in is None)
+        retried = tuple(pair for pair in timed_out if pair[0].retry_in is not None)
+        decision = _handed_on(end, failed)
+        return Decision(decision.action, fail_steps=failed, retry_steps=retried)
     if reason == KillReason.KILL:
         failed = tuple(
             (step, StepKilled(f"step {step.step} ({step.name}) was killed by an operator (pid {end.pid})"))
@@ -114,6 +134,8 @@ def restart_reason(kill_reason: KillReason | None, bye_reason: ByeReason | None,
         return RestartReason.TIMEOUT
     if kill_reason == KillReason.FENCED:
         return RestartReason.FENCED
+    if kill_reason == KillReason.CANCELLED:
+        return RestartReason.CANCELLED
     if kill_reason in (KillReason.KILL, KillReason.KILL_REQUEUE):
         return RestartReason.KILL
     if kill_reason is not None:

@@ -5,15 +5,19 @@ stale child can write nothing; but it may be in the middle of a long step,
 or about to start an unsafe one whose ``started`` insert will be refused.
 The supervisor stops it at once instead: when it re-claims a run an older
 child still executes (``older_executions``), and whenever the database says
-a held run moved on (``FenceWatch.check``): every heartbeat period, and at
-once on a fence notification (PostgreSQL). A run that reached a terminal
-status is left alone: its child is merely reporting late.
+a held run moved on or was cancelled (``FenceWatch.check``): at once on a
+fence notification (PostgreSQL), else every heartbeat period while
+notifications arrive, every poll when they cannot (SQLite, or LISTEN down):
+that is how a cancel reaches the child within a poll interval there. A run
+that reached a terminal status is left alone: its child is merely
+reporting late.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from everystep.errors import EverystepError
 from everystep.models import Run
@@ -31,6 +35,17 @@ def older_executions(executing: Sequence[Execution], run: Run) -> list[Execution
     return [(kid, held) for kid, held in executing if held.id == run.id and held.claim_epoch < run.claim_epoch]
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What a check found: executions to kill because their run was taken
+    (``stale``) or cancelled (``cancelled``: the step cut off is recorded
+    ``Cancelled``), and claimed runs not yet dispatched to drop."""
+
+    stale: list[Execution] = field(default_factory=list)
+    cancelled: list[Execution] = field(default_factory=list)
+    dropped: list[Run] = field(default_factory=list)
+
+
 class FenceWatch:
     def __init__(self, store: Store, name: str, every: float) -> None:
         self.store = store
@@ -42,23 +57,32 @@ class FenceWatch:
         """Check at the next tick (a fence notification, a reconnection)."""
         self.next_at = 0.0
 
-    def check(self, now: float, executing: Sequence[Execution], ready: Sequence[Run]) -> tuple[
-            list[Execution], list[Run]]:
-        """The executions to kill and the claimed-but-undispatched runs to
-        drop, because their claim moved on. Database trouble: nothing (the
-        next heartbeat period tries again)."""
-        self.next_at = now + self.every
+    def check(self, now: float, executing: Sequence[Execution], ready: Sequence[Run],
+              every: float | None = None) -> Verdict:
+        """Ask the database where the runs held here stand. ``every``
+        overrides the period until the next check (a poll interval, where
+        no notification can say a run was cancelled). Database trouble:
+        nothing (the next check tries again)."""
+        self.next_at = now + (self.every if every is None else every)
         ids = [run.id for _, run in executing] + [run.id for run in ready]
         if not ids:
-            return [], []
+            return Verdict()
         try:
             states = self.store.claim_states(ids)
         except EverystepError as exc:
             logger.debug("everystep-supervisor %s: fence check failed: %s", self.name, exc)
-            return [], []
+            return Verdict()
 
         def taken(run: Run) -> bool:
             state = states.get(run.id)
             return state is not None and state.moved_on_from(run.claim_as(self.name))
 
-        return [(kid, run) for kid, run in executing if taken(run)], [run for run in ready if taken(run)]
+        def cancelled(run: Run) -> bool:
+            state = states.get(run.id)
+            return state is not None and state.cancelled_under(run.claim_as(self.name))
+
+        return Verdict(
+            stale=[(kid, run) for kid, run in executing if not cancelled(run) and taken(run)],
+            cancelled=[(kid, run) for kid, run in executing if cancelled(run)],
+            dropped=[run for run in ready if taken(run)],
+        )

@@ -116,6 +116,10 @@ class StepInFlight:
     started: float
     timeout: float | None = None
     unsafe: bool = False
+    #: Which attempt of the step this is, and what a timeout of it leads to:
+    #: the next attempt ``retry_in`` seconds later, or (None) a final failure.
+    attempt: int = 1
+    retry_in: float | None = None
 
     def overdue(self, now: float) -> bool:
         return self.timeout is not None and now - self.started >= self.timeout

@@ -41,6 +41,7 @@ class KillReason(StrEnum):
     KILL = "kill"                    # ctl kill: the step in flight fails with StepKilled
     KILL_REQUEUE = "kill-requeue"    # ctl kill --requeue
     FENCED = "fenced"                # its run was taken from it (a newer claim)
+    CANCELLED = "cancelled"          # an operator cancelled its run: the step in flight fails with Cancelled
     DRAIN_DEADLINE = "drain-deadline"
     QUIT = "quit"                    # SIGQUIT: fast stop
     SHUTDOWN = "shutdown"            # whatever is left when the loop ends
@@ -55,6 +56,7 @@ _KILL_DESCRIPTIONS = {
     KillReason.KILL: "ctl kill",
     KillReason.KILL_REQUEUE: "ctl kill --requeue",
     KillReason.FENCED: "its run was taken from it",
+    KillReason.CANCELLED: "its run was cancelled",
     KillReason.DRAIN_DEADLINE: "the drain deadline passed",
     KillReason.QUIT: "fast stop (SIGQUIT)",
     KillReason.SHUTDOWN: "supervisor shutdown",
@@ -86,6 +88,7 @@ class RestartReason(StrEnum):
     TIMEOUT = "timeout"
     KILL = "kill"
     FENCED = "fenced"
+    CANCELLED = "cancelled"
 
 
 class StopMode(StrEnum):

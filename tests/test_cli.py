@@ -304,7 +304,7 @@ def test_requeue_puts_a_run_parked_by_a_dead_runner_back_and_replay_blocks(cli, 
     text = ok(cli("show", run.id, "--database", db_url))
     assert re.search(r"^status\s+blocked$", text, re.M)
     assert re.search(r"^error\s+everystep\.errors\.EffectUncertain: ", text, re.M)
-    assert re.search(rf"^2\s+started\s+{re.escape(APP)}\.charge", text, re.M)
+    assert re.search(rf"^2\s+started \(effect uncertain\)\s+{re.escape(APP)}\.charge", text, re.M)
 
 
 def test_resolve_step_result_records_the_value_and_reschedules(cli, db_url, store, tmp_path):

@@ -123,7 +123,7 @@ def test_a_run_in_flight_with_its_graph_verdict_and_actions(console: ConsoleServ
     assert fork["kind"] == "fork" and [[n["state"] for n in lane["nodes"]] for lane in fork["lanes"]] == [
         ["done"], ["done"], ["pending", "pending"]]
     assert data["verdict"]["outcome"] == "resumes" and data["verdict"]["next_step"] == "2.2.1"
-    assert {action["name"] for action in data["actions"]} == {"requeue", "rerun"}  # no live supervisor: no kill
+    assert {action["name"] for action in data["actions"]} == {"requeue", "cancel", "rerun"}  # no live supervisor: no kill
     assert data["runner"]["name"] == "tester" and data["runner"]["kind"] is None
     assert [step["step_id"] for step in data["steps"]] == ["1", "2.0.1", "2.1.1"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from everystep.errors import ChildCrashed, StepKilled, StepTimeout
+from everystep.errors import Cancelled, ChildCrashed, StepKilled, StepTimeout
 from everystep.models import RUNNING, Run
 from supervisor.fate import Action, ChildEnd, Decision, decide, restart_reason
 from supervisor.protocol import StepInFlight
@@ -19,6 +19,9 @@ RUN = Run(id="0193a7c4-0000-7000-8000-000000000001", name="app.flow", args=[], s
 SAFE = StepInFlight(run=RUN.id, step="2", name="app.slow", started=100.0, timeout=1.0, unsafe=False)
 UNSAFE = StepInFlight(run=RUN.id, step="3", name="app.charge", started=100.0, timeout=1.0, unsafe=True)
 UNTIMED = StepInFlight(run=RUN.id, step="2", name="app.slow", started=100.0, timeout=None, unsafe=False)
+#: Attempt 2 of a step whose policy retries a timeout 4 s later.
+RETRIED = StepInFlight(run=RUN.id, step="4", name="app.flaky", started=100.0, timeout=1.0, unsafe=False,
+                       attempt=2, retry_in=4.0)
 
 
 def end(**changes: Any) -> ChildEnd:
@@ -74,12 +77,58 @@ CASES = [
     ("third-crash-fails-the-run", end(crashes=2), (Action.FAIL_RUN, [], "ChildCrashed", True)),
     ("max-crashes-1", end(max_crashes=1), (Action.FAIL_RUN, [], "ChildCrashed", True)),
     ("exit-code-1-is-a-crash", end(how="exited with code 1"), (Action.REDISPATCH, [], None, True)),
+    # An operator cancelled the run (it is 'cancelled' already): the steps cut
+    # off fail with Cancelled, an unsafe one keeps its started row, nothing else.
+    ("cancelled-mid-step", end(kill_reason=KillReason.CANCELLED, steps=(UNTIMED,)),
+     (Action.CANCELLED, [("2", "Cancelled")], None, False)),
+    ("cancelled-mid-unsafe-step", end(kill_reason=KillReason.CANCELLED, steps=(UNSAFE,)),
+     (Action.CANCELLED, [], None, False)),
+    ("cancelled-two-branches", end(kill_reason=KillReason.CANCELLED, steps=(SAFE, UNSAFE)),
+     (Action.CANCELLED, [("2", "Cancelled")], None, False)),
+    ("cancelled-between-steps", end(kill_reason=KillReason.CANCELLED),
+     (Action.CANCELLED, [], None, False)),
+    ("cancelled-while-stopping", end(kill_reason=KillReason.CANCELLED, steps=(UNTIMED,), stopping=True),
+     (Action.CANCELLED, [("2", "Cancelled")], None, False)),
+    ("cancelled-after-crashes", end(kill_reason=KillReason.CANCELLED, crashes=2),
+     (Action.CANCELLED, [], None, False)),
+    # A timeout the step's policy retries: not a failure (see test_timeout_retries).
+    ("timeout-retried", end(kill_reason=KillReason.TIMEOUT, steps=(RETRIED,)),
+     (Action.REDISPATCH, [], None, False)),
+    ("timeout-retried-beside-a-final-one", end(kill_reason=KillReason.TIMEOUT, steps=(SAFE, RETRIED)),
+     (Action.REDISPATCH, [("2", "StepTimeout")], None, False)),
 ]
 
 
 @pytest.mark.parametrize("situation, expected", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
 def test_decide(situation: ChildEnd, expected: tuple[Any, ...]) -> None:
     assert summary(decide(situation)) == expected
+
+
+RETRIES = [
+    # (id, situation, [(step id, error type, attempt, retry in)])
+    ("timeout-retried", end(kill_reason=KillReason.TIMEOUT, steps=(RETRIED,)), [("4", "StepTimeout", 2, 4.0)]),
+    ("timeout-retried-while-stopping", end(kill_reason=KillReason.TIMEOUT, steps=(RETRIED,), stopping=True),
+     [("4", "StepTimeout", 2, 4.0)]),
+    ("final-timeout", end(kill_reason=KillReason.TIMEOUT, steps=(SAFE,)), []),
+    ("killed-never-retried", end(kill_reason=KillReason.KILL, steps=(RETRIED,)), []),
+    ("cancel-never-retried", end(kill_reason=KillReason.CANCELLED, steps=(RETRIED,)), []),
+    ("crash-records-nothing", end(steps=(RETRIED,)), []),
+]
+
+
+@pytest.mark.parametrize("situation, expected", [case[1:] for case in RETRIES], ids=[case[0] for case in RETRIES])
+def test_timeout_retries(situation: ChildEnd, expected: list[tuple[Any, ...]]) -> None:
+    decision = decide(situation)
+    assert [(step.step, type(error).__name__, step.attempt, step.retry_in)
+            for step, error in decision.retry_steps] == expected
+    if expected:
+        assert decision.action == (Action.REQUEUE if situation.stopping else Action.REDISPATCH)
+
+
+def test_a_cancelled_step_names_the_run_and_the_pid() -> None:
+    [(step, error)] = decide(end(kill_reason=KillReason.CANCELLED, steps=(UNTIMED,))).fail_steps
+    assert isinstance(error, Cancelled)
+    assert str(error) == f"step 2 (app.slow) was cut off by a cancel of run {RUN.id}: its process (pid 4242) was killed"
 
 
 def test_errors_name_the_step_the_pid_and_the_cause() -> None:
@@ -96,6 +145,7 @@ def test_errors_name_the_step_the_pid_and_the_cause() -> None:
 RESTARTS = [
     (KillReason.TIMEOUT, None, True, RestartReason.TIMEOUT),
     (KillReason.FENCED, None, True, RestartReason.FENCED),
+    (KillReason.CANCELLED, None, True, RestartReason.CANCELLED),
     (KillReason.KILL, None, True, RestartReason.KILL),
     (KillReason.KILL_REQUEUE, None, True, RestartReason.KILL),
     (KillReason.DRAIN_DEADLINE, None, True, RestartReason.EXIT),

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import serde
 from ..errors import EverystepError, RunNotFound, SchemaMissing, StoreUnavailable
-from ..models import STEP_STARTED, Claim, Run, RunStatus, StepRecord
+from ..models import STEP_STARTED, Attempt, Claim, Run, RunStatus, StepRecord
 from . import migrations, queries
 
 if TYPE_CHECKING:
@@ -108,6 +108,10 @@ class NewStep:
     status: str = STEP_STARTED
     result_json: str | None = None
     error_json: str | None = None
+    #: Which attempt of the step this is (see ``retry``).
+    attempt: int = 1
+    #: ``retrying``: when the next attempt may start; ``sleeping``: the wake time.
+    wake_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -123,9 +127,17 @@ class ClaimState:
                 and self.claim_epoch == claim.epoch)
 
     def moved_on_from(self, claim: Claim) -> bool:
-        """The run was taken from ``claim`` (requeued, or claimed again)
-        rather than finished by it: an execution under ``claim`` is stale."""
-        return self.status in (RunStatus.RUNNING, RunStatus.SCHEDULED) and not self.held_by(claim)
+        """The run was taken from ``claim`` (requeued, claimed again, or
+        cancelled) rather than finished by it: an execution under ``claim``
+        is stale and must stop."""
+        return (self.status in (RunStatus.RUNNING, RunStatus.SCHEDULED, RunStatus.CANCELLED)
+                and not self.held_by(claim))
+
+    def cancelled_under(self, claim: Claim) -> bool:
+        """An operator cancelled the run while ``claim`` held it: its holder
+        may still record the step the cancel cut off (and nothing else)."""
+        return (self.status == RunStatus.CANCELLED and self.claimed_by == claim.claimer
+                and self.claim_epoch == claim.epoch)
 
 
 class StepWrite:
@@ -350,6 +362,7 @@ class Store(abc.ABC):
             created_at=cls._time(row["created_at"]),
             completed_at=cls._time(row["completed_at"]),
             claim_epoch=int(row["claim_epoch"]),
+            not_before=cls._time(row["not_before"]),
             has_steps=bool(row["has_steps"]) if "has_steps" in row.keys() else None,
         )
 
@@ -366,6 +379,8 @@ class Store(abc.ABC):
             kwargs=cls._json(row["kwargs"]) or {},
             started_at=cls._time(row["started_at"]),
             completed_at=cls._time(row["completed_at"]),
+            attempt=int(row["attempt"]) if row["attempt"] is not None else 1,
+            wake_at=cls._time(row["wake_at"]),
         )
 
     def _runner_row(self, row: Row | None) -> RunnerInfo | None:
@@ -410,25 +425,30 @@ class Store(abc.ABC):
 
     # -- scheduling and reading ----------------------------------------------
 
-    def schedule(self, name: str, args_json: str, idempotency_key: str | None = None) -> Run:
-        """Insert a scheduled run and commit it.
+    def schedule(self, name: str, args_json: str, idempotency_key: str | None = None,
+                 not_before: dt.datetime | None = None) -> Run:
+        """Insert a scheduled run and commit it (claimable from ``not_before``
+        on, if given).
 
         With an idempotency key, an existing run of the same workflow and key
         is returned instead of inserting a second one.
         """
         with self.connection() as conn:
-            return self._schedule_through(conn, name, args_json, idempotency_key)
+            return self._schedule_through(conn, name, args_json, idempotency_key, not_before)
 
     @classmethod
-    def schedule_on(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
+    def schedule_on(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
+                    not_before: dt.datetime | None = None) -> Run:
         """Insert a run through a caller's own connection of this backend,
         inside whatever transaction it has open."""
         with cls._caller_cursor(conn) as cursor:
-            return cls._schedule_through(cursor, name, args_json, idempotency_key)
+            return cls._schedule_through(cursor, name, args_json, idempotency_key, not_before)
 
     @classmethod
-    def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None) -> Run:
-        params = cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key)
+    def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
+                          not_before: dt.datetime | None = None) -> Run:
+        params = cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key,
+                             not_before=cls._time_param(not_before) if not_before is not None else None)
         sql = cls.statements()
         row = conn.execute(sql["schedule"], params).fetchone()
         if row is None:
@@ -474,8 +494,12 @@ class Store(abc.ABC):
         return int(row["total"])
 
     def get_steps(self, run_id: str) -> list[StepRecord]:
+        """A run's recorded steps, each with its retried attempts."""
         rows = self._fetchall("get_steps", {"id": _run_id(run_id)})
-        return [self._step(row) for row in rows]
+        steps = [self._step(row) for row in rows]
+        if steps:
+            steps = self._with_attempts(run_id, steps)
+        return steps
 
     def queue_stats(self) -> dict[str, float]:
         """Counts of scheduled, running and blocked runs and the age in seconds
@@ -484,6 +508,7 @@ class Store(abc.ABC):
         assert row is not None
         return {
             "pending": int(row["pending"]),
+            "waiting": int(row["waiting"]),
             "running": int(row["running"]),
             "blocked": int(row["blocked"]),
             "oldest_pending_age_seconds": max(float(row["oldest_age"] or 0.0), 0.0),
@@ -562,30 +587,41 @@ class Store(abc.ABC):
     # -- steps ---------------------------------------------------------------
 
     def load_outcomes(self, run_id: str) -> dict[str, StepRecord]:
-        return {record.step_id: record for record in self.get_steps(run_id)}
+        """What a replay needs: every step row (the history of retried
+        attempts is not read; a step row says its attempt and when the
+        next one is due)."""
+        rows = self._fetchall("get_steps", {"id": _run_id(run_id)})
+        return {record.step_id: record for record in map(self._step, rows)}
 
     def record_step(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
         """Record a finished step. Returns ``LOST`` if ``claim`` is no longer
         current, or the record someone else wrote first (``ours=False``).
         ``decoded`` is the caller's own Python view of the same step, so the
         store need not parse back what it was just given."""
-        params = self._params(
-            **self._claim_params(claim), step_id=step.step_id, name=step.name,
-            args=step.args_json, kwargs=step.kwargs_json, status=step.status, result=step.result_json,
-            error=step.error_json, started_at=self._time_param(step.started_at),
-        )
+        params = self._step_params(claim, step)
         with self.connection() as conn:
             row = conn.execute(self.sql["record_step"], params).fetchone()
             if row is None:
                 return self._conflict(conn, params)
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
+
+    def _step_params(self, claim: Claim, step: NewStep) -> dict[str, Any]:
+        return self._params(
+            **self._claim_params(claim), step_id=step.step_id, name=step.name,
+            args=step.args_json, kwargs=step.kwargs_json, status=step.status, result=step.result_json,
+            error=step.error_json, started_at=self._time_param(step.started_at), attempt=step.attempt,
+            wake_at=self._time_param(step.wake_at) if step.wake_at is not None else None,
+        )
+
+    def _written(self, claim: Claim, step: NewStep, decoded: StepRecord | None, row: Row) -> StepRecord:
         if decoded is None:
             decoded = StepRecord(
                 workflow_id=str(claim.run_id), step_id=step.step_id, name=step.name, status=step.status,
                 result=serde.loads(step.result_json), error=serde.loads(step.error_json),
                 args=serde.loads(step.args_json) or [], kwargs=serde.loads(step.kwargs_json) or {},
-                started_at=step.started_at,
+                started_at=step.started_at, attempt=step.attempt, wake_at=step.wake_at,
             )
-        return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row["completed_at"])), ours=True)
+        return dataclasses.replace(decoded, completed_at=self._time(row["completed_at"]))
 
     def start_step(self, claim: Claim, step: NewStep) -> StepWrite | None:
         """Insert the ``started`` row of an unsafe step: the atomic claim on its
@@ -919,6 +955,98 @@ class Store(abc.ABC):
             steps = conn.execute(self.sql["prune_steps"], chosen).rowcount
             runs = conn.execute(self.sql["prune_runs"], chosen).rowcount
         return int(runs), int(steps)
+
+
+    # -- the run lifecycle (migration 0006) --------------------------------------
+
+    def release(self, claim: Claim, not_before: dt.datetime) -> bool:
+        """Give the run back to the queue, not claimable before
+        ``not_before`` (a retry's backoff, a durable sleep), if ``claim`` is
+        still current. Nothing can claim it earlier: claims take due runs
+        only."""
+        params = self._params(**self._claim_params(claim), not_before=self._time_param(not_before))
+        return self._fetchone("release", params) is not None
+
+    def record_attempt(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
+        """Record a failed attempt that will be retried: the step row becomes
+        ``retrying`` (attempt ``step.attempt``, next one at ``step.wake_at``)
+        and the attempt joins the step's history, in one transaction fenced
+        by ``claim``. Returns like ``record_step``."""
+        params = self._step_params(claim, step)
+        with self.connection() as conn, self._transaction(conn):
+            row = conn.execute(self.sql["record_step"], params).fetchone()
+            if row is None:
+                return self._conflict(conn, params)
+            conn.execute(self.sql["insert_attempt"], {**params, "failed_at": row["completed_at"]})
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
+
+    def record_cancelled_step(self, claim: Claim, step: NewStep) -> bool:
+        """Record the step a cancel cut off, as the holder of the cancelled
+        ``claim`` (the run is ``cancelled`` and was held by it): the only
+        write a cancelled execution may still make. False otherwise, or if
+        the step already has an outcome."""
+        return self._fetchone("record_cancelled_step", self._step_params(claim, step)) is not None
+
+    def next_due(self, names: Sequence[str]) -> float | None:
+        """Seconds until the earliest scheduled run of ``names`` is due (0 or
+        less: due now); None when none is scheduled. One step along the
+        claim's index, by the database's clock."""
+        if not names:
+            return None
+        row = self._fetchone("next_due", self._params(names=self._names(names)))
+        if row is None or row["wait"] is None:
+            return None
+        return float(row["wait"])
+
+    def attempts(self, run_id: str) -> dict[str, list[Attempt]]:
+        """The failed attempts of a run's retried steps, by step id, oldest first."""
+        found: dict[str, list[Attempt]] = {}
+        for row in self._fetchall("get_attempts", {"id": _run_id(run_id)}):
+            found.setdefault(row["step_id"], []).append(self._attempt(row))
+        return found
+
+    @classmethod
+    def _attempt(cls, row: Row) -> Attempt:
+        return Attempt(
+            attempt=int(row["attempt"]), error=cls._json(row["error"]),
+            started_at=cls._time(row["started_at"]), failed_at=cls._time(row["failed_at"]),
+            retry_at=cls._time(row["retry_at"]),
+        )
+
+    def _with_attempts(self, run_id: str, steps: list[StepRecord]) -> list[StepRecord]:
+        if not any(step.attempt > 1 or step.status == "retrying" for step in steps):
+            return steps
+        history = self.attempts(run_id)
+        return [dataclasses.replace(step, attempts=history.get(step.step_id, [])) for step in steps]
+
+    def cron_ticks(self, names: Sequence[str]) -> dict[str, tuple[dt.datetime, str | None, str | None]]:
+        """``{workflow: (last tick enqueued, its run id, that run's status)}``
+        for the periodic workflows that ever ticked."""
+        if not names:
+            return {}
+        found = {}
+        for row in self._fetchall("cron_ticks", {"names": self._names(names)}):
+            tick = self._time(row["last_tick"])
+            assert tick is not None
+            found[row["name"]] = (tick, str(row["last_run"]) if row["last_run"] else None, row["last_status"])
+        return found
+
+    def schedule_tick(self, name: str, args_json: str, tick: dt.datetime, key: str) -> tuple[Run, bool]:
+        """Enqueue the run of periodic workflow ``name`` for ``tick``, once
+        however many runners try: the idempotency ``key`` names the tick.
+        Returns the run and whether this call created it; the tick is
+        remembered as the workflow's last either way."""
+        with self.connection() as conn, self._transaction(conn):
+            params = self._params(id=new_run_id(), name=name, args=args_json, idempotency_key=key,
+                                  not_before=None)
+            row = conn.execute(self.sql["schedule"], params).fetchone()
+            created = row is not None
+            if row is None:
+                row = conn.execute(self.sql["get_run_by_key"], params).fetchone()
+            run = self._run(row)
+            conn.execute(self.sql["record_cron_tick"], {"name": name, "tick": self._time_param(tick),
+                                                        "run_id": _run_id(run.id)})
+        return run, created
 
 
 _ID_PREFIX = re.compile(r"[0-9a-f-]{1,36}")

@@ -149,6 +149,10 @@ class SQLiteStore(Store):
 
     @classmethod
     def _time_param(cls, value: dt.datetime) -> str:
+        # Stored times compare as text: always UTC, so every one has the
+        # same offset and text order is time order.
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.timezone.utc)
         return value.isoformat()
 
     def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:

@@ -10,8 +10,6 @@ row for it (``everystep.relay``); the browser then waits for its reply.
 
 ``ACTIONS`` lists the run-level actions with the statuses they apply to;
 the run page offers exactly those ``available`` for the run it shows.
-Cancellation joins this table once the engine has it: one ``RunAction``
-calling ``admin``'s cancel function.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from typing import Any
 
 from .. import admin, registry, relay, serde
 from ..errors import EverystepError
-from ..models import BLOCKED, RUNNING, Run
+from ..models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
 
 logger = logging.getLogger("everystep.console")
@@ -62,6 +60,10 @@ ACTIONS: dict[str, RunAction] = {
         RunAction("kill", "Kill step", "kill the child process executing this run (its step is recorded "
                   "as StepKilled)", _live_child,
                   "Kill the child process running this run? The step in flight is recorded as failed."),
+        RunAction("cancel", "Cancel", "end this run 'cancelled' now: a sleeping, waiting or blocked run stops "
+                  "there; a running one's child is killed and its step in flight recorded as Cancelled",
+                  lambda run, runner: run.status in CANCELLABLE_STATUSES,
+                  "Cancel this run? It ends 'cancelled' and never resumes."),
         RunAction("rerun", "Run again", "schedule a new run of the same workflow with the same arguments",
                   lambda run, runner: True, None),
     )
@@ -118,6 +120,16 @@ def requeue(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[s
     return {"run": run.to_dict(), "message": f"run {run.id} is {run.status}"}
 
 
+def cancel(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
+    """As ``everystep cancel``: body may hold ``reason``."""
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ValueError("reason must be text")
+    run = admin.cancel(store, run_id, reason if reason else f"cancelled from the console by {who}")
+    logger.info("console: %s cancelled run %s", who, run.id)
+    return {"run": run.to_dict(), "message": f"run {run.id} cancelled"}
+
+
 def rerun(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
     run = store.get_run(run_id)
     if registry.workflow_names() and registry.get_workflow(run.name) is None:
@@ -139,6 +151,7 @@ def kill(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str,
 RUN_HANDLERS: dict[str, Callable[[Store, str, dict[str, Any], str], dict[str, Any]]] = {
     "resolve": resolve,
     "requeue": requeue,
+    "cancel": cancel,
     "rerun": rerun,
     "kill": kill,
 }

@@ -28,6 +28,7 @@ from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
 from ..graph.plan import Plan
 from ..models import BLOCKED, RUN_STATUSES, RUNNING, SCHEDULED, STEP_STARTED, Run, StepRecord
+from ..waiting import effect_uncertain, waiting_for
 from ..store import Store, utcnow
 from ..store.base import MAX_UUID, MIN_UUID, id_prefix_range
 from . import actions
@@ -206,9 +207,10 @@ class Views:
             # How many times the run was claimed, once runs count their claims.
             "attempts": getattr(run, "claim_epoch", None),
         })
+        data["waiting"] = waiting_for(run, steps)
         return {
             "run": data,
-            "steps": [step.to_dict() for step in steps],
+            "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)} for step in steps],
             "graph": self.graph(run, steps),
             "verdict": self.verdict(run, steps),
             "runner": runner,

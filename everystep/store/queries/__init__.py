@@ -13,11 +13,11 @@ from importlib import resources
 
 RUN_COLUMNS = (
     "id", "name", "args", "status", "idempotency_key", "claimed_by", "claimed_at",
-    "result", "error", "created_at", "completed_at", "claim_epoch",
+    "result", "error", "created_at", "completed_at", "claim_epoch", "not_before",
 )
 STEP_COLUMNS = (
     "workflow_id", "step_id", "name", "status", "result", "error", "args", "kwargs",
-    "started_at", "completed_at",
+    "started_at", "completed_at", "attempt", "wake_at",
 )
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)

@@ -4,10 +4,13 @@
 
 -- name: schedule
 -- Insert a run and wake LISTENing runners in the same transaction: the
--- notification is delivered on commit, never for a rolled-back insert.
+-- notification is delivered on commit, never for a rolled-back insert. A
+-- delayed run (not_before) notifies too: runners re-read the earliest due
+-- time and set their timer by it.
 WITH inserted AS (
-    INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at)
-    VALUES (%(id)s, %(name)s, %(args)s::json, %(idempotency_key)s, 'scheduled', clock_timestamp())
+    INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before)
+    VALUES (%(id)s, %(name)s, %(args)s::json, %(idempotency_key)s, 'scheduled', clock_timestamp(),
+            %(not_before)s)
     ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {run_columns}
 )
@@ -44,10 +47,12 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- Oldest first; SKIP LOCKED lets concurrent claimers take disjoint sets
--- without waiting on each other. Only workflows this runner knows. The
--- statement lives in a function (migration 0003) that pins its plan and
--- commits asynchronously; see there why both are safe and needed.
+-- Runs that are due (not_before passed, or none), earliest due first;
+-- SKIP LOCKED lets concurrent claimers take disjoint sets without waiting
+-- on each other. Only workflows this runner knows. The statement lives in a
+-- function (migrations 0003, 0006) that pins its plan to the partial index
+-- of scheduled runs ordered by due time, stops at the first run not yet
+-- due, and commits asynchronously; see there why each is needed.
 SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s)
 
 -- name: claim_own
@@ -72,11 +77,15 @@ RETURNING {run_columns_w},
 -- name: record_step
 -- Record a finished step, but only while this claim (claimer and epoch) is
 -- still the run's current one.
--- A leftover `started` row (the step was unsafe in older code) is replaced.
+-- A row still waiting for its outcome is replaced: `started` (the step was
+-- unsafe in older code), `retrying` (this is its next attempt), `sleeping`
+-- (the sleep is over).
 INSERT INTO everystep_step
-    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at)
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at)
 SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
-       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp()
+       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
+       %(wake_at)s::timestamptz
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
@@ -85,12 +94,15 @@ WHERE EXISTS (
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
-    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at
-WHERE everystep_step.status = 'started'
+    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at
+WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
 RETURNING completed_at
 
 -- name: start_step
--- The atomic claim on an unsafe step's effect: exactly one insert wins.
+-- The atomic claim on an unsafe step's effect: exactly one insert wins. A
+-- `retrying` row (the step was retried under older code that did not mark
+-- it unsafe) is taken over the same way: one update wins.
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, started_at)
 SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, 'started',
@@ -100,7 +112,10 @@ WHERE EXISTS (
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
 )
-ON CONFLICT (workflow_id, step_id) DO NOTHING
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, status = 'started',
+    error = NULL, started_at = EXCLUDED.started_at, completed_at = NULL, wake_at = NULL
+WHERE everystep_step.status = 'retrying'
 RETURNING started_at
 
 -- name: finish_step
@@ -155,12 +170,20 @@ WHERE status = 'running' AND claimed_by = %(claimer)s
 RETURNING id
 
 -- name: queue_stats
+-- Pending: scheduled and due; waiting: scheduled for later (delayed,
+-- sleeping, retry backoff). The oldest pending age counts from the due
+-- time, so a run that slept for a month is not a month late. now() (not
+-- clock_timestamp()) is stable, so it bounds the scan of the due-time index.
 SELECT
-    (SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled') AS pending,
+    (SELECT count(*) FROM everystep_workflow
+       WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= now()) AS pending,
+    (SELECT count(*) FROM everystep_workflow
+       WHERE status = 'scheduled' AND coalesce(not_before, created_at) > now()) AS waiting,
     (SELECT count(*) FROM everystep_workflow WHERE status = 'running') AS running,
     (SELECT count(*) FROM everystep_workflow WHERE status = 'blocked') AS blocked,
-    (SELECT extract(epoch FROM clock_timestamp() - min(created_at))
-       FROM everystep_workflow WHERE status = 'scheduled') AS oldest_age
+    (SELECT extract(epoch FROM clock_timestamp() - min(coalesce(not_before, created_at)))
+       FROM everystep_workflow
+       WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= now()) AS oldest_age
 
 -- name: count_scheduled
 SELECT count(*) AS scheduled FROM everystep_workflow WHERE status = 'scheduled' AND name = ANY(%(names)s)
@@ -445,3 +468,90 @@ DELETE FROM everystep_step WHERE workflow_id = ANY(%(ids)s::uuid[])
 -- name: prune_runs
 DELETE FROM everystep_workflow
 WHERE id = ANY(%(ids)s::uuid[]) AND status NOT IN ('scheduled', 'running', 'blocked')
+
+-- -- The run lifecycle (migration 0006) --------------------------------------
+
+-- name: release
+-- Give the run back to the queue until `not_before`: a retry's backoff or a
+-- durable sleep. Fenced like every executor write, so only the execution
+-- holding the claim can release the run, and nothing can claim it again
+-- before that time (the claim only takes due runs). LISTENing runners are
+-- told, so each sets its timer by the new due time. Committed
+-- asynchronously like finish_run: what the release follows (the attempt or
+-- the sleep) is already durable, and a release lost in a crash leaves the
+-- run running under its claimer, whose replay releases it again.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), released AS (
+    UPDATE everystep_workflow
+    SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s
+    FROM async_commit
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+    RETURNING id, name
+)
+SELECT released.id, pg_notify('everystep_scheduled', released.name)::text AS notified FROM released
+
+-- name: insert_attempt
+-- One failed attempt of a retried step, written in the transaction that
+-- recorded the step `retrying` (which is what fences it).
+INSERT INTO everystep_attempt (workflow_id, step_id, attempt, error, started_at, failed_at, retry_at)
+VALUES (%(run_id)s, %(step_id)s, %(attempt)s, %(error)s::json, %(started_at)s, %(failed_at)s, %(wake_at)s)
+ON CONFLICT DO NOTHING
+
+-- name: get_attempts
+SELECT workflow_id, step_id, attempt, error, started_at, failed_at, retry_at
+FROM everystep_attempt WHERE workflow_id = %(id)s ORDER BY step_id, attempt
+
+-- name: next_due
+-- Seconds until the earliest scheduled run of these workflows is due; see
+-- the function (migration 0006).
+SELECT everystep_next_due(%(names)s) AS wait
+
+-- name: cancel_run
+-- An operator's cancel, under the run's row lock, guarded on the status
+-- seen. claimed_by and claim_epoch stay: the supervisor holding a running
+-- run may still record the step it cuts off (record_cancelled_step), while
+-- every write of the execution itself, conditional on 'running', is refused.
+UPDATE everystep_workflow
+SET status = 'cancelled', error = %(error)s::json, completed_at = clock_timestamp()
+WHERE id = %(run_id)s AND status = %(from_status)s
+RETURNING id
+
+-- name: record_cancelled_step
+-- The step a cancel cut off, recorded by the holder of the cancelled claim
+-- (the supervisor that killed its child, or a threaded worker whose write
+-- was refused at the step's end): fenced by that claim and the status.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
+       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
+       %(wake_at)s::timestamptz
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'cancelled' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = EXCLUDED.name, args = coalesce(EXCLUDED.args, everystep_step.args),
+    kwargs = coalesce(EXCLUDED.kwargs, everystep_step.kwargs),
+    status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at
+WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
+RETURNING completed_at
+
+-- name: cron_ticks
+-- The last tick enqueued for each of these periodic workflows.
+SELECT c.name, c.last_tick, c.last_run, w.status AS last_status
+FROM everystep_cron AS c
+LEFT JOIN everystep_workflow AS w ON w.id = c.last_run
+WHERE c.name = ANY(%(names)s)
+
+-- name: record_cron_tick
+-- Remember the tick just enqueued; runners enqueueing the same tick at once
+-- serialise on the primary key, and the last tick only moves forward.
+INSERT INTO everystep_cron (name, last_tick, last_run) VALUES (%(name)s, %(tick)s, %(run_id)s)
+ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick, last_run = EXCLUDED.last_run
+WHERE everystep_cron.last_tick < EXCLUDED.last_tick

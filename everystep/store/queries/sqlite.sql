@@ -4,8 +4,8 @@
 -- single write lock; claims take it up front with BEGIN IMMEDIATE.
 
 -- name: schedule
-INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at)
-VALUES (:id, :name, :args, :idempotency_key, 'scheduled', :now)
+INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before)
+VALUES (:id, :name, :args, :idempotency_key, 'scheduled', :now, :not_before)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {run_columns}
 
@@ -36,13 +36,19 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = :id ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- Each claim bumps the run's epoch: the fencing token its writes carry.
+-- Runs that are due, earliest due first, along the partial index of
+-- scheduled runs ordered by due time (it stops at the first run not yet
+-- due). INDEXED BY pins that plan, as PostgreSQL's claim function does:
+-- left to itself, SQLite reads every scheduled run through the status
+-- index and sorts them, sleeping ones included. Each claim bumps the run's
+-- epoch: the fencing token its writes carry.
 UPDATE everystep_workflow
 SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1
 WHERE id IN (
-    SELECT id FROM everystep_workflow
-    WHERE status = 'scheduled' AND name IN (SELECT value FROM json_each(:names))
-    ORDER BY created_at
+    SELECT id FROM everystep_workflow INDEXED BY everystep_workflow_claimable
+    WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= :now
+      AND name IN (SELECT value FROM json_each(:names))
+    ORDER BY coalesce(not_before, created_at)
     LIMIT :limit
 )
 RETURNING {run_columns}
@@ -65,8 +71,10 @@ RETURNING {run_columns},
 
 -- name: record_step
 INSERT INTO everystep_step
-    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at)
-SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at)
+SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now,
+       :attempt, :wake_at
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
@@ -75,8 +83,9 @@ WHERE EXISTS (
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
     status = excluded.status, result = excluded.result, error = excluded.error,
-    started_at = excluded.started_at, completed_at = excluded.completed_at
-WHERE everystep_step.status = 'started'
+    started_at = excluded.started_at, completed_at = excluded.completed_at,
+    attempt = excluded.attempt, wake_at = excluded.wake_at
+WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
 RETURNING completed_at
 
 -- name: start_step
@@ -88,7 +97,10 @@ WHERE EXISTS (
     WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
       AND claim_epoch = :claim_epoch
 )
-ON CONFLICT (workflow_id, step_id) DO NOTHING
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs, status = 'started',
+    error = NULL, started_at = excluded.started_at, completed_at = NULL, wake_at = NULL
+WHERE everystep_step.status = 'retrying'
 RETURNING started_at
 
 -- name: finish_step
@@ -132,11 +144,15 @@ RETURNING id
 
 -- name: queue_stats
 SELECT
-    (SELECT count(*) FROM everystep_workflow WHERE status = 'scheduled') AS pending,
+    (SELECT count(*) FROM everystep_workflow
+       WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= :now) AS pending,
+    (SELECT count(*) FROM everystep_workflow
+       WHERE status = 'scheduled' AND coalesce(not_before, created_at) > :now) AS waiting,
     (SELECT count(*) FROM everystep_workflow WHERE status = 'running') AS running,
     (SELECT count(*) FROM everystep_workflow WHERE status = 'blocked') AS blocked,
-    (SELECT :now_epoch - (julianday(min(created_at)) - 2440587.5) * 86400.0
-       FROM everystep_workflow WHERE status = 'scheduled') AS oldest_age
+    (SELECT :now_epoch - (julianday(min(coalesce(not_before, created_at))) - 2440587.5) * 86400.0
+       FROM everystep_workflow
+       WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= :now) AS oldest_age
 
 -- name: count_scheduled
 SELECT count(*) AS scheduled FROM everystep_workflow
@@ -383,3 +399,69 @@ DELETE FROM everystep_step WHERE workflow_id IN (SELECT value FROM json_each(:id
 -- name: prune_runs
 DELETE FROM everystep_workflow
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN ('scheduled', 'running', 'blocked')
+
+-- -- The run lifecycle (migration 0006) --------------------------------------
+
+-- name: release
+-- Back to the queue until :not_before (a retry's backoff, a durable sleep),
+-- fenced like every executor write.
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = :not_before
+WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+  AND claim_epoch = :claim_epoch
+RETURNING id
+
+-- name: insert_attempt
+INSERT INTO everystep_attempt (workflow_id, step_id, attempt, error, started_at, failed_at, retry_at)
+VALUES (:run_id, :step_id, :attempt, :error, :started_at, :failed_at, :wake_at)
+ON CONFLICT DO NOTHING
+
+-- name: get_attempts
+SELECT workflow_id, step_id, attempt, error, started_at, failed_at, retry_at
+FROM everystep_attempt WHERE workflow_id = :id ORDER BY step_id, attempt
+
+-- name: next_due
+-- Seconds until the earliest scheduled run of these workflows is due
+-- (negative: overdue); no row when none is scheduled.
+SELECT (julianday(coalesce(not_before, created_at)) - julianday(:now)) * 86400.0 AS wait
+FROM everystep_workflow INDEXED BY everystep_workflow_claimable
+WHERE status = 'scheduled' AND name IN (SELECT value FROM json_each(:names))
+ORDER BY coalesce(not_before, created_at)
+LIMIT 1
+
+-- name: cancel_run
+UPDATE everystep_workflow
+SET status = 'cancelled', error = :error, completed_at = :now
+WHERE id = :run_id AND status = :from_status
+RETURNING id
+
+-- name: record_cancelled_step
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at)
+SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now,
+       :attempt, :wake_at
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = :run_id AND status = 'cancelled' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
+)
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = excluded.name, args = coalesce(excluded.args, everystep_step.args),
+    kwargs = coalesce(excluded.kwargs, everystep_step.kwargs),
+    status = excluded.status, result = excluded.result, error = excluded.error,
+    started_at = excluded.started_at, completed_at = excluded.completed_at,
+    attempt = excluded.attempt, wake_at = excluded.wake_at
+WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
+RETURNING completed_at
+
+-- name: cron_ticks
+SELECT c.name, c.last_tick, c.last_run, w.status AS last_status
+FROM everystep_cron AS c
+LEFT JOIN everystep_workflow AS w ON w.id = c.last_run
+WHERE c.name IN (SELECT value FROM json_each(:names))
+
+-- name: record_cron_tick
+INSERT INTO everystep_cron (name, last_tick, last_run) VALUES (:name, :tick, :run_id)
+ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick, last_run = excluded.last_run
+WHERE everystep_cron.last_tick < excluded.last_tick

@@ -1,5 +1,6 @@
-// One run: its status and timings, check-deploy's verdict, the step graph
-// with a panel for the selected node (where an uncertain step is resolved),
+// One run: its status and timings (and what a scheduled run waits for),
+// check-deploy's verdict, the step graph with a panel for the selected node
+// (where an uncertain step is resolved; a retried step lists its attempts),
 // arguments, result, error with traceback, and every recorded step.
 
 import { runAction, resolveForm, commandLine } from "./actions.js";
@@ -34,6 +35,18 @@ export function errorBlock(error, title = "Error") {
   }
   if (error.traceback) parts.push(h("pre", { class: "traceback", text: error.traceback }));
   return h("section", { class: "data error" }, parts);
+}
+
+// The failed attempts of a retried step, oldest first.
+function attemptsBlock(attempts) {
+  return h("section", { class: "data attempts" }, h("h3", { text: "Retried attempts" }),
+    h("table", { class: "attempts" },
+      h("thead", {}, h("tr", {}, ["Attempt", "Failed", "Error", "Next attempt"].map((text) => h("th", { text })))),
+      h("tbody", {}, attempts.map((attempt) => h("tr", { dataset: { attempt: String(attempt.attempt) } },
+        h("td", { text: String(attempt.attempt) }),
+        h("td", { text: when(attempt.failed_at) }),
+        h("td", { class: "error-cell", text: attempt.error ? `${attempt.error.type}: ${attempt.error.message}` : "" }),
+        h("td", { text: when(attempt.retry_at) }))))));
 }
 
 export function runPage(main, runId) {
@@ -74,7 +87,8 @@ export function runPage(main, runId) {
                     onclick: () => runAction(run.id, action, action.name === "kill" ? { requeue: false } : {}) }));
     replace(head,
       h("h1", {}, "Run ", h("span", { class: "mono", text: run.id })),
-      h("div", { class: "run-title" }, statusBadge(run.status), h("span", { class: "workflow", text: run.name })),
+      h("div", { class: "run-title" }, statusBadge(run.status), h("span", { class: "workflow", text: run.name }),
+        run.waiting ? h("span", { class: "waiting", text: run.waiting }) : null),
       h("div", { class: "actions" }, buttons));
   }
 
@@ -109,6 +123,7 @@ export function runPage(main, runId) {
       ["Took", run.duration !== null ? seconds(run.duration) : "—"],
       ["Runner", runnerCell()],
     ];
+    if (run.not_before) rows.splice(1, 0, ["Not before", h("span", {}, timeCell(run.not_before), " ", h("span", { class: "hint", text: when(run.not_before) }))]);
     if (run.attempts !== null && run.attempts !== undefined) rows.push(["Claims", String(run.attempts)]);
     if (run.idempotency_key) rows.push(["Idempotency key", h("code", { text: run.idempotency_key })]);
     replace(summary, rows.map(([term, value]) => [h("dt", { text: term }), h("dd", {}, value)]));
@@ -142,7 +157,8 @@ export function runPage(main, runId) {
     const parts = [
       h("h3", {}, h("span", { class: "node-label", text: node.label }), " ", h("code", { text: node.id || "?" })),
       h("p", {}, h("span", { class: `badge state-${node.state}`, text: node.state }),
-        node.unsafe ? h("span", { class: "tag", text: "unsafe to repeat" }) : null),
+        node.unsafe ? h("span", { class: "tag", text: "unsafe to repeat" }) : null,
+        record && record.effect_uncertain ? h("span", { class: "tag uncertain", text: "effect uncertain" }) : null),
       h("p", { class: "mono small", text: node.function }),
     ];
     if (node.state === "diverged") {
@@ -156,11 +172,15 @@ export function runPage(main, runId) {
       parts.push(h("dl", { class: "summary small" },
         h("dt", { text: "Started" }), h("dd", { text: when(record.started_at) }),
         h("dt", { text: "Finished" }), h("dd", { text: record.completed_at ? when(record.completed_at) : "—" }),
-        h("dt", { text: "Took" }), h("dd", { text: record.duration !== null ? seconds(record.duration) : "—" })));
+        h("dt", { text: "Took" }), h("dd", { text: record.duration !== null ? seconds(record.duration) : "—" }),
+        record.attempt > 1 ? [h("dt", { text: "Attempt" }), h("dd", { text: String(record.attempt) })] : null,
+        record.wake_at ? [h("dt", { text: record.status === "retrying" ? "Next attempt" : "Wakes" }),
+                          h("dd", { text: when(record.wake_at) })] : null));
       parts.push(jsonBlock("Arguments", record.args, "small"));
       if (record.kwargs && Object.keys(record.kwargs).length) parts.push(jsonBlock("Keyword arguments", record.kwargs, "small"));
       if (record.status === "done") parts.push(jsonBlock("Result", record.result, "small"));
       if (record.error) parts.push(errorBlock(record.error));
+      if (record.attempts && record.attempts.length) parts.push(attemptsBlock(record.attempts));
       if (record.status === "started" && data.run.status === "blocked") {
         parts.push(resolveForm(data.run.id, { step_id: node.id, name: node.function }, () => { panelShown = null; }));
       }
@@ -177,7 +197,7 @@ export function runPage(main, runId) {
   }
 
   function renderSteps() {
-    const head = h("thead", {}, h("tr", {}, ["Step", "Function", "Status", "Started", "Took", "Outcome"].map((text) => h("th", { text }))));
+    const head = h("thead", {}, h("tr", {}, ["Step", "Function", "Status", "Attempt", "Started", "Took", "Outcome"].map((text) => h("th", { text }))));
     const rows = data.steps.map((step) => {
       const took = step.completed_at && step.started_at ? (Date.parse(step.completed_at) - Date.parse(step.started_at)) / 1000 : null;
       const outcome = step.error ? `${step.error.type}: ${step.error.message}` : step.status === "done" ? pretty(step.result) : "";
@@ -185,12 +205,14 @@ export function runPage(main, runId) {
         h("td", {}, h("button", { type: "button", class: "linkish mono", text: step.step_id,
                                   onclick: () => select(null, `id:${step.step_id}`) })),
         h("td", { class: "mono small", text: step.name }),
-        h("td", {}, h("span", { class: `badge state-${step.status}`, text: step.status })),
+        h("td", {}, h("span", { class: `badge state-${step.status}`, text: step.status }),
+          step.effect_uncertain ? h("span", { class: "tag uncertain", text: "effect uncertain" }) : null),
+        h("td", { class: "attempt", text: String(step.attempt || 1) }),
         h("td", { text: when(step.started_at) }),
         h("td", { text: took !== null ? seconds(took) : "" }),
         h("td", { class: step.error ? "error-cell" : "args-cell" }, h("span", { text: outcome.length > 200 ? `${outcome.slice(0, 199)}…` : outcome })));
     });
-    replace(steps, head, h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6, class: "empty", text: "No step recorded yet." }))));
+    replace(steps, head, h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 7, class: "empty", text: "No step recorded yet." }))));
   }
 
   function render(next) {

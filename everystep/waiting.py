@@ -1,0 +1,35 @@
+"""A run's lifecycle state in words, shared by ``everystep show`` and the
+console: what a scheduled run waits for, and which step's effect is
+uncertain."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from .models import RUNNING, SCHEDULED, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, Run, StepRecord
+
+
+def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = None) -> str | None:
+    """What a scheduled run whose not-before time is ahead waits for: a
+    durable sleep, a retry's backoff, or its delayed start (None otherwise)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if run.status != SCHEDULED or run.not_before is None or run.not_before <= now:
+        return None
+    until = run.not_before.isoformat()
+    retrying = [step for step in steps if step.status == STEP_RETRYING and step.wake_at == run.not_before]
+    if retrying:
+        step = retrying[0]
+        return f"waiting to retry step {step.step_id} ({step.name}): attempt {step.attempt + 1} at {until}"
+    if any(step.status == STEP_SLEEPING and step.wake_at == run.not_before for step in steps):
+        return f"sleeping until {until}"
+    return f"delayed until {until}"
+
+
+def effect_uncertain(run: Run, step: StepRecord) -> bool:
+    """An unsafe step's ``started`` row outside a running run (blocked, or
+    cut off by a cancel): it may have had its effect, and nothing recorded
+    says whether it did."""
+    return step.status == STEP_STARTED and run.status != RUNNING
+
+
+__all__ = ["effect_uncertain", "waiting_for"]
