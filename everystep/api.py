@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import borrowed, registry, runner, serde
+from . import borrowed, registry, resources, runner, serde
 from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord
 from .provider import ConnectionProvider, connection_provider
@@ -54,12 +54,18 @@ class StepFunction:
         name: str,
         unsafe_to_repeat: bool = False,
         timeout: float | None = None,
+        memory_limit: int | None = None,
+        cpu_limit: float | None = None,
     ) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.unsafe_to_repeat = unsafe_to_repeat
         self.timeout = timeout
+        #: Bytes the step may add to its process, and CPU seconds it may use
+        #: (None: the supervisor's default, if any). See ``everystep.resources``.
+        self.memory_limit = memory_limit
+        self.cpu_limit = cpu_limit
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return runner.call_step(self, args, kwargs)
@@ -67,6 +73,15 @@ class StepFunction:
     def __repr__(self) -> str:
         flags = " unsafe_to_repeat" if self.unsafe_to_repeat else ""
         return f"<step {self.name}{flags}>"
+
+    def describe_limits(self) -> str:
+        """``memory_limit=256 MiB, cpu_limit=30s`` (empty without limits)."""
+        parts = []
+        if self.memory_limit is not None:
+            parts.append(f"memory_limit={resources.format_size(self.memory_limit)}")
+        if self.cpu_limit is not None:
+            parts.append(f"cpu_limit={resources.format_cpu(self.cpu_limit)}")
+        return ", ".join(parts)
 
 
 @overload
@@ -90,7 +105,8 @@ def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None) -
 def step(fn: F) -> StepFunction: ...
 @overload
 def step(
-    *, unsafe_to_repeat: bool = False, timeout: float | None = None, name: str | None = None
+    *, unsafe_to_repeat: bool = False, timeout: float | None = None, name: str | None = None,
+    memory_limit: str | int | None = None, cpu_limit: float | None = None,
 ) -> Callable[[F], StepFunction]: ...
 
 
@@ -100,16 +116,29 @@ def step(
     unsafe_to_repeat: bool = False,
     timeout: float | None = None,
     name: str | None = None,
+    memory_limit: str | int | None = None,
+    cpu_limit: float | None = None,
 ) -> Any:
     """Declare a step. ``unsafe_to_repeat=True`` records a ``started`` row
     before the effect so a crash mid-effect blocks the run instead of
     repeating it. ``timeout`` (seconds) is enforced by the supervisor, which
-    kills the step's process and records ``StepTimeout``."""
+    kills the step's process and records ``StepTimeout``.
+
+    ``memory_limit`` (``"512M"``, ``"2G"``, or bytes: what the step may add
+    to its process) and ``cpu_limit`` (CPU seconds) are enforced by the
+    supervisor too: a step over either fails with ``StepResourceExceeded``.
+    The threaded worker cannot enforce them and refuses to start while a
+    step declares one (see ``everystep.resources``)."""
     if timeout is not None and not timeout > 0:
         raise EverystepError(f"step timeout must be a positive number of seconds, not {timeout!r}")
+    memory = resources.parse_size(memory_limit) if memory_limit is not None else None
+    cpu = resources.parse_cpu(cpu_limit) if cpu_limit is not None else None
 
     def decorate(fn: Callable[..., Any]) -> StepFunction:
-        return StepFunction(fn, name or registry.qualified_name(fn), unsafe_to_repeat, timeout)
+        declared = StepFunction(fn, name or registry.qualified_name(fn), unsafe_to_repeat, timeout, memory, cpu)
+        if memory is not None or cpu is not None:
+            registry.register_step_limits(declared.name, declared.describe_limits())
+        return declared
 
     return decorate(fn) if fn is not None else decorate
 

@@ -15,14 +15,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, registry, relay, retention, serde
+from . import admin, dryrun, registry, relay, resources, retention, serde
 from .cliutil import OneLineParser, fail, format_table, print_json, setup_logging
 from .errors import EverystepError
 from .models import PRUNABLE_STATUSES, RUN_STATUSES, Run, StepRecord
 from .observer import Observer
 from .store import Store, connect
 from .lease import DEFAULT_LEASE
-from .worker import Worker
+from .worker import Worker, refuse_step_limits
 
 MAX_COUNT = 1_000_000
 
@@ -154,6 +154,14 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR", help="address for --metrics-port")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    # everystep-supervisor's options, refused here with the reason rather
+    # than as unrecognized.
+    for flag in WORKER_REFUSED:
+        parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
+
+
+#: Options of everystep-supervisor the threaded worker cannot honour.
+WORKER_REFUSED = ("--step-memory-limit", "--step-cpu-limit")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -256,8 +264,10 @@ def _describe_error(error: dict[str, Any] | None) -> str:
 def cmd_show(store: Store, args: argparse.Namespace) -> int:
     run = store.get_run(args.run_id)
     steps = store.get_steps(run.id)
+    cost = resources.run_cost(steps)
     if args.json:
-        print_json({"run": run.to_dict(), "steps": [step.to_dict() for step in steps]})
+        print_json({"run": run.to_dict(), "steps": [step.to_dict() for step in steps],
+                    "cost": cost.to_dict() if cost is not None else None})
         return 0
     print(f"run        {run.id}")
     print(f"workflow   {run.name}")
@@ -272,9 +282,16 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     print(f"created    {run.created_at}")
     if run.completed_at:
         print(f"completed  {run.completed_at}")
+    if cost is not None:
+        print(f"cost       {resources.format_cpu(cost.cpu_seconds)} CPU in {cost.measured_steps} measured "
+              f"step(s); largest peak RSS growth {resources.format_size(cost.peak_rss_bytes)}")
     if steps:
         print()
-        print(format_table(("STEP", "STATUS", "FUNCTION", "OUTCOME"), [_step_row(step) for step in steps]))
+        if cost is not None:
+            print(format_table(("STEP", "STATUS", "FUNCTION", "CPU", "PEAK RSS", "OUTCOME"),
+                               [_costed_step_row(step) for step in steps]))
+        else:
+            print(format_table(("STEP", "STATUS", "FUNCTION", "OUTCOME"), [_step_row(step) for step in steps]))
     return 0
 
 
@@ -285,6 +302,13 @@ def _step_row(step: StepRecord) -> tuple[str, str, str, str]:
     else:
         outcome = _describe_error(step.error)
     return step.step_id, step.status, step.name, outcome
+
+
+def _costed_step_row(step: StepRecord) -> tuple[str, str, str, str, str, str]:
+    step_id, status, name, outcome = _step_row(step)
+    cpu = resources.format_cpu(step.cpu_seconds) if step.cpu_seconds is not None else "-"
+    rss = resources.format_size(step.peak_rss_bytes) if step.peak_rss_bytes is not None else "-"
+    return step_id, status, name, cpu, rss, outcome
 
 
 def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
@@ -343,6 +367,11 @@ def cmd_prune(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(store: Store, args: argparse.Namespace, observer: Observer | None = None) -> int:
+    for flag in WORKER_REFUSED:
+        if getattr(args, flag.lstrip("-").replace("-", "_"), None) is not None:
+            raise EverystepError(f"{flag} cannot be enforced by the threaded worker (its runs share one process); "
+                                 "run everystep-supervisor for step resource limits")
+    refuse_step_limits()
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
                     metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease,
                     takeover=args.takeover, observer=observer)

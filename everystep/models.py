@@ -136,6 +136,11 @@ class StepRecord:
     kwargs: dict[str, Any] = field(default_factory=dict)
     started_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
+    #: What the step cost where a supervisor measured it (None elsewhere):
+    #: CPU seconds, and its process's peak RSS growth in bytes
+    #: (``everystep.resources.StepCost``).
+    cpu_seconds: float | None = None
+    peak_rss_bytes: int | None = None
 
     @property
     def exception(self) -> BaseException | None:
@@ -153,6 +158,8 @@ class StepRecord:
             "kwargs": serde.to_jsonable(self.kwargs),
             "started_at": _iso(self.started_at),
             "completed_at": _iso(self.completed_at),
+            "cpu_seconds": self.cpu_seconds,
+            "peak_rss_bytes": self.peak_rss_bytes,
         }
 
 

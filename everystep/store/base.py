@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .. import serde
 from ..errors import EverystepError, RunNotFound, SchemaMissing, StoreUnavailable
 from ..models import STEP_STARTED, Claim, Run, RunStatus, StepRecord
+from ..resources import StepCost
 from . import migrations, queries
 
 if TYPE_CHECKING:
@@ -107,6 +108,9 @@ class NewStep:
     status: str = STEP_STARTED
     result_json: str | None = None
     error_json: str | None = None
+    #: What the step cost, where its runner measured it (migration 0008).
+    cpu_seconds: float | None = None
+    peak_rss_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -365,6 +369,8 @@ class Store(abc.ABC):
             kwargs=cls._json(row["kwargs"]) or {},
             started_at=cls._time(row["started_at"]),
             completed_at=cls._time(row["completed_at"]),
+            cpu_seconds=_float_or_none(row["cpu_seconds"]),
+            peak_rss_bytes=_int_or_none(row["peak_rss_bytes"]),
         )
 
     def _runner_row(self, row: Row | None) -> RunnerInfo | None:
@@ -549,6 +555,7 @@ class Store(abc.ABC):
             **self._claim_params(claim), step_id=step.step_id, name=step.name,
             args=step.args_json, kwargs=step.kwargs_json, status=step.status, result=step.result_json,
             error=step.error_json, started_at=self._time_param(step.started_at),
+            cpu_seconds=step.cpu_seconds, peak_rss_bytes=step.peak_rss_bytes,
         )
         with self.connection() as conn:
             row = conn.execute(self.sql["record_step"], params).fetchone()
@@ -559,7 +566,7 @@ class Store(abc.ABC):
                 workflow_id=str(claim.run_id), step_id=step.step_id, name=step.name, status=step.status,
                 result=serde.loads(step.result_json), error=serde.loads(step.error_json),
                 args=serde.loads(step.args_json) or [], kwargs=serde.loads(step.kwargs_json) or {},
-                started_at=step.started_at,
+                started_at=step.started_at, cpu_seconds=step.cpu_seconds, peak_rss_bytes=step.peak_rss_bytes,
             )
         return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row["completed_at"])), ours=True)
 
@@ -588,12 +595,15 @@ class Store(abc.ABC):
         self, claim: Claim, started: StepRecord, status: str,
         result_json: str | None, error_json: str | None,
         decoded: StepRecord | None = None,
+        cost: StepCost | None = None,
     ) -> StepWrite | None:
         """Turn our ``started`` row into its outcome (``decoded``: as in
-        ``record_step``)."""
+        ``record_step``; ``cost``: what the step used, where it was measured)."""
         params = self._params(
             **self._claim_params(claim), step_id=started.step_id,
             status=status, result=result_json, error=error_json,
+            cpu_seconds=cost.cpu_seconds if cost is not None else None,
+            peak_rss_bytes=cost.peak_rss_bytes if cost is not None else None,
         )
         with self.connection() as conn:
             row = conn.execute(self.sql["finish_step"], params).fetchone()
@@ -601,7 +611,8 @@ class Store(abc.ABC):
                 return self._conflict(conn, params)
         if decoded is None:
             decoded = dataclasses.replace(
-                started, status=status, result=serde.loads(result_json), error=serde.loads(error_json)
+                started, status=status, result=serde.loads(result_json), error=serde.loads(error_json),
+                cpu_seconds=params["cpu_seconds"], peak_rss_bytes=params["peak_rss_bytes"],
             )
         return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row["completed_at"])), ours=True)
 
@@ -903,6 +914,14 @@ def _run_id(run_id: str) -> str:
         return str(uuid.UUID(str(run_id)))
     except ValueError:
         raise RunNotFound(f"no run with id {run_id!r} (run ids are UUIDs)") from None
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value is not None else None
 
 
 def _first_line(exc: BaseException) -> str:

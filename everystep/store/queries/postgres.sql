@@ -63,10 +63,13 @@ RETURNING {run_columns_w},
 -- Record a finished step, but only while this claim (claimer and epoch) is
 -- still the run's current one.
 -- A leftover `started` row (the step was unsafe in older code) is replaced.
+-- The cost columns (migration 0008) are NULL where nothing measured the step.
 INSERT INTO everystep_step
-    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at)
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     cpu_seconds, peak_rss_bytes)
 SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
-       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp()
+       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(),
+       %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
@@ -75,7 +78,8 @@ WHERE EXISTS (
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
-    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at
+    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+    cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
 WHERE everystep_step.status = 'started'
 RETURNING completed_at
 
@@ -96,7 +100,8 @@ RETURNING started_at
 -- name: finish_step
 UPDATE everystep_step
 SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
-    completed_at = clock_timestamp()
+    completed_at = clock_timestamp(),
+    cpu_seconds = %(cpu_seconds)s::float8, peak_rss_bytes = %(peak_rss_bytes)s::bigint
 WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
   AND EXISTS (
     SELECT 1 FROM everystep_workflow
