@@ -17,29 +17,23 @@ import logging
 
 from . import metrics, sentry, serde
 from .models import FAILED, STEP_FAILED, Claim, Run
-from .resources import StepCost
 from .store import NewStep, Store, utcnow
 
 logger = logging.getLogger("everystep")
 
 
 def fail_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str,
-              exc: BaseException, cost: StepCost | None = None) -> bool:
+              exc: BaseException) -> bool:
     """Record step ``step_id`` as failed with ``exc`` (a ``StepTimeout``,
-    ``StepKilled``, ``StepResourceExceeded``…), so the body's try/except sees
-    it on replay like any step failure; ``cost``: what it used, where its
-    killer knows. False if the claim is gone or the step was recorded."""
+    ``StepKilled``, ``StepResourceExceeded``…), so the body's try/except
+    sees it on replay like any step failure. False if the claim is gone or
+    the step was recorded. (Its process is gone: nothing measured its cost.)"""
     error = serde.dumps(serde.encode_exception(exc), "step error")
-    write = store.record_step(claim, NewStep(
-        step_id, step_name, None, None, utcnow(), status=STEP_FAILED, error_json=error,
-        cpu_seconds=cost.cpu_seconds if cost is not None else None,
-        peak_rss_bytes=cost.peak_rss_bytes if cost is not None else None,
-    ))
+    write = store.record_step(claim, NewStep(step_id, step_name, None, None, utcnow(),
+                                             status=STEP_FAILED, error_json=error))
     ours = write is not None and write.ours
     if ours:
         metrics.record(lambda m: m.step_runs.labels(workflow, step_name, STEP_FAILED).inc())
-        if cost is not None:
-            metrics.observe_step_cost(workflow, step_name, cost)
     return ours
 
 

@@ -17,6 +17,7 @@ import psutil
 from everystep import metrics, registry
 from everystep.cliutil import OneLineParser, fail, setup_logging
 from everystep.errors import EverystepError, NameInUse, SchemaMissing
+from everystep.resources import parse_size
 from everystep.store import Store, connect
 
 from . import ctl
@@ -38,6 +39,13 @@ def _positive(kind: Callable[[str], Any], minimum: float) -> Callable[[str], Any
         return value
 
     return parse
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except EverystepError:
+        raise argparse.ArgumentTypeError(f"must be a size like 512M or 2G, not {text!r}") from None
 
 
 def build_parser() -> OneLineParser:
@@ -72,6 +80,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a stop waits for steps in flight before killing and requeueing (default 30; 0 waits forever)")
     parser.add_argument("--step-timeout", type=_positive(float, 0), default=0.0, metavar="S",
                         help="kill a step running longer than S seconds unless it sets its own timeout (default 0: none)")
+    parser.add_argument("--step-memory-limit", type=_size, default=None, metavar="SIZE",
+                        help="memory a step may add to its process unless it sets its own memory_limit, "
+                             "e.g. 512M or 2G (default: none)")
+    parser.add_argument("--step-cpu-limit", type=_positive(float, 0.001), default=None, metavar="S",
+                        help="CPU seconds a step may use unless it sets its own cpu_limit (default: none)")
+    parser.add_argument("--cgroups", choices=["auto", "off"], default="auto",
+                        help="give each child a cgroup where the host allows it, so the kernel bounds step "
+                             "memory and attributes out-of-memory kills (default auto; off: rlimits only)")
     parser.add_argument("--max-runs-per-child", type=_positive(int, 0), default=0, metavar="N",
                         help="recycle a child after N runs (default 0: never)")
     parser.add_argument("--max-memory-per-child", type=_positive(int, 0), default=0, metavar="MB",
@@ -151,6 +167,9 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         max_runs_per_child=args.max_runs_per_child,
         max_memory_per_child=args.max_memory_per_child,
         max_crashes=args.max_crashes,
+        step_memory_limit=args.step_memory_limit,
+        step_cpu_limit=args.step_cpu_limit,
+        cgroups=args.cgroups != "off",
         socket=os.path.abspath(args.socket or default_socket_path()),
         burst=args.burst,
         progress=args.progress,
