@@ -222,22 +222,13 @@ class CgroupTree:
              mountinfo_file: str = PROC_MOUNTINFO) -> tuple[CgroupTree | None, str]:
         """The tree for this supervisor, or None and the reason there is none."""
         pid = os.getpid() if pid is None else pid
-        try:
-            memberships = _memberships(_read(cgroup_file))
-            mounts = _mounts(_read(mountinfo_file))
-        except OSError as exc:
-            return None, f"cannot read {exc.filename}: {exc.strerror}"
-        if "memory" in memberships:
-            where = _locate(memberships["memory"], mounts.get("memory"))
-            if where is None:
-                return None, "the cgroup v1 memory hierarchy is not mounted where this process can see its cgroup"
+        own = own_cgroup(cgroup_file, mountinfo_file)
+        if isinstance(own, str):
+            return None, own
+        version, where, relative = own
+        if version == 1:
             return cls._open_v1(where, pid)
-        if "" in memberships and "" in mounts:
-            where = _locate(memberships[""], mounts[""])
-            if where is None:
-                return None, "this process's cgroup v2 directory is not visible in its mount namespace"
-            return cls._open_v2(where, memberships[""], pid)
-        return None, "no memory cgroup controller on this host"
+        return cls._open_v2(where, relative, pid)
 
     @classmethod
     def _open_v1(cls, own: str, pid: int) -> tuple[CgroupTree | None, str]:
@@ -337,6 +328,27 @@ class CgroupTree:
         self.made.clear()
 
 
+def own_cgroup(cgroup_file: str = PROC_CGROUP, mountinfo_file: str = PROC_MOUNTINFO) -> tuple[int, str, str] | str:
+    """(cgroup version, directory, path within the hierarchy) of this
+    process's memory cgroup, or the reason it has none it can see."""
+    try:
+        memberships = _memberships(_read(cgroup_file))
+        mounts = _mounts(_read(mountinfo_file))
+    except OSError as exc:
+        return f"cannot read {exc.filename}: {exc.strerror}"
+    if "memory" in memberships:
+        where = _locate(memberships["memory"], mounts.get("memory"))
+        if where is None:
+            return "the cgroup v1 memory hierarchy is not mounted where this process can see its cgroup"
+        return 1, where, memberships["memory"]
+    if "" in memberships and "" in mounts:
+        where = _locate(memberships[""], mounts[""])
+        if where is None:
+            return "this process's cgroup v2 directory is not visible in its mount namespace"
+        return 2, where, memberships[""]
+    return "no memory cgroup controller on this host"
+
+
 def _rmdir_quietly(path: str) -> None:
     try:
         os.rmdir(path)
@@ -400,4 +412,4 @@ def _locate(path: str, mount: tuple[str, str] | None) -> str | None:
     return directory if os.path.isdir(directory) else None
 
 
-__all__ = ["CgroupError", "CgroupTree", "ChildGroup", "OpenGroup"]
+__all__ = ["CgroupError", "CgroupTree", "ChildGroup", "OpenGroup", "own_cgroup"]
