@@ -86,7 +86,10 @@ def format_size(size: float) -> str:
 
 
 def format_cpu(seconds: float) -> str:
-    return f"{seconds:.3g}s" if seconds < 10 else f"{seconds:.1f}s"
+    """``2.92s``, ``30s``, ``123.5s``."""
+    if seconds < 10:
+        return f"{seconds:.3g}s"
+    return f"{seconds:.1f}".removesuffix(".0") + "s"
 
 
 def describe(resource: Resource | str, amount: float) -> str:

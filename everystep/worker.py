@@ -165,7 +165,11 @@ class Worker:
         still busy at the drain deadline (empty after a clean drain). Each
         was requeued unless another runner had taken it meanwhile; either
         way its thread is stuck, so a standalone process must not join it."""
-        refuse_step_limits()
+        try:
+            refuse_step_limits()
+        except EverystepError:
+            self._close_wake_pipe()
+            raise
         self.loop.start(self.pool_size)  # raises NameInUse before anything is claimed
         if self.metrics_port:
             try:

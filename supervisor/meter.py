@@ -117,6 +117,13 @@ class ChildMeter(StepMeter):
     def install(self) -> None:
         signal.signal(signal.SIGXCPU, self._on_sigxcpu)
 
+    def close(self) -> None:
+        """Close the descriptors it reads (a child leaves with them open)."""
+        for fd in (self._statm, self._status, self._clear_refs):
+            if fd is not None:
+                os.close(fd)
+        self._statm = self._status = self._clear_refs = None
+
     # -- the runner's side ----------------------------------------------------------
 
     def begin(self, ctx: Context, step_id: str, step: StepFunction) -> StepGauge:

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from everystep import schedule
 from everystep.models import COMPLETED, FAILED, STEP_DONE, STEP_FAILED
 from everystep.store import Store, connect
+from supervisor.cgroups import own_cgroup
 from tests.support import cgroups
 from tests.support.supervisor import error_type, supervisors, wait_run  # noqa: F401
 
@@ -94,6 +95,14 @@ def test_a_step_allocating_1gib_under_256m_fails_and_the_next_step_still_runs(
         assert bounded["peak"] is not None and bounded["peak"] >= 200 * MIB, bounded
         assert done.result["after"]["pid"] != done.result["before"]["pid"]
         assert status["restarts"] == {"resource": 1}, status["restarts"]
+        # The dead child's cgroup was removed when it was reaped, the
+        # replacement's when the supervisor stopped, then the supervisor's own.
+        own = own_cgroup()
+        assert not isinstance(own, str)
+        base = Path(own[1]) / f"everystep-{sup.pid}"
+        assert sorted(entry.name for entry in base.iterdir() if entry.is_dir()) == ["child-1-2"]
+        assert sup.stop() == 0
+        assert not base.exists()
     else:
         # The allocation was refused in the child, which carried on.
         assert "an allocation past it was refused (RLIMIT_DATA)" in message, message
