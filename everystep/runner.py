@@ -24,6 +24,12 @@ For an unsafe step it leaves the ``started`` row: the next claim ends the run
 ``blocked`` instead of repeating the effect. ``fault`` lets tests stop at that
 exact point with ``SimulatedCrash``, after which nothing more is written.
 
+Budgets and costs. A runner may hand ``execute`` a ``StepMeter``
+(``everystep.resources``): each step's function then runs inside its gauge,
+which may bound it (what it raises on the step's behalf, such as
+``StepResourceExceeded``, is the step's failure) and measures it; the cost
+is written with the step's row. Without one, nothing is measured.
+
 A step write that fails because the database is unreachable interrupts the
 run without marking it failed (``StoreUnavailable``); the caller requeues it
 once the database is back, and replay redoes the unrecorded step.

@@ -3,7 +3,9 @@
 A child is forked from the parent after the app was imported (so workflow
 code is shared copy-on-write), opens its own database connection, and
 reports every step start and end to the parent, which enforces timeouts and
-answers ``ctl status`` from those reports.
+answers ``ctl status`` from those reports. It joins the cgroup the parent
+made for it, if any, and runs every step inside its ``ChildMeter``
+(``meter.py``), which measures each step and bounds those with a budget.
 
 It leaves only through ``os._exit``, so the parent's atexit handlers and
 inherited finalizers never run twice. SIGTERM (from the parent's drain, or
