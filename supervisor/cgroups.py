@@ -17,8 +17,10 @@ Where one can be made (``CgroupTree.open`` says why not, in one line):
   child cgroups only from a cgroup holding no process, so the supervisor
   moves itself into a leaf ``supervisor`` of its own cgroup first, which it
   does only if no other process shares that cgroup; the children go in
-  siblings ``child-SLOT-N``. In the root cgroup (no move needed) they go in
-  ``everystep-PID/child-SLOT-N``.
+  siblings ``child-SLOT-N``, and at exit it moves back and disables what it
+  enabled, so the cgroup can hold a process again (systemd restarting the
+  service). Where its cgroup already hands memory down (the host's root
+  cgroup), nothing moves: children go in ``everystep-PID/child-SLOT-N``.
 - **cgroup v1** (the memory controller on its own hierarchy: older
   distributions, some VMs and CI machines). The memory hierarchy must be
   writable at the supervisor's cgroup; children go in
@@ -211,6 +213,9 @@ class CgroupTree:
     base: str  # child cgroups are created here
     own: str  # the supervisor's own cgroup now (leftover processes go there)
     made: list[str] = field(default_factory=list)  # directories this supervisor created, to remove at close
+    #: (cgroup, pid): the supervisor moved itself from that cgroup into a
+    #: leaf of it, to put back at close with the controllers it enabled.
+    leaf: tuple[str, int] | None = None
     _busy: list[ChildGroup] = field(default_factory=list)
     _serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -225,10 +230,10 @@ class CgroupTree:
         own = own_cgroup(cgroup_file, mountinfo_file)
         if isinstance(own, str):
             return None, own
-        version, where, relative = own
+        version, where, _ = own
         if version == 1:
             return cls._open_v1(where, pid)
-        return cls._open_v2(where, relative, pid)
+        return cls._open_v2(where, pid)
 
     @classmethod
     def _open_v1(cls, own: str, pid: int) -> tuple[CgroupTree | None, str]:
@@ -240,16 +245,18 @@ class CgroupTree:
         return cls(version=1, base=base, own=own, made=[base]), ""
 
     @classmethod
-    def _open_v2(cls, own: str, relative: str, pid: int) -> tuple[CgroupTree | None, str]:
+    def _open_v2(cls, own: str, pid: int) -> tuple[CgroupTree | None, str]:
         try:
             available = _read(os.path.join(own, "cgroup.controllers")).split()
+            enabled = _read(os.path.join(own, "cgroup.subtree_control")).split()
         except OSError as exc:
-            return None, f"cannot read {own}/cgroup.controllers: {exc.strerror}"
+            return None, f"cannot read {exc.filename}: {exc.strerror}"
         if "memory" not in available:
             return None, (f"the memory controller is not delegated to this process's cgroup {own} "
                           "(systemd: Delegate=yes)")
-        if relative == "/":
-            # The root cgroup may hold processes and hand out controllers.
+        if "memory" in enabled:
+            # Only the root cgroup holds processes and hands out controllers:
+            # our children's cgroups go in one of our own below it.
             base = os.path.join(own, f"everystep-{pid}")
             try:
                 os.mkdir(base)
@@ -268,16 +275,13 @@ class CgroupTree:
             _write(os.path.join(leaf, "cgroup.procs"), str(pid))
         except OSError as exc:
             return None, f"cannot move into a leaf cgroup {leaf}: {exc.strerror}"
+        tree = cls(version=2, base=own, own=leaf, leaf=(own, pid))
         try:
             _write(os.path.join(own, "cgroup.subtree_control"), "+memory")
         except OSError as exc:
-            try:
-                _write(os.path.join(own, "cgroup.procs"), str(pid))  # back where we were
-                _rmdir_quietly(leaf)
-            except OSError:
-                pass
+            tree.close()
             return None, f"cannot enable the memory controller for {own}'s children: {exc.strerror}"
-        return cls(version=2, base=own, own=leaf), ""
+        return tree, ""
 
     def create(self, slot: int) -> ChildGroup:
         """A fresh cgroup for the child about to be forked into ``slot``."""
@@ -326,6 +330,17 @@ class CgroupTree:
         for path in reversed(self.made):
             _rmdir_quietly(path)
         self.made.clear()
+        if self.leaf is not None:
+            # Leave the cgroup as we found it, so whatever starts there next
+            # (systemd restarting the service) can hold processes in it.
+            parent, pid = self.leaf
+            self.leaf = None
+            for name, text in (("cgroup.subtree_control", "-memory"), ("cgroup.procs", str(pid))):
+                try:
+                    _write(os.path.join(parent, name), text)
+                except OSError as exc:
+                    logger.warning("cannot restore cgroup %s (%s): %s", parent, name, exc.strerror)
+            _rmdir_quietly(self.own)
 
 
 def own_cgroup(cgroup_file: str = PROC_CGROUP, mountinfo_file: str = PROC_MOUNTINFO) -> tuple[int, str, str] | str:

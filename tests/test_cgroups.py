@@ -56,6 +56,23 @@ def test_v2_delegated_the_supervisor_moves_into_a_leaf_and_hands_memory_to_its_c
     assert (service / "child-3-1" / "memory.oom.group").read_text() == "1"
     assert tree.create(3).path.endswith("child-3-2")  # a fresh one for each child
 
+    tree.close()
+    # Back where it started, with the controller it enabled disabled again.
+    assert (service / "cgroup.procs").read_text() == str(PID)
+    assert (service / "cgroup.subtree_control").read_text() == "-memory"
+
+
+def test_v2_where_memory_is_already_handed_down_nothing_moves(tmp_path: Path) -> None:
+    service, cgroup_file, mountinfo = v2_host(tmp_path, procs=f"1\n{PID}\n")
+    (service / "cgroup.subtree_control").write_text("cpu memory\n")
+
+    tree, why = CgroupTree.open(PID, cgroup_file, mountinfo)
+
+    assert why == "" and tree is not None
+    assert tree.base == str(service / f"everystep-{PID}") and tree.own == str(service)
+    assert (service / f"everystep-{PID}" / "cgroup.subtree_control").read_text() == "+memory"
+    assert (service / "cgroup.procs").read_text() == f"1\n{PID}\n"  # nobody moved
+
 
 def test_v2_files_the_parent_reads(tmp_path: Path) -> None:
     group = ChildGroup(2, str(tmp_path))
