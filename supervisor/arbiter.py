@@ -45,10 +45,10 @@ from everystep.store.postgres import FENCE_CHANNEL
 
 from . import child as child_process
 from . import reporting, titles
+from .budgets import Budgets
 from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
 from .control import ControlServer, ControlSocketError
-from .budgets import Budgets
 from .fate import Action, ChildEnd, Decision, decide, restart_reason
 from .http import LoopHTTPServer
 from .listener import Listener

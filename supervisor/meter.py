@@ -130,7 +130,14 @@ class ChildMeter(StepMeter):
         memory = step.memory_limit if step.memory_limit is not None else self.memory_default
         cpu = step.cpu_limit if step.cpu_limit is not None else self.cpu_default
         key = (ctx.workflow_id, step_id)
-        budget = self._bound(key, memory, cpu) if memory is not None or cpu is not None else None
+        budget = None
+        if memory is not None or cpu is not None:
+            try:
+                budget = self._bound(key, memory, cpu)
+            except (OSError, ValueError) as exc:
+                # Never fail a step for this; it runs unbounded, and says so.
+                logger.warning("everystep-supervisor child %d: cannot bound step %s of run %s: %s",
+                               os.getpid(), step_id, ctx.workflow_id, exc)
         return _Gauge(self, ctx.workflow_name, step.name, step_id, key, budget)
 
     def budget(self, run_id: str, step_id: str) -> Budget | None:
@@ -142,16 +149,22 @@ class ChildMeter(StepMeter):
     def rss(self) -> int:
         if self._statm is None:
             return 0
-        return int(os.pread(self._statm, 128, 0).split()[1]) * PAGE
+        try:
+            return int(os.pread(self._statm, 128, 0).split()[1]) * PAGE
+        except (OSError, ValueError, IndexError):
+            return 0
 
     def _status_field(self, name: bytes) -> int | None:
         if self._status is None:
             return None
-        data = os.pread(self._status, 8192, 0)
-        start = data.find(name)
-        if start < 0:
+        try:
+            data = os.pread(self._status, 8192, 0)
+            start = data.find(name)
+            if start < 0:
+                return None
+            return int(data[start + len(name):data.index(b"\n", start)].split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
             return None
-        return int(data[start + len(name):data.index(b"\n", start)].split()[0]) * 1024
 
     def hwm(self) -> int | None:
         return self._status_field(b"VmHWM:")
@@ -313,7 +326,10 @@ class _Gauge(StepGauge):
         if self.budget is not None:
             self.meter._unbound(self.key)
         cost = self._cost()
-        self.meter.observe(self.workflow, self.name, cost)
+        try:
+            self.meter.observe(self.workflow, self.name, cost)
+        except Exception:
+            logger.exception("everystep-supervisor child %d: step cost not exported", os.getpid())
         return cost
 
 

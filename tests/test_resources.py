@@ -100,7 +100,10 @@ def test_the_threaded_worker_refuses_to_start_while_a_step_declares_a_limit(own_
     assert str(caught.value) == (
         "the threaded worker cannot enforce step resource limits (its runs share one process): "
         f"{bounded.name} (cpu_limit=1s); run these workflows with everystep-supervisor")
-    assert worker.store.list_runners() == []  # it refused before taking its name
+    try:
+        assert worker.store.list_runners() == []  # it refused before taking its name
+    finally:
+        worker.store.close()
 
 
 def test_the_error_round_trips_with_its_resource_limit_and_peak() -> None:
