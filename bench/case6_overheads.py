@@ -141,7 +141,7 @@ def run(ctx: Context) -> None:
         out[key] = per_step(url, s.overhead_steps, s.overhead_reps)
         ctx.log(f"case 6: {key}: {out[key]['per_step_us'].median:.0f} µs per no-op step")
     out["step_cost"] = step_cost.measure(sqlite_url, s.overhead_steps, s.overhead_reps)
-    ctx.log(f"case 6: measuring a step costs {out['step_cost']['alone_us'].median:.1f} µs")
+    ctx.log(f"case 6: measuring a step costs {out['step_cost']['alone_us']['cpu'].median:.1f} µs of CPU")
     out["procs"] = processes(ctx, ctx.urls["es"])
     ctx.log(f"case 6: respawn {out['procs']['respawn_ms'].median:.1f} ms")
 
@@ -195,8 +195,11 @@ def _step_cost_table(data: dict[str, object] | None) -> Table:
         table.add("meter alone", "n/a")
         return table
     alone, paired = data["alone_us"], data["end_to_end"]
-    assert isinstance(alone, Series) and isinstance(paired, dict)
-    table.add("meter alone: begin, call, end around a no-op, minus a direct call", alone.cell(1))
+    assert isinstance(alone, dict) and isinstance(paired, dict)
+    table.add("meter alone: begin, call, end around a no-op, minus a direct call; CPU", alone["cpu"].cell(1))
+    table.add("the same, wall clock", alone["wall"].cell(1))
+    table.add("plus, on kernels keeping an exited thread's peak in ru_maxrss: reading VmHWM; CPU",
+              alone["hwm_cpu"].cell(1))
     table.add("per-step overhead with the meter", paired["with"].cell(0))
     table.add("per-step overhead without it", paired["without"].cell(0))
     table.add("added by the meter, paired repetitions", paired["added"].cell(1))

@@ -6,8 +6,9 @@ measurements of what that adds to a step, in this process (the meter's
 system calls are the same as in a child):
 
 - **meter alone**: ``begin``/``call``/``end`` around a no-op step function,
-  minus a direct call, over ``calls`` calls; with the cost histograms live
-  (``prometheus_client`` imported, as in a child). No database.
+  minus a direct call, over ``calls`` calls, in CPU and wall time, with the
+  cost histograms live (``prometheus_client`` imported, as in a child); and
+  the one read some kernels make it add (see ``meter_alone``). No database.
 - **end to end**: the case's per-step overhead (``runner.execute`` of a
   ``noop100`` run, minus the 0-step run, minus direct calls, per step) with
   a meter and without one, the two taking turns repetition by repetition on
@@ -30,26 +31,36 @@ from .workloads import noop100, noop_plain
 CLAIMER = "bench-step-cost"
 
 
-def meter_alone(calls: int, reps: int) -> Series:
-    """µs per step the meter adds around a no-op function."""
+def meter_alone(calls: int, reps: int) -> dict[str, Series]:
+    """µs per step the meter adds around a no-op function, in CPU time
+    (what it costs the process; steady on a shared machine) and in wall
+    time; and the CPU time of the one read it adds on kernels that keep an
+    exited thread's peak in ``ru_maxrss`` (``VmHWM`` from
+    ``/proc/self/status``, see ``supervisor/meter.py``)."""
     meter = ChildMeter()
     ctx: Any = SimpleNamespace(workflow_id="bench", workflow_name=noop100.name)
     fn, step = noop_plain.fn, noop_plain
-    out = Series()
+    out = {key: Series() for key in ("cpu", "wall", "hwm_cpu")}
     try:
         for rep in range(reps + 1):
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.thread_time()
             for index in range(calls):
                 gauge = meter.begin(ctx, str(index), step)
                 gauge.call(fn, (), {})
                 gauge.end()
-            metered = time.perf_counter() - start
-            start = time.perf_counter()
+            metered = time.perf_counter() - wall, time.thread_time() - cpu
+            wall, cpu = time.perf_counter(), time.thread_time()
             for _ in range(calls):
                 fn()
-            direct = time.perf_counter() - start
+            direct = time.perf_counter() - wall, time.thread_time() - cpu
+            cpu = time.thread_time()
+            for _ in range(calls):
+                meter.hwm()
+            hwm = time.thread_time() - cpu
             if rep:  # the first round warms up (label children, page faults)
-                out.add((metered - direct) / calls * 1e6)
+                out["wall"].add((metered[0] - direct[0]) / calls * 1e6)
+                out["cpu"].add((metered[1] - direct[1]) / calls * 1e6)
+                out["hwm_cpu"].add(hwm / calls * 1e6)
     finally:
         meter.close()
     return out

@@ -11,9 +11,9 @@ accounting, around the step's function:
 - **Peak RSS growth**: the process's resident-memory high-water mark is
   reset to its current RSS as the step starts (``/proc/self/clear_refs``),
   so ``ru_maxrss`` afterwards is the step's own peak; growth is that peak
-  minus the RSS at the start. (Once a thread of the child has exited, the
-  kernel keeps its peak in ``ru_maxrss`` for good; the meter then reads
-  ``VmHWM`` from ``/proc/self/status`` instead.)
+  minus the RSS at the start. (Some kernels fold an exiting thread's peak
+  into ``ru_maxrss`` for good, where no reset reaches it; when it hides the
+  reset mark, the meter reads ``VmHWM`` from ``/proc/self/status`` instead.)
 
 That costs a handful of system calls on descriptors opened once (bench case
 6 measures it). A step with a budget, its own or the supervisor's default,
