@@ -237,6 +237,7 @@ class CgroupTree:
 
     @classmethod
     def _open_v1(cls, own: str, pid: int) -> tuple[CgroupTree | None, str]:
+        _remove_stale(own)
         base = os.path.join(own, f"everystep-{pid}")
         try:
             os.mkdir(base)
@@ -257,6 +258,7 @@ class CgroupTree:
         if "memory" in enabled:
             # Only the root cgroup holds processes and hands out controllers:
             # our children's cgroups go in one of our own below it.
+            _remove_stale(own)
             base = os.path.join(own, f"everystep-{pid}")
             try:
                 os.mkdir(base)
@@ -362,6 +364,37 @@ def own_cgroup(cgroup_file: str = PROC_CGROUP, mountinfo_file: str = PROC_MOUNTI
             return "this process's cgroup v2 directory is not visible in its mount namespace"
         return 2, where, memberships[""]
     return "no memory cgroup controller on this host"
+
+
+def _remove_stale(parent: str) -> None:
+    """A SIGKILLed supervisor cannot remove its cgroups: the next one
+    removes those whose owner is gone (and whose processes are gone too)."""
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    for name in entries:
+        owner = name.removeprefix("everystep-")
+        if owner == name or not owner.isdigit() or _alive(int(owner)):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            for child in os.listdir(path):
+                if child.startswith("child-"):
+                    _rmdir_quietly(os.path.join(path, child))
+        except OSError:
+            continue
+        _rmdir_quietly(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _rmdir_quietly(path: str) -> None:

@@ -118,6 +118,10 @@ def test_v2_without_the_memory_controller_says_to_delegate_it(tmp_path: Path) ->
 def test_v1_inside_a_container_whose_mount_root_is_its_own_cgroup(tmp_path: Path) -> None:
     memory = tmp_path / "memory"
     (memory / "worker").mkdir(parents=True)
+    # Left by a supervisor that was SIGKILLed (no such pid now), and one
+    # whose owner lives (this process).
+    (memory / "worker" / "everystep-99999999" / "child-1-1").mkdir(parents=True)
+    (memory / "worker" / f"everystep-{os.getpid()}").mkdir()
     cgroup_file, mountinfo = fake_host(
         tmp_path, "12:pids:/docker/abc\n4:memory:/docker/abc/worker\n0::/\n",
         f"41 31 0:38 /docker/abc {memory} rw,relatime - cgroup cgroup rw,memory\n")
@@ -127,6 +131,7 @@ def test_v1_inside_a_container_whose_mount_root_is_its_own_cgroup(tmp_path: Path
 
     assert why == "" and tree is not None
     assert tree.base == str(memory / "worker" / f"everystep-{PID}") and os.path.isdir(tree.base)
+    assert sorted(os.listdir(memory / "worker")) == sorted([f"everystep-{PID}", f"everystep-{os.getpid()}"])
 
 
 def test_hosts_without_a_memory_cgroup_say_why(tmp_path: Path) -> None:
