@@ -237,7 +237,7 @@ class CgroupTree:
 
     @classmethod
     def _open_v1(cls, own: str, pid: int) -> tuple[CgroupTree | None, str]:
-        _remove_stale(own)
+        remove_stale(own)
         base = os.path.join(own, f"everystep-{pid}")
         try:
             os.mkdir(base)
@@ -258,7 +258,7 @@ class CgroupTree:
         if "memory" in enabled:
             # Only the root cgroup holds processes and hands out controllers:
             # our children's cgroups go in one of our own below it.
-            _remove_stale(own)
+            remove_stale(own)
             base = os.path.join(own, f"everystep-{pid}")
             try:
                 os.mkdir(base)
@@ -366,7 +366,7 @@ def own_cgroup(cgroup_file: str = PROC_CGROUP, mountinfo_file: str = PROC_MOUNTI
     return "no memory cgroup controller on this host"
 
 
-def _remove_stale(parent: str) -> None:
+def remove_stale(parent: str) -> None:
     """A SIGKILLed supervisor cannot remove its cgroups: the next one
     removes those whose owner is gone (and whose processes are gone too)."""
     try:
@@ -460,4 +460,4 @@ def _locate(path: str, mount: tuple[str, str] | None) -> str | None:
     return directory if os.path.isdir(directory) else None
 
 
-__all__ = ["CgroupError", "CgroupTree", "ChildGroup", "OpenGroup", "own_cgroup"]
+__all__ = ["CgroupError", "CgroupTree", "ChildGroup", "OpenGroup", "own_cgroup", "remove_stale"]

@@ -231,13 +231,16 @@ def test_a_kernel_oom_kill_in_a_small_cgroup_is_blamed_on_the_step_in_flight(pg_
     with cgroups.small_cgroup(384 * MIB) as path:
         sup = supervisors(pg_url, procs=1, app=APP, args=["--cgroups", mode])
         sup.command = cgroups.run_inside(path, sup.command)
-        sup.start()
-        victim = sup.status()["children"][0]["pid"]
-        run = schedule(f"{APP}.greedy_flow", {"mb": 1024}, database=store)
+        try:
+            sup.start()
+            victim = sup.status()["children"][0]["pid"]
+            run = schedule(f"{APP}.greedy_flow", {"mb": 1024}, database=store)
 
-        done = finished(store, sup, run.id)
-        status = sup.wait_idle()
-        sup.stop()
+            done = finished(store, sup, run.id)
+            status = sup.wait_idle()
+            assert sup.stop() == 0
+        finally:
+            sup.cleanup()  # nothing may be left in the cgroup when it is removed
 
     grab = done.result["grab"]
     assert grab["type"] == "StepResourceExceeded" and grab["resource"] == "memory" and grab["limit"] is None
