@@ -28,7 +28,7 @@ import psutil
 from everystep import runner
 from everystep.store import connect
 
-from . import esdb, procs
+from . import esdb, procs, step_cost
 from .context import Context
 from .report import Section, Table
 from .stats import Series
@@ -140,6 +140,8 @@ def run(ctx: Context) -> None:
             esdb.reset(url)
         out[key] = per_step(url, s.overhead_steps, s.overhead_reps)
         ctx.log(f"case 6: {key}: {out[key]['per_step_us'].median:.0f} µs per no-op step")
+    out["step_cost"] = step_cost.measure(sqlite_url, s.overhead_steps, s.overhead_reps)
+    ctx.log(f"case 6: measuring a step costs {out['step_cost']['alone_us']['cpu'].median:.1f} µs of CPU")
     out["procs"] = processes(ctx, ctx.urls["es"])
     ctx.log(f"case 6: respawn {out['procs']['respawn_ms'].median:.1f} ms")
 
@@ -168,6 +170,7 @@ def section(ctx: Context) -> Section:
         else:
             steps.add(label, "n/a", "n/a")
     section.tables.append(steps)
+    section.tables.append(_step_cost_table(out.get("step_cost")))
     pr = out.get("procs") or {}
     table = Table(["process measurement", "value"])
     respawn = pr.get("respawn_ms")
@@ -183,3 +186,21 @@ def section(ctx: Context) -> Section:
         table.add(f"per-child RSS, MiB, mean ({when})", f"{mem['child_rss']:.1f}")
     section.tables.append(table)
     return section
+
+
+def _step_cost_table(data: dict[str, object] | None) -> Table:
+    """What measuring each step (CPU, peak RSS growth; supervisor children) adds, µs per step."""
+    table = Table(["step cost accounting (SQLite; see bench/step_cost.py)", "µs per step"])
+    if not data:
+        table.add("meter alone", "n/a")
+        return table
+    alone, paired = data["alone_us"], data["end_to_end"]
+    assert isinstance(alone, dict) and isinstance(paired, dict)
+    table.add("meter alone: begin, call, end around a no-op, minus a direct call; CPU", alone["cpu"].cell(1))
+    table.add("the same, wall clock", alone["wall"].cell(1))
+    table.add("plus, on kernels keeping an exited thread's peak in ru_maxrss: reading VmHWM; CPU",
+              alone["hwm_cpu"].cell(1))
+    table.add("per-step overhead with the meter", paired["with"].cell(0))
+    table.add("per-step overhead without it", paired["without"].cell(0))
+    table.add("added by the meter, paired repetitions", paired["added"].cell(1))
+    return table

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import borrowed, registry, runner, serde
+from . import borrowed, registry, resources, runner, serde
 from .cron import CronSchedule
 from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord
@@ -61,6 +61,8 @@ class StepFunction:
         unsafe_to_repeat: bool = False,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        memory_limit: int | None = None,
+        cpu_limit: float | None = None,
     ) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
@@ -68,6 +70,10 @@ class StepFunction:
         self.unsafe_to_repeat = unsafe_to_repeat
         self.timeout = timeout
         self.retry = retry
+        #: Bytes the step may add to its process, and CPU seconds it may use
+        #: (None: the supervisor's default, if any). See ``everystep.resources``.
+        self.memory_limit = memory_limit
+        self.cpu_limit = cpu_limit
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return runner.call_step(self, args, kwargs)
@@ -75,6 +81,15 @@ class StepFunction:
     def __repr__(self) -> str:
         flags = " unsafe_to_repeat" if self.unsafe_to_repeat else ""
         return f"<step {self.name}{flags}>"
+
+    def describe_limits(self) -> str:
+        """``memory_limit=256 MiB, cpu_limit=30s`` (empty without limits)."""
+        parts = []
+        if self.memory_limit is not None:
+            parts.append(f"memory_limit={resources.format_size(self.memory_limit)}")
+        if self.cpu_limit is not None:
+            parts.append(f"cpu_limit={resources.format_cpu(self.cpu_limit)}")
+        return ", ".join(parts)
 
 
 @overload
@@ -112,6 +127,7 @@ def step(
     *, unsafe_to_repeat: bool = False, timeout: float | None = None, name: str | None = None,
     retries: int = 0, backoff: float = 1.0, backoff_max: float = 300.0, jitter: bool = True,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    memory_limit: str | int | None = None, cpu_limit: float | None = None,
 ) -> Callable[[F], StepFunction]: ...
 
 
@@ -126,6 +142,8 @@ def step(
     backoff_max: float = 300.0,
     jitter: bool = True,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    memory_limit: str | int | None = None,
+    cpu_limit: float | None = None,
 ) -> Any:
     """Declare a step. ``unsafe_to_repeat=True`` records a ``started`` row
     before the effect so a crash mid-effect blocks the run instead of
@@ -135,16 +153,27 @@ def step(
     ``retries``: a failure in ``retry_on`` is retried up to this many times;
     before attempt k+1 the run waits ``min(backoff_max, backoff * 2**(k-1))``
     seconds (with ``jitter``, 50 % to 100 % of that), released: no process
-    or thread waits (see ``everystep.retry`` for what is never retried)."""
+    or thread waits (see ``everystep.retry`` for what is never retried).
+    ``memory_limit`` (``"512M"``, ``"2G"``, or bytes: what the step may add
+    to its process) and ``cpu_limit`` (CPU seconds) are enforced by the
+    supervisor too: a step over either fails with ``StepResourceExceeded``.
+    The threaded worker cannot enforce them and refuses to start while a
+    step declares one (see ``everystep.resources``)."""
     if timeout is not None and not timeout > 0:
         raise EverystepError(f"step timeout must be a positive number of seconds, not {timeout!r}")
     policy = RetryPolicy.build(retries, backoff, backoff_max, jitter, retry_on)
     if policy is not None and unsafe_to_repeat:
         raise EverystepError("an unsafe_to_repeat step is never retried (its effect may have happened): "
                              "drop retries= or unsafe_to_repeat=")
+    memory = resources.parse_size(memory_limit) if memory_limit is not None else None
+    cpu = resources.parse_cpu(cpu_limit) if cpu_limit is not None else None
 
     def decorate(fn: Callable[..., Any]) -> StepFunction:
-        return StepFunction(fn, name or registry.qualified_name(fn), unsafe_to_repeat, timeout, policy)
+        declared = StepFunction(fn, name or registry.qualified_name(fn), unsafe_to_repeat, timeout, policy,
+                                memory_limit=memory, cpu_limit=cpu)
+        if memory is not None or cpu is not None:
+            registry.register_step_limits(declared.name, declared.describe_limits())
+        return declared
 
     return decorate(fn) if fn is not None else decorate
 

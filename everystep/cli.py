@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, registry, relay, retention, serde
+from . import admin, dryrun, registry, relay, resources, retention, serde
 from .cliutil import (
     EXIT_UNAVAILABLE,
     LOG_LEVELS,
@@ -39,7 +39,7 @@ from .waiting import effect_uncertain, waiting_for
 from .observer import Observer
 from .store import Store, connect
 from .lease import DEFAULT_LEASE
-from .worker import Worker
+from .worker import Worker, refuse_step_limits
 
 MAX_COUNT = 1_000_000
 DEFAULT_RUNS_LIMIT = 50
@@ -222,6 +222,14 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR",
                         help="address for --metrics-port (default 0.0.0.0)")
     add_logging_arguments(parser)
+    # everystep-supervisor's options, refused here with the reason rather
+    # than as unrecognized.
+    for flag in WORKER_REFUSED:
+        parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
+
+
+#: Options of everystep-supervisor the threaded worker cannot honour.
+WORKER_REFUSED = ("--step-memory-limit", "--step-cpu-limit")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -352,10 +360,12 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     run = store.find_run(args.run_id)
     steps = sorted(store.get_steps(run.id), key=lambda step: step_sort_key(step.step_id))
     waiting = waiting_for(run, steps)
+    cost = resources.run_cost(steps)
     if args.json:
         print_json({"run": {**run.to_dict(), "waiting": waiting},
                     "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)}
-                              for step in steps]})
+                              for step in steps],
+                    "cost": cost.to_dict() if cost is not None else None})
         return 0
     print(f"run        {run.id}")
     print(f"workflow   {run.name}")
@@ -372,13 +382,18 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     print(f"created    {run.created_at}")
     if run.completed_at:
         print(f"completed  {run.completed_at}")
+    if cost is not None:
+        print(f"cost       {resources.format_cpu(cost.cpu_seconds)} CPU in {cost.measured_steps} measured "
+              f"step(s); largest peak RSS growth {resources.format_size(cost.peak_rss_bytes)}")
     if steps:
         print()
         rows = [_step_row(run, step) for step in steps]
-        if any(step.attempt > 1 or step.status == STEP_RETRYING for step in steps):
-            print(format_table(("STEP", "STATUS", "FUNCTION", "ATTEMPT", "OUTCOME"), rows))
-        else:  # nothing was retried: the attempt column would say 1 throughout
-            print(format_table(("STEP", "STATUS", "FUNCTION", "OUTCOME"), [row[:3] + row[4:] for row in rows]))
+        headers = ["STEP", "STATUS", "FUNCTION", "ATTEMPT", "CPU", "PEAK RSS", "OUTCOME"]
+        keep = [True, True, True,
+                any(step.attempt > 1 or step.status == STEP_RETRYING for step in steps),  # else 1 throughout
+                cost is not None, cost is not None, True]
+        print(format_table([header for header, shown in zip(headers, keep) if shown],
+                           [[cell for cell, shown in zip(row, keep) if shown] for row in rows]))
         for step in steps:
             for attempt in step.attempts:
                 retry = attempt.retry_at.isoformat() if attempt.retry_at else "?"
@@ -388,7 +403,8 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str]:
+def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str, str]:
+    """STEP, STATUS, FUNCTION, ATTEMPT, CPU, PEAK RSS, OUTCOME."""
     status = str(step.status)
     if step.status == STEP_DONE:
         outcome = json.dumps(serde.to_jsonable(step.result))
@@ -402,7 +418,9 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str]:
         outcome = _describe_error(step.error)
     if effect_uncertain(run, step):
         status = "started (effect uncertain)"
-    return step.step_id, status, step.name, str(step.attempt), outcome
+    cpu = resources.format_cpu(step.cpu_seconds) if step.cpu_seconds is not None else "-"
+    rss = resources.format_size(step.peak_rss_bytes) if step.peak_rss_bytes is not None else "-"
+    return step.step_id, status, step.name, str(step.attempt), cpu, rss, outcome
 
 
 def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
@@ -498,6 +516,11 @@ def cmd_prune(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(store: Store, args: argparse.Namespace, observer: Observer | None = None) -> int:
+    for flag in WORKER_REFUSED:
+        if getattr(args, flag.lstrip("-").replace("-", "_"), None) is not None:
+            raise EverystepError(f"{flag} cannot be enforced by the threaded worker (its runs share one process); "
+                                 "run everystep-supervisor for step resource limits")
+    refuse_step_limits()
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
                     metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease,
                     takeover=args.takeover, observer=observer)

@@ -44,6 +44,7 @@ from .models import Claim, StepRecord
 if TYPE_CHECKING:
     from .models import Run
     from .observer import Observer
+    from .resources import StepMeter
     from .store import Store
 
 MAX_STEP_ID_LENGTH = 300
@@ -108,6 +109,9 @@ class Execution:
     draining: Flag | None = None
     #: check-deploy: replay recorded steps only, stop before the first unrecorded one.
     dry_run: bool = False
+    #: Measures (and may bound) each step executed (``everystep.resources``);
+    #: None: nothing measured.
+    meter: StepMeter | None = None
     interrupt: BaseException | None = None
     #: Set once a scope waits (a durable sleep, a retry's backoff): the
     #: earliest time any of them wakes. The run is released until then once

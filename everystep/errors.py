@@ -109,6 +109,31 @@ class StepKilled(EverystepError):
     """An operator killed the step's process through the supervisor."""
 
 
+class StepResourceExceeded(EverystepError):
+    """A step used more memory or CPU than its budget allows.
+
+    The budget is the step's own (``@step(memory_limit="512M", cpu_limit=30)``)
+    or the supervisor's default (``--step-memory-limit``, ``--step-cpu-limit``);
+    a step whose process the kernel killed for lack of memory fails with it
+    too, limit or not. It is recorded as the step's failure, so the body sees
+    it at the call site like any step exception, and the run goes on in a
+    fresh process when the old one was killed. ``resource`` is ``"memory"``
+    or ``"cpu"``; ``limit`` (bytes or CPU seconds) is None when the step had
+    none; ``peak`` is how far the step got (memory above its start, or CPU
+    seconds), when it is known.
+    """
+
+    def __init__(self, message: str = "", resource: str | None = None, limit: float | None = None,
+                 peak: float | None = None) -> None:
+        super().__init__(message, resource, limit, peak)
+        self.resource = resource
+        self.limit = limit
+        self.peak = peak
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class ChildCrashed(EverystepError):
     """The process executing a run died too many times while running it."""
 
@@ -187,6 +212,7 @@ __all__ = [
     "SimulatedCrash",
     "StepFailure",
     "StepKilled",
+    "StepResourceExceeded",
     "StepTimeout",
     "StoreUnavailable",
     "Suspended",

@@ -31,13 +31,17 @@ if TYPE_CHECKING:
 
     from .context import Context
     from .models import Run
+    from .resources import StepCost
     from .store import Store
 
 logger = logging.getLogger("everystep")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SUPERVISOR_COMMANDS = ("status", "kill", "scale", "reload", "drain")
-RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced", "cancelled")
+RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced", "cancelled", "resource")
+#: Buckets of the step cost histograms: CPU seconds, and bytes of peak RSS growth.
+CPU_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, float("inf"))
+RSS_BUCKETS = tuple(float(1 << shift) for shift in (16, 20, 22, 24, 26, 28, 30, 32)) + (float("inf"),)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class Metrics:
     empty_claims: Counter
     step_retries: Counter
     waiting: Gauge
+    step_cpu: Histogram
+    step_peak_rss: Histogram
 
 
 _create_lock = threading.Lock()
@@ -124,6 +130,11 @@ def _create() -> Metrics | None:
                              ["workflow", "step"]),
         waiting=Gauge("everystep_workflows_waiting",
                       "Scheduled runs not yet due (delayed, sleeping, waiting to retry)", multiprocess_mode=latest),
+        step_cpu=Histogram("everystep_step_cpu_seconds", "CPU seconds (user + system) a step used, where measured",
+                           ["workflow", "step"], buckets=CPU_BUCKETS),
+        step_peak_rss=Histogram("everystep_step_peak_rss_bytes",
+                                "How far a step raised its process's peak RSS, where measured",
+                                ["workflow", "step"], buckets=RSS_BUCKETS),
     )
 
 
@@ -132,6 +143,14 @@ def record(update: Callable[[Metrics], object]) -> None:
     metrics = get()
     if metrics is not None:
         update(metrics)
+
+
+def observe_step_cost(workflow: str, step: str, cost: StepCost) -> None:
+    """One step's cost into the cost histograms (where it was measured)."""
+    metrics = get()
+    if metrics is not None:
+        metrics.step_cpu.labels(workflow, step).observe(cost.cpu_seconds)
+        metrics.step_peak_rss.labels(workflow, step).observe(cost.peak_rss_bytes)
 
 
 def refresh_queue_gauges(store: Store) -> None:

@@ -185,6 +185,11 @@ class StepRecord:
     attempt: int = 1
     wake_at: dt.datetime | None = None
     attempts: list[Attempt] = field(default_factory=list, compare=False)
+    #: What the step cost where a supervisor measured it (None elsewhere):
+    #: CPU seconds, and its process's peak RSS growth in bytes
+    #: (``everystep.resources.StepCost``).
+    cpu_seconds: float | None = None
+    peak_rss_bytes: int | None = None
 
     @property
     def exception(self) -> BaseException | None:
@@ -205,6 +210,8 @@ class StepRecord:
             "attempt": self.attempt,
             "wake_at": _iso(self.wake_at),
             "attempts": [attempt.to_dict() for attempt in self.attempts],
+            "cpu_seconds": self.cpu_seconds,
+            "peak_rss_bytes": self.peak_rss_bytes,
         }
 
 

@@ -9,7 +9,11 @@ So a process has one ``OutageLog``, shared by all its activities: the first
 failure starts the outage (one WARNING, naming what failed and the error's
 first line), and only a real successful round trip ends it (one WARNING with
 how long it lasted). Activities that did not touch the database must not
-report success: that would end an outage that is still going on.
+report success: that would end an outage that is still going on. And a
+success within ``SETTLE`` seconds of a failure does not end it either:
+while a server terminates its connections one by one, or refuses new ones
+while old ones linger, successes and failures interleave for a moment, and
+the outage is over only once the failures have stopped.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from __future__ import annotations
 import logging
 import time
 
+SETTLE = 1.0
+
 
 class OutageLog:
     def __init__(self, logger: logging.Logger, who: str) -> None:
         self.logger = logger
         self.who = who
         self.failing_since: float | None = None
+        self.last_failure = 0.0
         self.last_error = ""
 
     @property
@@ -33,6 +40,7 @@ class OutageLog:
         """``what`` (claiming, heartbeat…) could not reach the database."""
         text = str(exc).strip()
         self.last_error = text.splitlines()[0] if text else type(exc).__name__
+        self.last_failure = time.monotonic()
         if self.failing_since is None:
             self.failing_since = time.monotonic()
             self.logger.warning("%s: database unreachable (%s failed: %s); retrying until it is back",
@@ -40,7 +48,7 @@ class OutageLog:
 
     def ok(self) -> None:
         """A round trip to the database just succeeded."""
-        if self.failing_since is not None:
+        if self.failing_since is not None and time.monotonic() - self.last_failure >= SETTLE:
             self.logger.warning("%s: database reachable again after %.1fs of outage", self.who,
                                 time.monotonic() - self.failing_since, extra={"event": "outage_ended"})
             self.failing_since = None

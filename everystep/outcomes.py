@@ -26,9 +26,10 @@ logger = logging.getLogger("everystep")
 def fail_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str,
               exc: BaseException, attempt: int = 1) -> bool:
     """Record attempt ``attempt`` of step ``step_id`` as failed with ``exc``
-    (a ``StepTimeout``, ``StepKilled``…), so the body's try/except sees it
-    on replay like any step failure. False if the claim is gone or the step
-    was recorded."""
+    (a ``StepTimeout``, ``StepKilled``, ``StepResourceExceeded``…), so the
+    body's try/except sees it on replay like any step failure. False if the
+    claim is gone or the step was recorded. (Its process is gone: nothing
+    measured its cost.)"""
     error = serde.dumps(serde.encode_exception(exc), "step error")
     write = store.record_step(claim, NewStep(step_id, step_name, None, None, utcnow(),
                                              status=STEP_FAILED, error_json=error, attempt=attempt))

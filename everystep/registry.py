@@ -1,4 +1,4 @@
-"""Registry of workflows by qualified name.
+"""Registry of workflows by qualified name (and of steps that declare limits).
 
 A run stores its workflow's name (``module.qualname`` unless given
 explicitly) and is executed by looking the name up here, so a runner knows a
@@ -18,6 +18,10 @@ from typing import Any
 from .errors import EverystepError, describe
 
 _workflows: dict[str, Any] = {}
+#: Steps that declare a memory or CPU limit, by name: what they declare. A
+#: runner that cannot enforce limits (the threaded worker) refuses to start
+#: while there is any, rather than run them unbounded.
+_limited_steps: dict[str, str] = {}
 _lock = threading.Lock()
 
 
@@ -43,6 +47,18 @@ def schedules() -> dict[str, Any]:
     """``{name: CronSchedule}`` of the periodic workflows registered."""
     with _lock:
         return {name: wf.cron for name, wf in sorted(_workflows.items()) if getattr(wf, "cron", None) is not None}
+
+
+def register_step_limits(name: str, limits: str) -> None:
+    with _lock:
+        _limited_steps[name] = limits
+
+
+def limited_steps() -> dict[str, str]:
+    """``{step name: "memory_limit=256 MiB, cpu_limit=30s"}`` for every
+    step imported so far that declares a limit."""
+    with _lock:
+        return dict(_limited_steps)
 
 
 def import_apps(spec: str | Iterable[str] | None) -> list[str]:

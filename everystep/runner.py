@@ -24,6 +24,12 @@ For an unsafe step it leaves the ``started`` row: the next claim ends the run
 ``blocked`` instead of repeating the effect. ``fault`` lets tests stop at that
 exact point with ``SimulatedCrash``, after which nothing more is written.
 
+Budgets and costs. A runner may hand ``execute`` a ``StepMeter``
+(``everystep.resources``): each step's function then runs inside its gauge,
+which may bound it (what it raises on the step's behalf, such as
+``StepResourceExceeded``, is the step's failure) and measures it; the cost
+is written with the step's row. Without one, nothing is measured.
+
 A step write that fails because the database is unreachable interrupts the
 run without marking it failed (``StoreUnavailable``); the caller requeues it
 once the database is back, and replay redoes the unrecorded step.
@@ -95,6 +101,7 @@ from .models import (
 )
 from .observer import Observer, Observers
 from .recovery import requeue_patiently
+from .resources import StepCost, StepGauge, StepMeter
 from .store import LOST, NewStep, Store, StepWrite, utcnow
 
 if TYPE_CHECKING:
@@ -190,11 +197,17 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         ex.outcomes[step_id] = started
     policy = step.retry
     ex.starting[step_id] = StepAttempt(attempt, policy.delay_after(attempt, StepTimeout()) if policy else None)
+    gauge = ex.meter.begin(ctx, step_id, step) if ex.meter is not None else None
+    cost: StepCost | None = None
     try:
-        token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
+        try:
+            token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
+        finally:
+            ex.starting.pop(step_id, None)
+        result, error = _invoke(step, args, kwargs, gauge)
     finally:
-        ex.starting.pop(step_id, None)
-    result, error = _invoke(step, args, kwargs)
+        if gauge is not None:
+            cost = gauge.end()
     if isinstance(error, Terminal):
         # The run stops now, not once this step's record is written: a
         # sibling branch must not start a new step during that write.
@@ -225,15 +238,18 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         status, result_json = STEP_FAILED, None
         encoded_error = serde.encode_exception(error)
         error_json = serde.dumps(encoded_error, f"exception of step {step_id}")
+    cpu_seconds, peak_rss = (cost.cpu_seconds, cost.peak_rss_bytes) if cost is not None else (None, None)
     decoded = StepRecord(
         workflow_id=ex.run.id, step_id=step_id, name=step.name, status=status, result=result,
         error=encoded_error, args=list(args), kwargs=dict(kwargs), started_at=started_at, attempt=attempt,
+        cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss,
     )
-    finished = dataclasses.replace(entry, status=status, result_json=result_json, error_json=error_json)
+    finished = dataclasses.replace(entry, status=status, result_json=result_json, error_json=error_json,
+                                   cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss)
     try:
         if started is not None:
             write = _store_call(ex, lambda: ex.store.finish_step(
-                ex.claim, started, status, result_json, error_json, decoded
+                ex.claim, started, status, result_json, error_json, decoded, cost
             ), finished)
         else:
             write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded), finished)
@@ -360,9 +376,14 @@ def _record_sleep(ex: Execution, step_id: str, wake_at: dt.datetime | None, star
     return write
 
 
-def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Exception | None]:
+def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
+            gauge: StepGauge | None = None) -> tuple[Any, Exception | None]:
     token = _in_step.set(True)
     try:
+        if gauge is not None:
+            # Inside this ``try``: whatever the gauge raises on the step's
+            # behalf (StepResourceExceeded) is the step's failure.
+            return gauge.call(step.fn, args, kwargs), None
         return step.fn(*args, **kwargs), None
     except Exception as exc:
         return None, exc
@@ -520,6 +541,7 @@ def execute(
     claimer: str,
     draining: Flag | None = None,
     observer: Observer | None = None,
+    meter: StepMeter | None = None,
 ) -> Outcome:
     """Execute a run this ``claimer`` holds (at ``run.claim_epoch``), from the
     top, to its next resting point. Returns the run's new status
@@ -527,12 +549,14 @@ def execute(
     (drained at a step boundary), ``lost`` (the claim moved on; nothing
     written) or ``unfinished`` (the database failed mid-run; the caller
     should requeue). ``SimulatedCrash`` propagates with nothing written.
+    ``meter`` measures and bounds each step executed (``everystep.resources``).
     """
     observer = Observers([*telemetry.default_observers(), *([observer] if observer else [])])
     workflow = registry.get_workflow(run.name)
     fresh = workflow is None or run.has_steps is False
     outcomes = {} if fresh else store.load_outcomes(run.id)
-    ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=observer, draining=draining)
+    ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=observer, draining=draining,
+                   meter=meter)
     ctx = Context(ex)
     token = observer.run_started(run, ctx)
     raised: BaseException | None = None
@@ -571,6 +595,7 @@ def execute_guarded(
     claimer: str,
     draining: Flag | None = None,
     observer: Observer | None = None,
+    meter: StepMeter | None = None,
 ) -> Outcome:
     """``execute`` for runners: never raises an ``Exception``.
 
@@ -581,7 +606,7 @@ def execute_guarded(
     reported: ``failed``.
     """
     try:
-        status = execute(store, run, claimer=claimer, draining=draining, observer=observer)
+        status = execute(store, run, claimer=claimer, draining=draining, observer=observer, meter=meter)
     except StoreUnavailable as exc:
         logger.warning("everystep: run %s interrupted by the database (%s); it goes back to the queue once "
                        "the database is back", run.id, exc)

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
-from . import exposition, metrics, outcomes, runner
+from . import exposition, metrics, outcomes, registry, runner
 from .claimloop import ClaimLoop
 from .context import SignalFlag
 from .errors import EverystepError
@@ -46,6 +46,20 @@ from .runner import Outcome
 from .store import Store, default_store
 
 logger = logging.getLogger("everystep")
+
+
+def refuse_step_limits() -> None:
+    """Refuse to start while an imported step declares a memory or CPU
+    limit: threads share one process, so nothing here could bound one step
+    (``EverystepError``, one line naming the steps)."""
+    limited = registry.limited_steps()
+    if limited:
+        named = "; ".join(f"{name} ({limits})" for name, limits in sorted(limited.items())[:3])
+        more = f" and {len(limited) - 3} more" if len(limited) > 3 else ""
+        raise EverystepError(
+            f"the threaded worker cannot enforce step resource limits (its runs share one process): {named}{more}; "
+            "run these workflows with everystep-supervisor"
+        )
 
 
 class Worker:
@@ -151,6 +165,11 @@ class Worker:
         still busy at the drain deadline (empty after a clean drain). Each
         was requeued unless another runner had taken it meanwhile; either
         way its thread is stuck, so a standalone process must not join it."""
+        try:
+            refuse_step_limits()
+        except EverystepError:
+            self._close_wake_pipe()
+            raise
         self.loop.start(self.pool_size)  # raises NameInUse before anything is claimed
         if self.metrics_port:
             try:

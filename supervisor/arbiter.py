@@ -38,12 +38,14 @@ from everystep import exposition, metrics, outcomes, traces
 from everystep.claimloop import ClaimLoop
 from everystep.errors import EverystepError, StoreUnavailable
 from everystep.models import TERMINAL_STATUSES, Run
+from everystep.resources import describe
 from everystep.runner import Outcome
 from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
 
 from . import child as child_process
 from . import reporting, titles
+from .budgets import Budgets
 from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
 from .control import ControlServer, ControlSocketError
@@ -110,6 +112,7 @@ class Arbiter:
         self.fences = FenceWatch(store, config.name, self.loop.lease.beat_every)
         self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request,
                                     outage=self.loop.outage)
+        self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
         self.http: LoopHTTPServer | None = None
         self._boot_failures = 0
         self._reload_requested = False
@@ -133,6 +136,7 @@ class Arbiter:
         try:
             self._open_metrics()
             self.listener.open()
+            self.budgets.open()
             self._spawn_missing()
             self.notifier.ready(reporting.status_line(self))
             logger.info("%s: master pid %d, %s, %s, control socket %s", self.who, os.getpid(),
@@ -160,6 +164,7 @@ class Arbiter:
         for kid in list(self.children.values()):
             kid.kill(KillReason.SHUTDOWN)
         self._reap(block=True)
+        self.budgets.close()
         if self.stopping and self.loop.lease.still_ours():
             # Only while the name is still ours: after a takeover, what is
             # claimed under it belongs to the new holder.
@@ -190,6 +195,7 @@ class Arbiter:
         self._reap()
         now = time.monotonic()
         self._enforce_deadlines(now)
+        self._enforce_budgets(now)
         if self._reload_requested:
             self._reload_requested = False
             self.reload("SIGHUP")
@@ -217,6 +223,9 @@ class Arbiter:
                     candidates.append(max(step.started + step.timeout - now, 0.0))
             if kid.channel.stalled_since is not None:
                 candidates.append(max(kid.channel.stalled_since + self.config.stall_timeout - now, 0.0))
+        budget_check = self.budgets.next_due(self.children.values(), now)
+        if budget_check is not None:
+            candidates.append(max(budget_check - now, 0.0))
         if self.drain_deadline is not None:
             candidates.append(max(self.drain_deadline - now, 0.0))
         until_watchdog = self.notifier.seconds_until_watchdog(now)
@@ -263,6 +272,7 @@ class Arbiter:
             if self.http is not None:
                 self.http.sweep(now)
             self._gauge_children()
+            self.budgets.sweep()
         if now - self._last_status >= STATUS_EVERY:
             self._last_status = now
             self.notifier.status(reporting.status_line(self))
@@ -324,10 +334,13 @@ class Arbiter:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         inherited = self._inherited_fds() + [parent_sock.fileno()]
         board = StepBoard()
+        group = self.budgets.group_for(slot)
         spec = child_process.ChildSpec(
             slot=slot, name=self.name, database=self.store.url, parent_pid=os.getpid(),
             max_runs=self.config.max_runs_per_child, max_memory_mb=self.config.max_memory_per_child,
             drain=self.config.drain, step_timeout=self.config.step_timeout, board=board,
+            step_memory_limit=self.config.step_memory_limit, step_cpu_limit=self.config.step_cpu_limit,
+            cgroup=group,
         )
         sys.stdout.flush()
         sys.stderr.flush()
@@ -341,7 +354,7 @@ class Arbiter:
             pass
         parent_sock.setblocking(False)
         kid = Child(slot=slot, pid=pid, channel=Channel(parent_sock, incoming=Ready.KEY),
-                    spawned=time.monotonic(), board=board)
+                    spawned=time.monotonic(), board=board, group=group)
         self.children[pid] = kid
         self.selector.register(parent_sock, selectors.EVENT_READ, lambda mask, k=kid: self._on_channel(k, mask))
         logger.info("%s: child %d started (pid %d)", self.who, slot, pid,
@@ -420,6 +433,7 @@ class Arbiter:
         run = kid.run
         if isinstance(message, Ready):
             self._boot_failures = 0
+            self.budgets.joined(kid, message.cgroup)
             if kid.state == ChildState.BOOTING:
                 kid.state = ChildState.IDLE
         elif isinstance(message, StepStarted):
@@ -510,21 +524,25 @@ class Arbiter:
                 logger.error("%s: children keep failing to boot; stopping", self.who)
                 self.exit_code = 1
                 self.begin_drain()
-        reason = restart_reason(kid.kill_reason, kid.bye_reason, run is not None)
+        steps = kid.overdue_steps if kid.kill_reason == KillReason.TIMEOUT else kid.in_flight()
+        overrun = self.budgets.ended(kid, status, steps)
+        if overrun is not None and kid.kill_reason is None:
+            how = "killed by SIGKILL (the kernel's out-of-memory killer)"
+        reason = restart_reason(kid.kill_reason, kid.bye_reason, run is not None, overrun is not None)
         if not self.stopping:
             self.restarts[reason] += 1  # a replacement is spawned
             metrics.record(lambda m: m.child_restarts.labels(self.name, reason).inc())
-        crashed = kid.kill_reason is None and (kid.bye_reason is None or run is not None) and not clean_exit
+        crashed = (kid.kill_reason is None and (kid.bye_reason is None or run is not None) and not clean_exit
+                   and overrun is None)
         logger.log(logging.WARNING if crashed else logging.INFO, "%s: child %d (pid %d) %s%s", self.who,
                    kid.slot, kid.pid, how, f" while running {run.id} ({run.name})" if run else "",
                    extra={"child_pid": kid.pid, "run_id": run.id if run else None, "event": "child_exit"})
         if run is None:
             return
-        steps = kid.overdue_steps if kid.kill_reason == KillReason.TIMEOUT else kid.in_flight()
         end = ChildEnd(
             run=run, pid=kid.pid, how=how, clean_exit=clean_exit, kill_reason=kid.kill_reason,
             bye_reason=kid.bye_reason, steps=tuple(steps), crashes=self.crashes[run.id],
-            max_crashes=self.config.max_crashes, stopping=self.stopping is not None,
+            max_crashes=self.config.max_crashes, stopping=self.stopping is not None, overrun=overrun,
         )
         self._apply(end, decide(end))
 
@@ -597,6 +615,17 @@ class Arbiter:
             for kid in left:
                 kid.kill(KillReason.DRAIN_DEADLINE)
 
+    def _enforce_budgets(self, now: float) -> None:
+        """The backstop: kill a child whose bounded step went over its budget
+        without the child stopping it (``budgets.py``)."""
+        live = [kid for kid in self.children.values() if kid.state != ChildState.KILLED]
+        for kid, overrun in self.budgets.check(live, now):
+            kid.overrun = overrun
+            logger.warning("%s: a step of run %s went over its %s budget (%s); killing child %d (pid %d)",
+                           self.who, kid.run.id if kid.run else "-", overrun.resource,
+                           describe(overrun.resource, overrun.peak or 0.0), kid.slot, kid.pid)
+            kid.kill(KillReason.RESOURCE)
+
     # -- claiming and dispatch --------------------------------------------------------
 
     def _held(self) -> list[str]:
@@ -624,6 +653,7 @@ class Arbiter:
         kid.state = ChildState.BUSY
         kid.run = run
         kid.run_started = time.monotonic()
+        self.budgets.handed_run(kid)
         kid.timed_steps.clear()
         kid.delivered = False
         if self._send(kid, message) and not kid.channel.pending:

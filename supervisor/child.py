@@ -3,7 +3,9 @@
 A child is forked from the parent after the app was imported (so workflow
 code is shared copy-on-write), opens its own database connection, and
 reports every step start and end to the parent, which enforces timeouts and
-answers ``ctl status`` from those reports.
+answers ``ctl status`` from those reports. It joins the cgroup the parent
+made for it, if any, and runs every step inside its ``ChildMeter``
+(``meter.py``), which measures each step and bounds those with a budget.
 
 It leaves only through ``os._exit``, so the parent's atexit handlers and
 inherited finalizers never run twice. SIGTERM (from the parent's drain, or
@@ -36,6 +38,8 @@ from everystep.observer import Observer, Observers
 from everystep.store import connect
 
 from . import titles
+from .cgroups import ChildGroup, OpenGroup
+from .meter import ChildMeter
 from .protocol import (
     Bye,
     Channel,
@@ -75,6 +79,11 @@ class ChildSpec:
     step_timeout: float | None = None
     board: StepBoard | None = None
     observers: tuple[Observer, ...] = ()
+    #: Defaults for steps that declare no budget (bytes, CPU seconds).
+    step_memory_limit: int | None = None
+    step_cpu_limit: float | None = None
+    #: The cgroup made for this child, which it joins at boot (None: rlimits only).
+    cgroup: ChildGroup | None = None
 
 
 def main(spec: ChildSpec, channel: Channel, inherited: list[int]) -> NoReturn:
@@ -153,12 +162,14 @@ class Reporter(Observer):
     replaced after the run, so the parent hands it nothing more.
     """
 
-    def __init__(self, channel: Channel, spec: ChildSpec, leaving: Callable[[], ByeReason | None]) -> None:
+    def __init__(self, channel: Channel, spec: ChildSpec, leaving: Callable[[], ByeReason | None],
+                 meter: ChildMeter | None = None) -> None:
         self.channel = channel
         self.slot = spec.slot
         self.board = spec.board
         self.default_timeout = spec.step_timeout
         self.leaving = leaving
+        self.meter = meter
         #: Set at settling: whether the run reached it, and the reason we
         #: announced for leaving after it (None: we said we stay).
         self.settled = False
@@ -181,16 +192,22 @@ class Reporter(Observer):
     def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
         titles.child_busy(self.slot, ctx.workflow_name, ctx.workflow_id, step_id)
         attempt = ctx.execution.attempt_of(step_id)
+        budget = self.meter.budget(ctx.workflow_id, step_id) if self.meter is not None else None
         step = StepInFlight(run=ctx.workflow_id, step=step_id, name=name, started=time.monotonic(),
                             timeout=timeout or self.default_timeout, unsafe=unsafe,
                             attempt=attempt.attempt if attempt else 1,
-                            retry_in=attempt.retry_in if attempt else None)
+                            retry_in=attempt.retry_in if attempt else None,
+                            memory_limit=budget.memory_limit if budget else None,
+                            cpu_limit=budget.cpu_limit if budget else None,
+                            cpu_start=budget.cpu_start if budget else None,
+                            memory_start=budget.memory_start if budget else None)
         with self._lock:
             self._inflight[step_id] = step
             self._publish()
-        if step.timeout:
-            self.send(StepStarted(step))
-        return step.timeout
+        announced = bool(step.timeout) or budget is not None
+        if announced:
+            self.send(StepStarted(step))  # the parent enforces its deadline or budget
+        return announced
 
     def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
                       error: BaseException | None, token: Any) -> None:
@@ -241,12 +258,15 @@ def run_to_message(run: Run) -> dict[str, Any]:
 def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
     draining = SignalFlag()
     _detach(spec, inherited, draining)
+    group = _join_cgroup(spec)
     titles.child_idle(spec.slot)
     try:
         store = connect(spec.database)
     except Exception as exc:
         logger.error("everystep-supervisor child %d cannot open the database: %s", spec.slot, exc)
         return BOOT_ERROR
+    meter = ChildMeter(spec.step_memory_limit, spec.step_cpu_limit, group)
+    meter.install()
     process = psutil.Process()
     runs_done = 0
 
@@ -258,9 +278,9 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
             return ByeReason.DRAIN
         return _recycle_reason(spec, runs_done + 1, rss())
 
-    reporter = Reporter(channel, spec, leaving_after_this_run)
+    reporter = Reporter(channel, spec, leaving_after_this_run, meter)
     observer = Observers([reporter, *spec.observers])
-    reporter.send(Ready(os.getpid()))
+    reporter.send(Ready(os.getpid(), cgroup=group is not None))
     while True:
         if draining.is_set() or os.getppid() != spec.parent_pid:
             reporter.send(Bye(ByeReason.DRAIN))
@@ -278,7 +298,8 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
         titles.child_busy(spec.slot, run.name, run.id)
         trace_token = traces.attach_remote(message.trace)
         try:
-            outcome = runner.execute_guarded(store, run, claimer=spec.name, draining=draining, observer=observer)
+            outcome = runner.execute_guarded(store, run, claimer=spec.name, draining=draining, observer=observer,
+                                             meter=meter)
         finally:
             traces.detach(trace_token)
         settled, announced = reporter.settled, reporter.announced
@@ -302,6 +323,20 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
         titles.child_idle(spec.slot)
         if leaving:
             return 0
+
+
+def _join_cgroup(spec: ChildSpec) -> OpenGroup | None:
+    """Move into the cgroup the parent made for this child; without it the
+    child bounds memory with rlimits (the parent hears so in ``Ready``)."""
+    if spec.cgroup is None:
+        return None
+    try:
+        spec.cgroup.join()
+        return OpenGroup(spec.cgroup)
+    except OSError as exc:
+        logger.warning("everystep-supervisor child %d: %s; bounding step memory with RLIMIT_DATA instead",
+                       spec.slot, exc)
+        return None
 
 
 def _bye_reason(text: str) -> ByeReason:

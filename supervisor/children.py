@@ -11,6 +11,8 @@ import psutil
 
 from everystep.models import Run
 
+from .cgroups import ChildGroup
+from .fate import Overrun
 from .protocol import Channel, ProtocolError, StepInFlight, build
 from .stepboard import StepBoard
 from .states import ByeReason, ChildState, KillReason
@@ -27,8 +29,8 @@ class Child:
     finishing_run: Run | None = None  # settling while ``run`` waits in the channel
     run_started: float | None = None
     board: StepBoard | None = None
-    #: Steps with a deadline, announced by message as they start; every step
-    #: in flight, timed or not, is on ``board``.
+    #: Steps with a deadline or a budget, announced by message as they start;
+    #: every step in flight, timed or not, is on ``board``.
     timed_steps: dict[str, StepInFlight] = field(default_factory=dict)
     runs_done: int = 0
     rss: int = 0
@@ -39,6 +41,12 @@ class Child:
     #: The last run handed over has left the parent's buffer entirely (until
     #: then the child cannot have started it).
     delivered: bool = True
+    #: Its own cgroup, if it has one (``budgets.py``).
+    group: ChildGroup | None = None
+    #: The budget one of its steps went over, when the parent killed it for that.
+    overrun: Overrun | None = None
+    #: The host's OOM-kill count when it was handed its run (without a cgroup).
+    oom_baseline: int | None = None
     _process: psutil.Process | None = None
 
     @property
@@ -92,13 +100,17 @@ class Child:
         except OSError:
             pass
 
+    def process(self) -> psutil.Process:
+        if self._process is None:
+            self._process = psutil.Process(self.pid)
+        return self._process
+
     def usage(self) -> dict[str, Any]:
         """RSS and CPU% (since the previous call) from psutil."""
         try:
-            if self._process is None:
-                self._process = psutil.Process(self.pid)
-            with self._process.oneshot():
-                return {"rss": self._process.memory_info().rss, "cpu_percent": self._process.cpu_percent(None)}
+            process = self.process()
+            with process.oneshot():
+                return {"rss": process.memory_info().rss, "cpu_percent": process.cpu_percent(None)}
         except (psutil.Error, OSError):
             return {"rss": self.rss, "cpu_percent": None}
 

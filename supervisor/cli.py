@@ -26,6 +26,7 @@ from everystep.cliutil import (
     version,
 )
 from everystep.errors import EverystepError, NameInUse, SchemaMissing, StoreUnavailable
+from everystep.resources import parse_size
 from everystep.store import Store, connect
 
 from . import ctl
@@ -34,6 +35,13 @@ from .config import MAX_PROCS, Config, default_socket_path
 PROG = "everystep-supervisor"
 METRICS_DIR_PREFIX = "everystep-metrics-"
 logger = logging.getLogger("everystep.supervisor")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except EverystepError:
+        raise argparse.ArgumentTypeError(f"must be a size like 512M or 2G, not {text!r}") from None
 
 
 def build_parser() -> OneLineParser:
@@ -75,6 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-timeout", type=seconds(0), default=0.0, metavar="S",
                         help="kill a step running longer than S seconds unless it sets its own timeout "
                              "(default 0: none)")
+    parser.add_argument("--step-memory-limit", type=_size, default=None, metavar="SIZE",
+                        help="memory a step may add to its process unless it sets its own memory_limit, "
+                             "e.g. 512M or 2G (default: none)")
+    parser.add_argument("--step-cpu-limit", type=seconds(0.001), default=None, metavar="S",
+                        help="CPU seconds a step may use unless it sets its own cpu_limit (default: none)")
+    parser.add_argument("--cgroups", choices=["auto", "off"], default="auto", metavar="auto|off",
+                        help="give each child a cgroup where the host allows it, so the kernel bounds step "
+                             "memory and attributes out-of-memory kills (default auto; off: rlimits only)")
     parser.add_argument("--max-runs-per-child", type=count(0, 10**9), default=0, metavar="N",
                         help="recycle a child after N runs (default 0: never)")
     parser.add_argument("--max-memory-per-child", type=count(0, 10**7), default=0, metavar="MB",
@@ -169,6 +185,9 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         max_runs_per_child=args.max_runs_per_child,
         max_memory_per_child=args.max_memory_per_child,
         max_crashes=args.max_crashes,
+        step_memory_limit=args.step_memory_limit,
+        step_cpu_limit=args.step_cpu_limit,
+        cgroups=args.cgroups != "off",
         socket=os.path.abspath(args.socket or default_socket_path()),
         burst=args.burst,
         progress=args.progress,

@@ -29,6 +29,12 @@ class Config:
     max_runs_per_child: int = 0
     max_memory_per_child: int = 0  # MB
     max_crashes: int = 3
+    #: Budgets of steps that declare none: bytes a step may add to its
+    #: process, CPU seconds it may use (None: unbounded).
+    step_memory_limit: int | None = None
+    step_cpu_limit: float | None = None
+    #: Give each child a cgroup where the host allows it (``supervisor/cgroups.py``).
+    cgroups: bool = True
     socket: str = field(default_factory=default_socket_path)
     burst: bool = False
     progress: bool | None = None  # None: on in burst mode

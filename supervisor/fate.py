@@ -20,6 +20,13 @@ The rules:
   the next attempt;
 - ``ctl kill``: the same with ``StepKilled``; killed between steps, the run
   itself fails with ``StepKilled``;
+- a step over its memory or CPU budget (the parent killed the child for
+  it, or the kernel did: its out-of-memory killer, or the CPU rlimit): the
+  steps in flight that have a budget for that resource, or every step in
+  flight if none has one (an out-of-memory kill with no limit set), fail
+  with ``StepResourceExceeded`` (not unsafe ones, as for timeouts), then
+  the run goes to a fresh child. Killed for memory between steps, with no
+  step to blame, it is a crash;
 - fenced (the run was taken from this execution): nothing, its current
   holder carries on;
 - cancelled (an operator cancelled the run; it is ``cancelled`` already):
@@ -40,8 +47,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from everystep.errors import Cancelled, ChildCrashed, EverystepError, StepKilled, StepTimeout
+from everystep.errors import Cancelled, ChildCrashed, EverystepError, StepKilled, StepResourceExceeded, StepTimeout
 from everystep.models import Run
+from everystep.resources import Resource, exceeded_message
 
 from .protocol import StepInFlight
 from .states import ByeReason, KillReason, RestartReason
@@ -53,6 +61,19 @@ class Action(StrEnum):
     FAIL_RUN = "fail-run"      # ends failed with ``Decision.run_error``
     FORGET = "forget"          # not ours any more: write nothing
     CANCELLED = "cancelled"    # cancelled: record the steps cut off (``fail_steps``) as its holder, nothing more
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """A resource a child's steps went over, as the parent established it."""
+
+    resource: Resource
+    #: How the child ended for it, to finish the step's error message: "its
+    #: process (pid 42) was killed by the kernel's out-of-memory killer".
+    how: str
+    #: What the step reached when it was stopped, when known: bytes above
+    #: the memory it started with, or CPU seconds it used.
+    peak: float | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,7 @@ class ChildEnd:
     crashes: int = 0  # deaths of children running this run before this one
     max_crashes: int = 3
     stopping: bool = False
+    overrun: Overrun | None = None  # a resource its steps went over, if that is why it died
 
 
 @dataclass(frozen=True)
@@ -96,6 +118,10 @@ def decide(end: ChildEnd) -> Decision:
             for step in end.steps if not step.unsafe
         )
         return Decision(Action.CANCELLED, fail_steps=failed)
+    if end.overrun is not None and (reason is None or reason == KillReason.RESOURCE):
+        blamed = _blamed(end.overrun, end.steps)
+        if blamed or reason == KillReason.RESOURCE:
+            return _handed_on(end, _over_budget(end.overrun, blamed))
     if reason == KillReason.TIMEOUT:
         timed_out = tuple(
             (step, StepTimeout(f"step {step.step} ({step.name}) ran past its timeout of {step.timeout:g}s "
@@ -124,12 +150,40 @@ def decide(end: ChildEnd) -> Decision:
     return Decision(Action.REDISPATCH, crashed=True)
 
 
+def _limit_of(step: StepInFlight, resource: Resource) -> float | None:
+    return step.memory_limit if resource == Resource.MEMORY else step.cpu_limit
+
+
+def _blamed(overrun: Overrun, steps: tuple[StepInFlight, ...]) -> list[StepInFlight]:
+    """The steps in flight to blame: those with a budget for the resource,
+    or every one when none has one (memory the kernel ran out of)."""
+    bounded = [step for step in steps if _limit_of(step, overrun.resource) is not None]
+    return bounded or (list(steps) if overrun.resource == Resource.MEMORY else [])
+
+
+def _over_budget(overrun: Overrun, blamed: list[StepInFlight]) -> tuple[tuple[StepInFlight, EverystepError], ...]:
+    """Their failures; never an unsafe step's (its ``started`` row stays, so
+    the replay ends the run ``blocked``)."""
+    failed = []
+    for step in blamed:
+        if step.unsafe:
+            continue
+        limit = _limit_of(step, overrun.resource)
+        message = exceeded_message(step.step, step.name, overrun.resource, limit, overrun.peak, overrun.how)
+        failed.append((step, StepResourceExceeded(message, overrun.resource.value, limit, overrun.peak)))
+    return tuple(failed)
+
+
 def _handed_on(end: ChildEnd, failed: tuple[tuple[StepInFlight, EverystepError], ...] = ()) -> Decision:
     return Decision(Action.REQUEUE if end.stopping else Action.REDISPATCH, fail_steps=failed)
 
 
-def restart_reason(kill_reason: KillReason | None, bye_reason: ByeReason | None, had_run: bool) -> RestartReason:
-    """Why a child is being replaced, for the restarts metric."""
+def restart_reason(kill_reason: KillReason | None, bye_reason: ByeReason | None, had_run: bool,
+                   overrun: bool = False) -> RestartReason:
+    """Why a child is being replaced, for the restarts metric (``overrun``:
+    the kernel killed it for a step over its budget)."""
+    if kill_reason == KillReason.RESOURCE or (kill_reason is None and overrun):
+        return RestartReason.RESOURCE
     if kill_reason == KillReason.TIMEOUT:
         return RestartReason.TIMEOUT
     if kill_reason == KillReason.FENCED:
@@ -147,4 +201,4 @@ def restart_reason(kill_reason: KillReason | None, bye_reason: ByeReason | None,
     return RestartReason.CRASH
 
 
-__all__ = ["Action", "ChildEnd", "Decision", "decide", "restart_reason"]
+__all__ = ["Action", "ChildEnd", "Decision", "Overrun", "decide", "restart_reason"]

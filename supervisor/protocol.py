@@ -14,8 +14,9 @@ The life of one run::
     ─────────────────                                  ─────
     claim run R at epoch E
     Dispatch(R, trace) ──────────────────────────────▶ execute R from the top
-                       ◀──────────────────────────────  StepStarted   timed steps only; every step
-                       ◀──────────────────────────────  StepEnded     in flight is on the step board
+                       ◀──────────────────────────────  StepStarted   timed and bounded steps only;
+                       ◀──────────────────────────────  StepEnded     every step in flight is on the
+                                                                      step board
                        ◀──────────────────────────────  Finishing(R)  the body returned; terminal write
     the child counts as idle: the next                                 under way
     Dispatch may be sent (it waits in the channel)
@@ -120,9 +121,21 @@ class StepInFlight:
     #: the next attempt ``retry_in`` seconds later, or (None) a final failure.
     attempt: int = 1
     retry_in: float | None = None
+    #: A bounded step's budget (``supervisor.meter.Budget``): bytes it may
+    #: add to its process and CPU seconds it may use, and the process's CPU
+    #: seconds and memory bytes as it started (cgroup figures where the
+    #: child has a cgroup that counts them, else the process's own).
+    memory_limit: int | None = None
+    cpu_limit: float | None = None
+    cpu_start: float | None = None
+    memory_start: int | None = None
 
     def overdue(self, now: float) -> bool:
         return self.timeout is not None and now - self.started >= self.timeout
+
+    @property
+    def bounded(self) -> bool:
+        return self.memory_limit is not None or self.cpu_limit is not None
 
 
 # Parent → child.
@@ -151,6 +164,8 @@ class Ready(Message):
     KEY: ClassVar[str] = "ev"
     TAG: ClassVar[str] = "ready"
     pid: int
+    #: The child joined the cgroup the parent made for it.
+    cgroup: bool = False
 
 
 @dataclass(frozen=True)

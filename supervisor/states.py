@@ -46,6 +46,7 @@ class KillReason(StrEnum):
     QUIT = "quit"                    # SIGQUIT: fast stop
     SHUTDOWN = "shutdown"            # whatever is left when the loop ends
     UNRESPONSIVE = "unresponsive"    # stopped reading its channel
+    RESOURCE = "resource"            # a step went over its memory or CPU budget
 
     def describe(self) -> str:
         return _KILL_DESCRIPTIONS[self]
@@ -61,6 +62,7 @@ _KILL_DESCRIPTIONS = {
     KillReason.QUIT: "fast stop (SIGQUIT)",
     KillReason.SHUTDOWN: "supervisor shutdown",
     KillReason.UNRESPONSIVE: "it stopped reading its channel",
+    KillReason.RESOURCE: "a step went over its resource budget",
 }
 
 
@@ -89,6 +91,7 @@ class RestartReason(StrEnum):
     KILL = "kill"
     FENCED = "fenced"
     CANCELLED = "cancelled"
+    RESOURCE = "resource"  # a step went over its budget, or the kernel ran out of memory for it
 
 
 class StopMode(StrEnum):

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from everystep.errors import Cancelled, ChildCrashed, StepKilled, StepTimeout
+from everystep.errors import Cancelled, ChildCrashed, StepKilled, StepResourceExceeded, StepTimeout
 from everystep.models import RUNNING, Run
-from supervisor.fate import Action, ChildEnd, Decision, decide, restart_reason
+from everystep.resources import Resource
+from supervisor.fate import Action, ChildEnd, Decision, Overrun, decide, restart_reason
 from supervisor.protocol import StepInFlight
 from supervisor.states import ByeReason, KillReason, RestartReason
 
@@ -22,6 +23,15 @@ UNTIMED = StepInFlight(run=RUN.id, step="2", name="app.slow", started=100.0, tim
 #: Attempt 2 of a step whose policy retries a timeout 4 s later.
 RETRIED = StepInFlight(run=RUN.id, step="4", name="app.flaky", started=100.0, timeout=1.0, unsafe=False,
                        attempt=2, retry_in=4.0)
+MIB = 1 << 20
+HOG = StepInFlight(run=RUN.id, step="2", name="app.hog", started=100.0, memory_limit=256 * MIB, cpu_limit=2.0,
+                   cpu_start=1.0, memory_start=50 * MIB)
+UNSAFE_HOG = StepInFlight(run=RUN.id, step="3", name="app.charge", started=100.0, unsafe=True,
+                          memory_limit=256 * MIB, cpu_start=1.0, memory_start=50 * MIB)
+SIBLING = StepInFlight(run=RUN.id, step="4.1.1", name="app.sibling", started=100.0)
+OOM = Overrun(Resource.MEMORY, "its process (pid 4242) was killed by the kernel's out-of-memory killer", 256 * MIB)
+OOM_NO_PEAK = Overrun(Resource.MEMORY, "its process (pid 4242) was killed by the kernel's out-of-memory killer")
+CPU_OVER = Overrun(Resource.CPU, "its process (pid 4242) was killed by the supervisor", 3.3)
 
 
 def end(**changes: Any) -> ChildEnd:
@@ -96,6 +106,26 @@ CASES = [
      (Action.REDISPATCH, [], None, False)),
     ("timeout-retried-beside-a-final-one", end(kill_reason=KillReason.TIMEOUT, steps=(SAFE, RETRIED)),
      (Action.REDISPATCH, [("2", "StepTimeout")], None, False)),
+    # Budgets: the parent killed the child for one, or the kernel ran out of memory.
+    ("over-budget-killed-by-parent", end(kill_reason=KillReason.RESOURCE, steps=(HOG,), overrun=CPU_OVER),
+     (Action.REDISPATCH, [("2", "StepResourceExceeded")], None, False)),
+    ("over-budget-only-the-bounded-step-is-blamed",
+     end(kill_reason=KillReason.RESOURCE, steps=(HOG, SIBLING), overrun=CPU_OVER),
+     (Action.REDISPATCH, [("2", "StepResourceExceeded")], None, False)),
+    ("over-budget-step-ended-meanwhile", end(kill_reason=KillReason.RESOURCE, overrun=CPU_OVER),
+     (Action.REDISPATCH, [], None, False)),
+    ("over-budget-while-stopping", end(kill_reason=KillReason.RESOURCE, steps=(HOG,), overrun=CPU_OVER,
+                                       stopping=True),
+     (Action.REQUEUE, [("2", "StepResourceExceeded")], None, False)),
+    ("oom-kill-at-a-memory-limit", end(steps=(HOG, SIBLING), overrun=OOM),
+     (Action.REDISPATCH, [("2", "StepResourceExceeded")], None, False)),
+    ("oom-kill-without-limits-blames-every-step", end(steps=(UNTIMED, SIBLING), overrun=OOM_NO_PEAK),
+     (Action.REDISPATCH, [("2", "StepResourceExceeded"), ("4.1.1", "StepResourceExceeded")], None, False)),
+    ("oom-kill-of-an-unsafe-step-stays-started", end(steps=(UNSAFE_HOG,), overrun=OOM),
+     (Action.REDISPATCH, [], None, False)),
+    ("oom-kill-between-steps-is-a-crash", end(overrun=OOM_NO_PEAK), (Action.REDISPATCH, [], None, True)),
+    ("oom-kill-after-a-fence-forgets", end(kill_reason=KillReason.FENCED, steps=(HOG,), overrun=OOM),
+     (Action.FORGET, [], None, False)),
 ]
 
 
@@ -131,6 +161,21 @@ def test_a_cancelled_step_names_the_run_and_the_pid() -> None:
     assert str(error) == f"step 2 (app.slow) was cut off by a cancel of run {RUN.id}: its process (pid 4242) was killed"
 
 
+def test_resource_errors_name_the_limit_and_the_observed_peak() -> None:
+    (step, error), = decide(end(steps=(HOG,), overrun=OOM)).fail_steps
+    assert isinstance(error, StepResourceExceeded)
+    assert str(error) == ("step 2 (app.hog) exceeded its memory limit of 256 MiB (peak 256 MiB above its start): "
+                          "its process (pid 4242) was killed by the kernel's out-of-memory killer")
+    assert (error.resource, error.limit, error.peak) == ("memory", 256 * MIB, 256 * MIB)
+    (_, cpu), = decide(end(kill_reason=KillReason.RESOURCE, steps=(HOG,), overrun=CPU_OVER)).fail_steps
+    assert str(cpu) == "step 2 (app.hog) exceeded its CPU limit of 2s (peak 3.3s): its process (pid 4242) " \
+                       "was killed by the supervisor"
+    (_, unbounded), *_ = decide(end(steps=(UNTIMED,), overrun=OOM_NO_PEAK)).fail_steps
+    assert str(unbounded) == "step 2 (app.slow) exceeded memory: its process (pid 4242) was killed by the " \
+                             "kernel's out-of-memory killer"
+    assert isinstance(unbounded, StepResourceExceeded) and unbounded.limit is None and unbounded.peak is None
+
+
 def test_errors_name_the_step_the_pid_and_the_cause() -> None:
     timeout = decide(end(kill_reason=KillReason.TIMEOUT, steps=(SAFE,))).fail_steps[0][1]
     assert isinstance(timeout, StepTimeout)
@@ -156,6 +201,7 @@ RESTARTS = [
     (None, ByeReason.SCALE, False, RestartReason.EXIT),
     (None, ByeReason.DRAIN, True, RestartReason.CRASH),
     (None, None, False, RestartReason.CRASH),
+    (KillReason.RESOURCE, None, True, RestartReason.RESOURCE),
 ]
 
 
@@ -163,6 +209,11 @@ RESTARTS = [
 def test_restart_reason(kill: KillReason | None, bye: ByeReason | None, had_run: bool,
                         expected: RestartReason) -> None:
     assert restart_reason(kill, bye, had_run) == expected
+
+
+def test_a_kernel_oom_kill_restarts_for_a_resource_not_a_crash() -> None:
+    assert restart_reason(None, None, True, overrun=True) == RestartReason.RESOURCE
+    assert restart_reason(KillReason.FENCED, None, True, overrun=True) == RestartReason.FENCED
 
 
 def test_the_metrics_module_knows_every_restart_reason() -> None:

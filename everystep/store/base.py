@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .. import serde
 from ..errors import EverystepError, RunNotFound, SchemaMissing, StoreUnavailable
 from ..models import STEP_STARTED, Attempt, Claim, Run, RunStatus, StepRecord
+from ..resources import StepCost
 from . import migrations, queries
 
 if TYPE_CHECKING:
@@ -112,6 +113,9 @@ class NewStep:
     attempt: int = 1
     #: ``retrying``: when the next attempt may start; ``sleeping``: the wake time.
     wake_at: dt.datetime | None = None
+    #: What the step cost, where its runner measured it (migration 0008).
+    cpu_seconds: float | None = None
+    peak_rss_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -381,6 +385,8 @@ class Store(abc.ABC):
             completed_at=cls._time(row["completed_at"]),
             attempt=int(row["attempt"]) if row["attempt"] is not None else 1,
             wake_at=cls._time(row["wake_at"]),
+            cpu_seconds=_float_or_none(row["cpu_seconds"]),
+            peak_rss_bytes=_int_or_none(row["peak_rss_bytes"]),
         )
 
     def _runner_row(self, row: Row | None) -> RunnerInfo | None:
@@ -611,6 +617,7 @@ class Store(abc.ABC):
             args=step.args_json, kwargs=step.kwargs_json, status=step.status, result=step.result_json,
             error=step.error_json, started_at=self._time_param(step.started_at), attempt=step.attempt,
             wake_at=self._time_param(step.wake_at) if step.wake_at is not None else None,
+            cpu_seconds=step.cpu_seconds, peak_rss_bytes=step.peak_rss_bytes,
         )
 
     def _written(self, claim: Claim, step: NewStep, decoded: StepRecord | None, row: Row) -> StepRecord:
@@ -620,6 +627,7 @@ class Store(abc.ABC):
                 result=serde.loads(step.result_json), error=serde.loads(step.error_json),
                 args=serde.loads(step.args_json) or [], kwargs=serde.loads(step.kwargs_json) or {},
                 started_at=step.started_at, attempt=step.attempt, wake_at=step.wake_at,
+                cpu_seconds=step.cpu_seconds, peak_rss_bytes=step.peak_rss_bytes,
             )
         return dataclasses.replace(decoded, completed_at=self._time(row["completed_at"]))
 
@@ -648,12 +656,15 @@ class Store(abc.ABC):
         self, claim: Claim, started: StepRecord, status: str,
         result_json: str | None, error_json: str | None,
         decoded: StepRecord | None = None,
+        cost: StepCost | None = None,
     ) -> StepWrite | None:
         """Turn our ``started`` row into its outcome (``decoded``: as in
-        ``record_step``)."""
+        ``record_step``; ``cost``: what the step used, where it was measured)."""
         params = self._params(
             **self._claim_params(claim), step_id=started.step_id,
             status=status, result=result_json, error=error_json,
+            cpu_seconds=cost.cpu_seconds if cost is not None else None,
+            peak_rss_bytes=cost.peak_rss_bytes if cost is not None else None,
         )
         with self.connection() as conn:
             row = conn.execute(self.sql["finish_step"], params).fetchone()
@@ -661,7 +672,8 @@ class Store(abc.ABC):
                 return self._conflict(conn, params)
         if decoded is None:
             decoded = dataclasses.replace(
-                started, status=status, result=serde.loads(result_json), error=serde.loads(error_json)
+                started, status=status, result=serde.loads(result_json), error=serde.loads(error_json),
+                cpu_seconds=params["cpu_seconds"], peak_rss_bytes=params["peak_rss_bytes"],
             )
         return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row["completed_at"])), ours=True)
 
@@ -1073,6 +1085,14 @@ def _run_id(run_id: str) -> str:
         return str(uuid.UUID(str(run_id)))
     except ValueError:
         raise RunNotFound(f"no run with id {run_id!r} (run ids are UUIDs)") from None
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value is not None else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 import psutil
 import pytest
 
+from supervisor.cgroups import own_cgroup, remove_stale
 from tests.support.waiting import wait_until
 
 APP = "tests.apps.supervised"
@@ -194,6 +195,10 @@ class Supervisor:
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and any(_alive(process) for process in self._known.values()):
             time.sleep(0.02)
+        # A SIGKILLed supervisor leaves the cgroups it made for its children.
+        own = own_cgroup()
+        if not isinstance(own, str):
+            remove_stale(own[1])
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
 

@@ -17,7 +17,7 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "workflow_id", "step_id", "name", "status", "result", "error", "args", "kwargs",
-    "started_at", "completed_at", "attempt", "wake_at",
+    "started_at", "completed_at", "attempt", "wake_at", "cpu_seconds", "peak_rss_bytes",
 )
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)

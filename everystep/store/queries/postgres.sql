@@ -79,13 +79,14 @@ RETURNING {run_columns_w},
 -- still the run's current one.
 -- A row still waiting for its outcome is replaced: `started` (the step was
 -- unsafe in older code), `retrying` (this is its next attempt), `sleeping`
--- (the sleep is over).
+-- (the sleep is over). The cost columns (migration 0008) are NULL where
+-- nothing measured the step.
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
-     attempt, wake_at)
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
 SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
        %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
-       %(wake_at)s::timestamptz
+       %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
@@ -95,7 +96,8 @@ ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
     started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
-    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at
+    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
+    cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
 WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
 RETURNING completed_at
 
@@ -121,7 +123,8 @@ RETURNING started_at
 -- name: finish_step
 UPDATE everystep_step
 SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
-    completed_at = clock_timestamp()
+    completed_at = clock_timestamp(),
+    cpu_seconds = %(cpu_seconds)s::float8, peak_rss_bytes = %(peak_rss_bytes)s::bigint
 WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
   AND EXISTS (
     SELECT 1 FROM everystep_workflow

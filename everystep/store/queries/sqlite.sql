@@ -72,9 +72,9 @@ RETURNING {run_columns},
 -- name: record_step
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
-     attempt, wake_at)
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
 SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now,
-       :attempt, :wake_at
+       :attempt, :wake_at, :cpu_seconds, :peak_rss_bytes
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
@@ -84,7 +84,8 @@ ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
     status = excluded.status, result = excluded.result, error = excluded.error,
     started_at = excluded.started_at, completed_at = excluded.completed_at,
-    attempt = excluded.attempt, wake_at = excluded.wake_at
+    attempt = excluded.attempt, wake_at = excluded.wake_at,
+    cpu_seconds = excluded.cpu_seconds, peak_rss_bytes = excluded.peak_rss_bytes
 WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
 RETURNING completed_at
 
@@ -105,7 +106,8 @@ RETURNING started_at
 
 -- name: finish_step
 UPDATE everystep_step
-SET status = :status, result = :result, error = :error, completed_at = :now
+SET status = :status, result = :result, error = :error, completed_at = :now,
+    cpu_seconds = :cpu_seconds, peak_rss_bytes = :peak_rss_bytes
 WHERE workflow_id = :run_id AND step_id = :step_id AND status = 'started'
   AND EXISTS (
     SELECT 1 FROM everystep_workflow

@@ -1,0 +1,188 @@
+"""Step resource budgets and costs: what the engine and the runners share.
+
+A step may say how much memory and CPU it may use,
+``@step(memory_limit="512M", cpu_limit=30)``, and ``everystep-supervisor``
+has defaults for the steps that say nothing (``--step-memory-limit``,
+``--step-cpu-limit``). A memory limit is what the step may *add* to the
+process running it (its memory when the step starts, plus the limit); a CPU
+limit is the CPU seconds (user + system) the step may use. A step over its
+limit fails with ``StepResourceExceeded``, recorded like any step failure.
+
+Only a runner that gives each run a process of its own can bound a step, so
+the engine does not enforce anything itself: the runner hands
+``runner.execute`` a ``StepMeter``, which wraps every step it runs (the
+supervisor's children do, see ``supervisor/meter.py``). The threaded worker
+has none and refuses to start when the app declares limits
+(``registry.limited_steps``), rather than pretend to honour them.
+
+A meter also measures each step (``StepCost``), bounded or not: the CPU
+seconds it used and how far it raised its process's peak RSS above where it
+started. The runner stores both on the step's row; ``run_cost`` sums a
+run's steps for ``everystep show``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from .errors import EverystepError
+
+if TYPE_CHECKING:
+    from .api import StepFunction
+    from .context import Context
+    from .models import StepRecord
+
+
+class Resource(StrEnum):
+    """What a step's budget bounds (``StepResourceExceeded.resource``)."""
+
+    MEMORY = "memory"
+    CPU = "cpu"
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+
+
+def parse_size(value: str | int, what: str = "memory_limit") -> int:
+    """Bytes from ``512M``, ``1.5G``, ``256MiB``, ``4096`` (K, M, G, T are
+    powers of 1024, as in Docker and systemd). ``EverystepError`` otherwise."""
+    if isinstance(value, bool):
+        raise EverystepError(f"{what} must be a size like 512M or 2G, not {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (match := _SIZE.fullmatch(value.strip())):
+        size = int(float(match[1]) * _UNITS[match[2].lower()])
+    else:
+        raise EverystepError(f"{what} must be a size like 512M or 2G, not {value!r}")
+    if size <= 0:
+        raise EverystepError(f"{what} must be more than 0 bytes, not {value!r}")
+    return size
+
+
+def parse_cpu(value: float | int | str, what: str = "cpu_limit") -> float:
+    """CPU seconds, a positive number. ``EverystepError`` otherwise."""
+    try:
+        seconds = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise EverystepError(f"{what} must be a positive number of CPU seconds, not {value!r}")
+    return seconds
+
+
+def format_size(size: float) -> str:
+    """``268435456`` → ``256 MiB``; one decimal where it matters."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(size) >= scale:
+            value = size / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{size:.0f} B"
+
+
+def format_cpu(seconds: float) -> str:
+    """``2.92s``, ``30s``, ``123.5s``."""
+    if seconds < 10:
+        return f"{seconds:.3g}s"
+    return f"{seconds:.1f}".removesuffix(".0") + "s"
+
+
+def describe(resource: Resource | str, amount: float) -> str:
+    """An amount of ``resource`` for people: ``256 MiB`` or ``2.01s``."""
+    return format_size(amount) if resource == Resource.MEMORY else format_cpu(amount)
+
+
+def exceeded_message(step_id: str, name: str, resource: Resource, limit: float | None, peak: float | None,
+                     how: str) -> str:
+    """The one wording of a step over its budget, wherever it was caught:
+    ``step 2 (app.resize) exceeded its memory limit of 256 MiB (peak 301 MiB
+    above its start): <how>``."""
+    what = "memory" if resource == Resource.MEMORY else "CPU"
+    head = f"step {step_id} ({name}) exceeded "
+    head += f"its {what} limit of {describe(resource, limit)}" if limit is not None else what
+    if peak is not None:
+        head += f" (peak {describe(resource, peak)}" + (" above its start)" if resource == Resource.MEMORY else ")")
+    return f"{head}: {how}"
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one execution of a step used: CPU seconds (user + system, of its
+    process and of the subprocesses it waited for) and how far it raised its
+    process's peak resident memory above what the process held when the
+    step started, in bytes."""
+
+    cpu_seconds: float
+    peak_rss_bytes: int
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """A run's steps together: CPU seconds summed, the largest step peak
+    (peaks of steps that ran one after the other do not add up)."""
+
+    cpu_seconds: float
+    peak_rss_bytes: int
+    measured_steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cpu_seconds": self.cpu_seconds, "peak_rss_bytes": self.peak_rss_bytes,
+                "measured_steps": self.measured_steps}
+
+
+def run_cost(steps: Iterable[StepRecord]) -> RunCost | None:
+    """The cost of the measured steps among ``steps``; None if none was."""
+    measured = [step for step in steps if step.cpu_seconds is not None]
+    if not measured:
+        return None
+    return RunCost(
+        cpu_seconds=sum(step.cpu_seconds or 0.0 for step in measured),
+        peak_rss_bytes=max(step.peak_rss_bytes or 0 for step in measured),
+        measured_steps=len(measured),
+    )
+
+
+class StepGauge:
+    """One step's measurement, from ``StepMeter.begin`` to ``end``.
+
+    ``call`` runs the step's function (a meter may arm an interrupt only for
+    that long, and turn what its limit caused into ``StepResourceExceeded``);
+    ``end`` lifts whatever bounded the step and returns its cost. The runner
+    calls ``end`` exactly once, whatever the step did.
+    """
+
+    __slots__ = ()
+
+    def call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return fn(*args, **kwargs)
+
+    def end(self) -> StepCost | None:
+        return None
+
+
+class StepMeter:
+    """Measures, and may bound, every step a runner executes.
+
+    The runner calls ``begin`` right before a step's function runs (after
+    its arguments were stored, before the observers hear of it), then
+    ``gauge.call`` and ``gauge.end``. ``begin`` runs on the thread that runs
+    the step (a parallel branch's, for a branch step): meters must be
+    thread-safe. This base class measures nothing.
+    """
+
+    def begin(self, ctx: Context, step_id: str, step: StepFunction) -> StepGauge:
+        return _NOTHING
+
+
+_NOTHING = StepGauge()
+
+
+__all__ = [
+    "Resource", "RunCost", "StepCost", "StepGauge", "StepMeter", "describe", "exceeded_message",
+    "format_cpu", "format_size", "parse_cpu", "parse_size", "run_cost",
+]
