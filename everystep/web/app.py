@@ -18,6 +18,9 @@ in the package, nothing fetched from elsewhere); the script reads the JSON
 API and the stream. Errors are JSON ``{"error": "one line"}`` with 400 (bad
 input), 404 (no such run), 409 (refused by the run's or runner's state) or
 503 (database unreachable).
+
+This module only routes: what each URL does is in ``handlers``, which the
+Django views (``everystep.contrib.django.console``) call as well.
 """
 
 from __future__ import annotations
@@ -25,224 +28,74 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import html
-import json
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import registry, relay
-from ..admin import AdminError
-from ..errors import EverystepError, RunNotFound, StoreUnavailable
+from .. import registry
 from ..store import Store, connect
-from . import actions
-from .live import Snapshots, Watcher, event_stream
+from .handlers import NO_STORE, STATIC, STREAM_HEADERS, Console, Reply, Shell, page_html
 from .security import CSRF_COOKIE, Guard, who
-from .views import BadRequest, RunFilter, Views
-
-logger = logging.getLogger("everystep.console")
-
-PAGES = {"runs": "Runs", "run": "Run", "runners": "Runners", "blocked": "Blocked runs"}
-MAX_BODY = 1 << 20
 
 
-class Console:
-    """The state one console app holds: its store, views, clock and gate."""
+def _response(reply: Reply) -> Response:
+    return Response(reply.body(), status_code=reply.status, media_type="application/json", headers=NO_STORE)
 
-    def __init__(self, store: Store, guard: Guard) -> None:
-        self.store = store
-        self.views = Views(store)
-        self.watcher = Watcher(store)
-        self.snapshots = Snapshots()
+
+async def _off_loop(fn: Callable[..., Reply], *args: Any) -> Response:
+    """A handler blocks on the database: run it in a thread."""
+    return _response(await asyncio.to_thread(fn, *args))
+
+
+class Routes:
+    """The ASGI shell: Starlette requests in, the console's handlers called."""
+
+    def __init__(self, console: Console, guard: Guard) -> None:
+        self.console = console
         self.guard = guard
 
-    # -- plumbing ------------------------------------------------------------------------------
-
-    async def call(self, fn: Callable[..., Any], *args: Any, status: int = 200) -> Response:
-        """Run a blocking read or action in a thread; map errors to HTTP."""
-        try:
-            data = await asyncio.to_thread(fn, *args)
-        except RunNotFound as exc:
-            return _error(404, exc)
-        except (BadRequest, ValueError) as exc:
-            return _error(400, exc)
-        except (AdminError, actions.ActionRefused) as exc:
-            return _error(409, exc)
-        except StoreUnavailable as exc:
-            return _error(503, exc)
-        except EverystepError as exc:
-            return _error(409, exc)
-        return JSONResponse(data, status_code=status, headers={"cache-control": "no-store"})
-
-    # -- pages -----------------------------------------------------------------------------------
-
     async def page(self, request: Request, page: str) -> Response:
-        run_id = str(request.path_params.get("run_id", ""))
         token, fresh = self.guard.csrf_for(request.scope)
         root = request.scope.get("root_path", "").rstrip("/")
-        title = PAGES[page] + (f" {run_id[:8]}" if run_id else "")
-        body = SHELL.format(
-            title=html.escape(title), root=html.escape(root, quote=True), page=html.escape(page, quote=True),
-            csrf=html.escape(token, quote=True), run=html.escape(run_id, quote=True),
-            user=html.escape(str(request.scope.get("everystep.user", "")), quote=True),
-        )
-        response = HTMLResponse(body, headers={"cache-control": "no-store"})
+        shell = Shell(root=root, csrf=token, user=str(request.scope.get("everystep.user", "")))
+        response = HTMLResponse(page_html(page, str(request.path_params.get("run_id", "")), shell), headers=NO_STORE)
         if fresh is not None:
             response.set_cookie(CSRF_COOKIE, fresh, httponly=True, samesite="strict", path=root or "/",
                                 secure=request.url.scheme == "https")
         return response
 
-    # -- reads ---------------------------------------------------------------------------------------
-
-    def compute(self, view: str, params: Any) -> Callable[[], Any]:
-        """The read behind a view, for GETs, streams and the polling fallback alike."""
-        if view == "runs":
-            RunFilter.parse(params)  # refuse bad filters before streaming
-            return lambda: self.views.runs(params)
-        if view == "run":
-            run_id = str(params.get("id", ""))
-            return lambda: self.views.run(run_id)
-        if view == "runners":
-            return self.views.runners
-        if view == "blocked":
-            return lambda: self.views.blocked(params)
-        raise BadRequest(f"unknown view {view[:40]!r}; expected runs, run, runners or blocked")
-
-    async def get_view(self, request: Request, view: str) -> Response:
-        params = dict(request.query_params)
-        if "run_id" in request.path_params:
-            params["id"] = request.path_params["run_id"]
-        try:
-            compute = self.compute(view, params)
-        except BadRequest as exc:
-            return _error(400, exc)
-        return await self.call(compute)
+    async def view(self, request: Request, view: str) -> Response:
+        run_id = request.path_params.get("run_id")
+        return await _off_loop(self.console.view, view, dict(request.query_params),
+                               None if run_id is None else str(run_id))
 
     async def meta(self, request: Request) -> Response:
-        return await self.call(self.views.meta)
+        return await _off_loop(self.console.meta)
 
     async def stream(self, request: Request) -> Response:
-        params = dict(request.query_params)
-        view = params.pop("view", "")
-        try:
-            compute = self.compute(view, params)
-        except BadRequest as exc:
-            return _error(400, exc)
-        key = view + "?" + json.dumps(sorted(params.items()))
-        return StreamingResponse(
-            event_stream(self.watcher, self.snapshots, key, compute), media_type="text/event-stream",
-            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
-        )
+        body = self.console.stream(dict(request.query_params))
+        if isinstance(body, Reply):
+            return _response(body)
+        return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
 
-    async def get_request(self, request: Request) -> Response:
-        def read() -> dict[str, Any]:
-            found = self.store.get_request(_request_id(request))
-            if found is None:
-                raise RunNotFound(f"no request with id {request.path_params['request_id']}")
-            return {**found.to_dict(), "outcome": relay.describe_outcome(found), "done": found.done}
-
-        return await self.call(read)
-
-    # -- actions ---------------------------------------------------------------------------------------
-
-    async def run_action(self, request: Request) -> Response:
-        action = request.path_params["action"]
-        handler = actions.RUN_HANDLERS.get(action)
-        if handler is None:
-            return _error(404, f"unknown action {action[:40]!r}")
-        body = await _json_body(request)
-        if isinstance(body, Response):
-            return body
-        response = await self.call(handler, self.store, request.path_params["run_id"], body, who(request.scope),
-                                   status=202 if action == "kill" else 200)
-        self.after_action()
-        return response
-
-    async def runner_action(self, request: Request) -> Response:
-        body = await _json_body(request)
-        if isinstance(body, Response):
-            return body
-        response = await self.call(actions.runner_command, self.store, request.path_params["name"],
-                                   request.path_params["command"], body, who(request.scope), status=202)
-        self.after_action()
-        return response
+    async def request(self, request: Request) -> Response:
+        return await _off_loop(self.console.request, request.path_params["request_id"])
 
     async def expire_request(self, request: Request) -> Response:
-        def expire() -> dict[str, Any]:
-            request_id = _request_id(request)
-            expired = self.store.expire_request(request_id)
-            found = self.store.get_request(request_id)
-            if found is None:
-                raise RunNotFound(f"no request with id {request_id}")
-            return {**found.to_dict(), "expired": expired, "outcome": relay.describe_outcome(found),
-                    "done": found.done}
+        return await _off_loop(self.console.expire_request, request.path_params["request_id"])
 
-        return await self.call(expire)
+    async def run_action(self, request: Request) -> Response:
+        return await _off_loop(self.console.run_action, request.path_params["run_id"],
+                               request.path_params["action"], await request.body(), who(request.scope))
 
-    def after_action(self) -> None:
-        self.views.counts.invalidate()
-        self.watcher.bump()
-
-
-def _request_id(request: Request) -> int:
-    try:
-        return int(request.path_params["request_id"])
-    except ValueError:
-        raise BadRequest("request ids are numbers") from None
-
-
-async def _json_body(request: Request) -> dict[str, Any] | Response:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        return _error(413, "request body too large")
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return _error(400, "the request body is not JSON")
-    if not isinstance(body, dict):
-        return _error(400, "the request body must be a JSON object")
-    return body
-
-
-def _error(status: int, error: BaseException | str) -> JSONResponse:
-    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return JSONResponse({"error": message}, status_code=status, headers={"cache-control": "no-store"})
-
-
-SHELL = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · everystep</title>
-<link rel="icon" href="data:,">
-<link rel="stylesheet" href="{root}/static/console.css">
-<script type="module" src="{root}/static/js/main.js"></script>
-</head>
-<body data-page="{page}" data-root="{root}" data-csrf="{csrf}" data-run="{run}" data-user="{user}">
-<header class="top">
-  <a class="brand" href="{root}/">everystep</a>
-  <nav>
-    <a href="{root}/" data-nav="runs">Runs</a>
-    <a href="{root}/blocked" data-nav="blocked">Blocked</a>
-    <a href="{root}/runners" data-nav="runners">Runners</a>
-  </nav>
-  <span class="live" id="live" title="how this page is kept up to date">connecting…</span>
-</header>
-<main id="main"><noscript>The everystep console needs JavaScript.</noscript></main>
-<div id="toasts" aria-live="polite"></div>
-</body>
-</html>
-"""
+    async def runner_action(self, request: Request) -> Response:
+        return await _off_loop(self.console.runner_action, request.path_params["name"],
+                               request.path_params["command"], await request.body(), who(request.scope))
 
 
 def create_app(
@@ -263,7 +116,8 @@ def create_app(
     and judge runs as check-deploy does (or import them in the host)."""
     registry.import_apps(app_modules)
     guard = Guard(None, auth_token=auth_token, allowed_hosts=allowed_hosts, csrf_secret=csrf_secret)
-    console = Console(store or connect(database_url), guard)
+    console = Console(store or connect(database_url))
+    shell = Routes(console, guard)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -271,21 +125,21 @@ def create_app(
         console.watcher.stop()
 
     routes = [
-        Route("/", functools.partial(console.page, page="runs")),
-        Route("/runs/{run_id:uuid}", functools.partial(console.page, page="run")),
-        Route("/runners", functools.partial(console.page, page="runners")),
-        Route("/blocked", functools.partial(console.page, page="blocked")),
-        Route("/api/meta", console.meta),
-        Route("/api/runs", functools.partial(console.get_view, view="runs")),
-        Route("/api/runs/{run_id}", functools.partial(console.get_view, view="run")),
-        Route("/api/runners", functools.partial(console.get_view, view="runners")),
-        Route("/api/blocked", functools.partial(console.get_view, view="blocked")),
-        Route("/api/stream", console.stream),
-        Route("/api/requests/{request_id}", console.get_request),
-        Route("/api/requests/{request_id}/expire", console.expire_request, methods=["POST"]),
-        Route("/api/runs/{run_id}/{action}", console.run_action, methods=["POST"]),
-        Route("/api/runners/{name}/{command}", console.runner_action, methods=["POST"]),
-        Mount("/static", StaticFiles(directory=str(resources.files(__package__).joinpath("static"))), name="static"),
+        Route("/", functools.partial(shell.page, page="runs")),
+        Route("/runs/{run_id:uuid}", functools.partial(shell.page, page="run")),
+        Route("/runners", functools.partial(shell.page, page="runners")),
+        Route("/blocked", functools.partial(shell.page, page="blocked")),
+        Route("/api/meta", shell.meta),
+        Route("/api/runs", functools.partial(shell.view, view="runs")),
+        Route("/api/runs/{run_id}", functools.partial(shell.view, view="run")),
+        Route("/api/runners", functools.partial(shell.view, view="runners")),
+        Route("/api/blocked", functools.partial(shell.view, view="blocked")),
+        Route("/api/stream", shell.stream),
+        Route("/api/requests/{request_id}", shell.request),
+        Route("/api/requests/{request_id}/expire", shell.expire_request, methods=["POST"]),
+        Route("/api/runs/{run_id}/{action}", shell.run_action, methods=["POST"]),
+        Route("/api/runners/{name}/{command}", shell.runner_action, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
     guard.app = Starlette(routes=routes, lifespan=lifespan)
     guard.console = console

@@ -33,7 +33,7 @@ import logging
 import select
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from ..errors import EverystepError
@@ -185,7 +185,7 @@ class Snapshots:
 
 
 async def event_stream(watcher: Watcher, snapshots: Snapshots, key: str,
-                       compute: Callable[[], Any]) -> AsyncIterator[str]:
+                       compute: Callable[[], Any]) -> AsyncGenerator[str, None]:
     """The SSE body for one view: an ``update`` whenever its data changes,
     an ``error`` event while it cannot be read, pings in between."""
     watcher.start()

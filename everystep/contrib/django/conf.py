@@ -4,7 +4,10 @@ Keys: ``DATABASE`` (the ``DATABASES`` alias holding everystep's tables,
 default ``"default"``), ``APPS`` (modules defining workflows, imported when
 Django starts) and ``MIGRATE`` (whether ``manage.py migrate`` applies
 everystep's schema, default ``True``; turn it off when the schema is managed
-with ``everystep migrate`` alone).
+with ``everystep migrate`` alone) and ``CONSOLE_STREAM`` (whether the
+mounted console streams live updates: ``None``, the default, streams when
+Django is served over ASGI and polls under WSGI, where each open page would
+hold a worker thread; ``True`` streams under both; ``False`` always polls).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from everystep.errors import EverystepError
 
-DEFAULTS: dict[str, Any] = {"DATABASE": "default", "APPS": [], "MIGRATE": True}
+DEFAULTS: dict[str, Any] = {"DATABASE": "default", "APPS": [], "MIGRATE": True, "CONSOLE_STREAM": None}
 
 
 class UnsupportedDatabase(EverystepError, ImproperlyConfigured):
@@ -29,6 +32,7 @@ class EverystepSettings:
     database: str
     apps: tuple[str, ...]
     migrate: bool
+    console_stream: bool | None = None
 
 
 def get() -> EverystepSettings:
@@ -52,4 +56,8 @@ def get() -> EverystepSettings:
         raise ImproperlyConfigured("settings.EVERYSTEP['APPS'] must be a list of module names")
     if not isinstance(values["MIGRATE"], bool):
         raise ImproperlyConfigured("settings.EVERYSTEP['MIGRATE'] must be True or False")
-    return EverystepSettings(database=database, apps=tuple(apps), migrate=values["MIGRATE"])
+    if values["CONSOLE_STREAM"] is not None and not isinstance(values["CONSOLE_STREAM"], bool):
+        raise ImproperlyConfigured("settings.EVERYSTEP['CONSOLE_STREAM'] must be None (stream under ASGI only), "
+                                   "True or False")
+    return EverystepSettings(database=database, apps=tuple(apps), migrate=values["MIGRATE"],
+                             console_stream=values["CONSOLE_STREAM"])

@@ -81,7 +81,10 @@ class Run(ReadOnly):
         db_table = "everystep_workflow"
         ordering = ["-created_at", "-id"]
         default_permissions = ("view",)
-        permissions = [("resolve_step", "Can resolve the uncertain step of a blocked run")]
+        permissions = [
+            ("resolve_step", "Can resolve the uncertain step of a blocked run"),
+            ("operate_console", "Can act in the everystep console (resolve, requeue, cancel, run again, kill, scale)"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} {self.id}"

@@ -68,6 +68,10 @@ EVERYSTEP = {
     "APPS": ["shop.workflows"],
 }
 
+# The everystep console (mounted in urls.py) sends visitors who are not
+# logged in here.
+LOGIN_URL = "admin:login"
+
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"

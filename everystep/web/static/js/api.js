@@ -4,6 +4,12 @@
 const body = document.body.dataset;
 export const root = body.root || "";
 const csrf = body.csrf || "";
+// The header the server reads the token from (a Django project names its own).
+const csrfHeader = body.csrfHeader || "x-csrf-token";
+// Whether this user may act (otherwise the page offers no action).
+export const mayOperate = body.operate !== "no";
+// Whether the server streams updates (otherwise pages poll).
+const streaming = body.stream !== "off";
 
 export class ApiError extends Error {
   constructor(status, message) {
@@ -45,7 +51,7 @@ export async function post(path, data) {
   const response = await fetch(`${root}${path}`, {
     method: "POST",
     credentials: "same-origin",
-    headers: { "content-type": "application/json", accept: "application/json", "x-csrf-token": csrf },
+    headers: { "content-type": "application/json", accept: "application/json", [csrfHeader]: csrf },
     body: JSON.stringify(data || {}),
   });
   return answer(response);
@@ -71,13 +77,15 @@ function showState(state, detail) {
   el.textContent = { live: "live", polling: "polling", offline: "offline", connecting: "connecting…" }[state] || state;
   el.title = detail || {
     live: "updates stream from the server as they happen",
-    polling: "the live stream is down: refreshing every 2 s until it is back",
+    polling: streaming ? "the live stream is down: refreshing every 2 s until it is back"
+      : "live updates are off on this server: refreshing every 2 s",
     offline: "the server cannot be reached",
   }[state] || "";
 }
 
 // A view kept current: the stream's `update` events while it is open, a GET
-// of the same data every two seconds while it is not.
+// of the same data every two seconds while it is not (or always, where the
+// server does not stream).
 export class Live {
   constructor(view, params, onData, onProblem) {
     this.view = view;
@@ -91,6 +99,10 @@ export class Live {
 
   start() {
     showState("connecting");
+    if (!streaming) {
+      this.startPolling();
+      return this;
+    }
     this.open();
     return this;
   }
@@ -139,7 +151,7 @@ export class Live {
     const tick = async () => {
       try {
         this.onData(await get(this.path(), this.pollParams()));
-        if (this.source && this.source.readyState !== EventSource.OPEN) showState("polling");
+        if (!this.source || this.source.readyState !== EventSource.OPEN) showState("polling");
       } catch (err) {
         showState("offline", err.message);
         this.onProblem(err.message);
@@ -159,7 +171,8 @@ export class Live {
     this.params = params || {};
     if (this.source) this.source.close();
     this.stopPolling();
-    this.open();
+    if (streaming) this.open();
+    else this.startPolling();
   }
 
   close() {

@@ -4,7 +4,7 @@
 // arguments, result, error with traceback, and every recorded step.
 
 import { runAction, resolveForm, commandLine } from "./actions.js";
-import { Live, href, runHref } from "./api.js";
+import { Live, href, mayOperate, runHref } from "./api.js";
 import { h, pretty, replace, seconds, statusBadge, timeCell, when } from "./dom.js";
 import { findNode, nodeKey, renderGraph } from "./graph.js";
 
@@ -81,7 +81,8 @@ export function runPage(main, runId) {
 
   function renderHead() {
     const run = data.run;
-    const buttons = data.actions.filter((action) => action.name !== "resolve").map((action) =>
+    const offered = mayOperate ? data.actions : [];
+    const buttons = offered.filter((action) => action.name !== "resolve").map((action) =>
       h("button", { type: "button", class: `action action-${action.name}`, title: action.help, text: action.label,
                     dataset: { action: action.name },
                     onclick: () => runAction(run.id, action, action.name === "kill" ? { requeue: false } : {}) }));
@@ -108,8 +109,9 @@ export function runPage(main, runId) {
       h("p", {}, "Blocked on step ", h("code", { text: step.step_id }), " (", h("span", { text: step.name }), "): ",
         "it is unsafe to repeat and started without a recorded outcome. Check its effect, then resolve it."),
       h("div", { class: "banner-actions" },
-        h("button", { type: "button", class: "primary", text: "Resolve on its node",
-                      onclick: () => { select(null, `id:${step.step_id}`); panel.scrollIntoView({ block: "nearest" }); } }),
+        mayOperate ? h("button", { type: "button", class: "primary", text: "Resolve on its node",
+                      onclick: () => { select(null, `id:${step.step_id}`); panel.scrollIntoView({ block: "nearest" }); } })
+          : null,
         commandLine(step.command)))));
   }
 
@@ -181,7 +183,7 @@ export function runPage(main, runId) {
       if (record.status === "done") parts.push(jsonBlock("Result", record.result, "small"));
       if (record.error) parts.push(errorBlock(record.error));
       if (record.attempts && record.attempts.length) parts.push(attemptsBlock(record.attempts));
-      if (record.status === "started" && data.run.status === "blocked") {
+      if (mayOperate && record.status === "started" && data.run.status === "blocked") {
         parts.push(resolveForm(data.run.id, { step_id: node.id, name: node.function }, () => { panelShown = null; }));
       }
     }

@@ -4,7 +4,7 @@
 // the supervisor through the database, whichever host it runs on.
 
 import { supervisorCommand } from "./actions.js";
-import { Live, runHref } from "./api.js";
+import { Live, mayOperate, runHref } from "./api.js";
 import { h, replace, roughly, seconds, shortId, timeCell } from "./dom.js";
 
 function bytes(value) {
@@ -71,7 +71,7 @@ export function runnersPage(main) {
       h("td", {}, child.step_seconds !== null && child.step_seconds !== undefined ? age(child.step_seconds) : ""),
       h("td", { text: bytes(child.rss) }),
       h("td", { text: child.cpu_percent === null || child.cpu_percent === undefined ? "" : `${child.cpu_percent.toFixed(0)} %` }),
-      h("td", {}, child.run_id ? h("button", {
+      h("td", {}, mayOperate && child.run_id ? h("button", {
         type: "button", class: "danger small", text: "Kill", title: "kill this child; its step is recorded as StepKilled",
         onclick: async () => {
           if (!window.confirm(`Kill child ${child.slot} (pid ${child.pid}) running ${child.run_id}? Its step is recorded as failed (StepKilled).`)) return;
@@ -97,7 +97,7 @@ export function runnersPage(main) {
           h("span", { class: "tag", text: runner.kind }),
           runner.expired ? h("span", { class: "badge status-failed", text: "lease expired" }) : h("span", { class: "badge status-completed", text: "alive" }),
           detail && detail.draining ? h("span", { class: "badge status-stopped", text: "draining" }) : null,
-          runner.kind === "supervisor" && !runner.expired ? scaleForm(runner) : null),
+          mayOperate && runner.kind === "supervisor" && !runner.expired ? scaleForm(runner) : null),
         h("dl", { class: "summary inline" },
           h("dt", { text: "Host" }), h("dd", { text: runner.host }),
           h("dt", { text: "PID" }), h("dd", { class: "mono", text: runner.pid }),
