@@ -254,3 +254,28 @@ def test_the_stream_under_wsgi_is_off_by_default_and_bridged_when_asked(viewer: 
                 break
         assert json.loads(event.split("data: ", 1)[1])["run"]["status"] == COMPLETED
         response.close()
+
+
+# -- settings and permissions --------------------------------------------------------------
+
+
+def test_the_stream_setting_is_validated(project: Project) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from everystep.contrib.django import conf
+
+    for value in (None, True, False):
+        with override_settings(EVERYSTEP={**EVERYSTEP_SETTINGS, "CONSOLE_STREAM": value}):
+            assert conf.get().console_stream is value
+    for bad in ("yes", 1):
+        with override_settings(EVERYSTEP={**EVERYSTEP_SETTINGS, "CONSOLE_STREAM": bad}):
+            with pytest.raises(ImproperlyConfigured, match=r"CONSOLE_STREAM'\] must be None"):
+                conf.get()
+
+
+def test_the_operate_permission_comes_from_a_migration(project: Project) -> None:
+    from django.contrib.auth.models import Permission
+    from django.core.management import call_command
+
+    assert Permission.objects.filter(content_type__app_label="everystep", codename="operate_console").exists()
+    call_command("makemigrations", "everystep", check=True, dry_run=True, verbosity=0)  # exits 1 on a model drift

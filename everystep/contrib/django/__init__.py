@@ -13,6 +13,7 @@ that alias, inside whatever ``transaction.atomic()`` block is open;
 everystep's own versioned migrations; ``everystep_worker``,
 ``everystep_supervisor``, ``everystep_runs`` and ``everystep_resolve_step``
 are management commands; the admin lists runs and steps and resolves
-blocked runs. Django is not a dependency of everystep's core: nothing
+blocked runs; ``include("everystep.contrib.django.console")`` in urls.py
+mounts the operations console (``console``). Django is not a dependency of everystep's core: nothing
 outside this package imports it.
 """
