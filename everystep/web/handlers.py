@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import html
 import json
-import logging
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -31,10 +30,7 @@ from . import actions
 from .live import Snapshots, Watcher, event_stream
 from .views import BadRequest, RunFilter, Views
 
-logger = logging.getLogger("everystep.console")
-
 PAGES = {"runs": "Runs", "run": "Run", "runners": "Runners", "blocked": "Blocked runs"}
-VIEWS = ("runs", "run", "runners", "blocked")
 MAX_BODY = 1 << 20
 #: Headers of every JSON reply and every stream.
 NO_STORE = {"cache-control": "no-store"}
@@ -261,5 +257,5 @@ SHELL = """<!doctype html>
 """
 
 
-__all__ = ["Console", "NO_STORE", "PAGES", "Reply", "STATIC", "STREAM_HEADERS", "Shell", "VIEWS", "error", "page_html",
+__all__ = ["Console", "NO_STORE", "PAGES", "Reply", "STATIC", "STREAM_HEADERS", "Shell", "error", "page_html",
            "parse_body"]

@@ -20,7 +20,9 @@ returns, whenever that JSON changes. What makes the console look again:
 - **The console's own actions** trigger a tick at once.
 
 On SQLite there is no LISTEN: the tick alone. When a stream breaks, the
-browser polls the GET endpoint every two seconds until it reconnects.
+browser polls the GET endpoint every two seconds until it reconnects; where
+the server does not stream at all (a Django project under WSGI, by
+default), pages only poll.
 Between changes the stream sends a comment every ``PING`` seconds so
 proxies keep it open.
 """
