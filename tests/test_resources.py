@@ -156,16 +156,21 @@ def meter() -> Iterator[ChildMeter]:
 def test_a_meter_measures_every_step_and_the_rows_keep_it(store: Store, meter: ChildMeter) -> None:
     run = schedule(measured, {"cpu": 0.3, "mb": 48}, database=store)
 
+    # In a child the meter sees the step alone; here it shares the test
+    # process with whatever other threads run, so it is bounded by the CPU
+    # the whole process used meanwhile, not by a guess on a loaded machine.
+    before = time.process_time()
     assert execute_run(store, run.id, meter=meter) == "completed"
+    used = time.process_time() - before
 
     burned, touched, once = store.get_steps(run.id)
-    assert 0.2 <= burned.cpu_seconds <= 1.0, burned.cpu_seconds
+    assert 0.2 <= burned.cpu_seconds <= used + 0.05, (burned.cpu_seconds, used)
     assert burned.peak_rss_bytes < 8 * MIB
     # The unsafe step's cost is written with its outcome, onto its started row.
     for record in (touched, once):
         assert record.status == STEP_DONE
         assert 40 * MIB <= record.peak_rss_bytes <= 80 * MIB, record.peak_rss_bytes
-        assert record.cpu_seconds is not None and record.cpu_seconds < 1.0
+        assert record.cpu_seconds is not None and record.cpu_seconds <= used + 0.05
     cost = run_cost([burned, touched, once])
     assert cost is not None and cost.measured_steps == 3
     assert cost.cpu_seconds == pytest.approx(burned.cpu_seconds + touched.cpu_seconds + once.cpu_seconds)
