@@ -12,6 +12,17 @@ the end. The runner writes, for the run it was handed:
   insert is the atomic claim on the effect, then its outcome;
 - the terminal status, again guarded by the claim.
 
+The last step and the status together. When the body's last act is a step
+(``return step(...)`` or ``x = step(...); return x`` at the body's own top
+level, read from the bytecode by ``tail_position``) and that step succeeds
+and is safe to repeat, its record is held back (``Execution.pending``) and
+written with the ``completed`` status in one transaction
+(``Store.finish_run_with_step``): one commit less per run. If that write is
+refused, the step is written alone, which says why as any step write does;
+if anything but ``completed`` is to be written, the record goes first, on
+its own. Held back, the record is exactly as durable as a step whose
+process died after its effect: a replay runs that step again.
+
 Fencing. Every claim bumps the run's epoch, so an execution superseded by a
 later claim (an operator's forced requeue, a re-claim by the same runner
 name, a takeover of that name) learns at its first refused write that the
@@ -21,7 +32,8 @@ an unsafe step's ``started`` insert is fenced like every other write.
 Crash windows. A process that dies after a step's effect and before its
 record leaves no row: the step runs again on the next claim (at-least-once).
 For an unsafe step it leaves the ``started`` row: the next claim ends the run
-``blocked`` instead of repeating the effect. ``fault`` lets tests stop at that
+``blocked`` instead of repeating the effect. For a folded last step the
+window runs to the commit of the terminal status. ``fault`` lets tests stop at that
 exact point with ``SimulatedCrash``, after which nothing more is written.
 
 Budgets and costs. A runner may hand ``execute`` a ``StepMeter``
