@@ -30,11 +30,12 @@ run is no longer its own (``ClaimLost``): no new step starts after that, and
 an unsafe step's ``started`` insert is fenced like every other write.
 
 Crash windows. A process that dies after a step's effect and before its
-record leaves no row: the step runs again on the next claim (at-least-once).
-For an unsafe step it leaves the ``started`` row: the next claim ends the run
-``blocked`` instead of repeating the effect. For a folded last step the
-window runs to the commit of the terminal status. ``fault`` lets tests stop at that
-exact point with ``SimulatedCrash``, after which nothing more is written.
+record leaves no row: the step runs again on the next claim (at-least-once);
+for a last step held back, that window runs to the commit of the terminal
+status. For an unsafe step it leaves the ``started`` row: the next claim
+ends the run ``blocked`` instead of repeating the effect. ``fault`` lets
+tests stop at that exact point with ``SimulatedCrash``, after which nothing
+more is written.
 
 Budgets and costs. A runner may hand ``execute`` a ``StepMeter``
 (``everystep.resources``): each step's function then runs inside its gauge,

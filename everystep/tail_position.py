@@ -24,6 +24,8 @@ from types import CodeType
 #: Instructions that call what is on the stack (3.11: CALL; 3.13: CALL_KW too).
 _CALLS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
 _RETURN = "RETURN_VALUE"
+#: Instructions that push a local variable (3.14 adds the borrowing one).
+_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_BORROW"})
 #: Instructions that do nothing.
 _IDLE = frozenset({"NOP", "CACHE", "EXTENDED_ARG"})
 
@@ -67,7 +69,7 @@ def _returns_at_once(following: tuple[dis.Instruction, ...]) -> bool:
     names = [instruction.opname for instruction in following]
     if names[:1] == [_RETURN]:
         return True  # return f(...)
-    if names[:3] == ["STORE_FAST", "LOAD_FAST", _RETURN]:
+    if len(names) == 3 and names[0] == "STORE_FAST" and names[1] in _LOADS and names[2] == _RETURN:
         return bool(following[0].argval == following[1].argval)  # x = f(...); return x
     if names[:2] == ["STORE_FAST_LOAD_FAST", _RETURN]:
         stored, loaded = following[0].argval

@@ -46,7 +46,7 @@ def _clear() -> Iterator[None]:
 # -- tail position in bytecode -------------------------------------------------------------
 
 
-def probe(*args: Any) -> tuple[bool, Any]:
+def probe(*args: Any, **kwargs: Any) -> tuple[bool, Any]:
     """Whether the caller is calling this in tail position."""
     frame = sys._getframe(1)
     return is_tail_call(frame.f_code, frame.f_lasti), args
@@ -103,6 +103,14 @@ def in_if(flag: bool = True) -> Any:
     return None
 
 
+def with_keywords() -> Any:
+    return probe(1, key=2)
+
+
+def with_star_args(args: tuple[Any, ...] = (1,)) -> Any:
+    return probe(*args, **{"key": 2})
+
+
 def in_tuple() -> Any:
     return probe(), 1
 
@@ -116,6 +124,8 @@ def argument_of_another_call() -> Any:
     (stores_then_returns, True),
     (in_try_except, True),
     (in_if, True),
+    (with_keywords, True),
+    (with_star_args, True),
     (stores_then_returns_another, False),
     (calls_then_goes_on, False),
     (in_with, False),
