@@ -29,9 +29,11 @@ from everystep.models import (
 )
 from everystep.observer import Observer
 from everystep.runner import Outcome
-from everystep.store import NewStep, Store, utcnow
+from everystep.store import NewStep, Store, connect, utcnow
 from everystep.tail_position import is_tail_call
+from tests.apps import supervised
 from tests.support.runs import claim_run, crash_at, execute_run
+from tests.support.supervisor import supervisors  # noqa: F401
 
 CALLS: Counter[str] = Counter()
 
@@ -531,3 +533,19 @@ def test_an_unsafe_last_step_keeps_its_started_row_protocol(store: Store) -> Non
     with pytest.raises(Exception, match="died after the effect"):
         execute_run(store, run.id)
     assert [(s.step_id, s.status) for s in store.get_steps(run.id)] == [("1", STEP_DONE), ("2", STEP_STARTED)]
+
+
+def test_a_supervised_child_folds_the_last_step(pg_url: str, supervisors: Any, tmp_path: Any) -> None:
+    """The same in the product's shape: the supervisor's child executes the
+    run after a fork, with the app imported by ``--app``."""
+    store = connect(pg_url)
+    try:
+        runs = [schedule(supervised.tiny, {"dir": str(tmp_path)}, database=store) for _ in range(3)]
+        sup = supervisors(pg_url, procs=1, args=["--burst"]).spawn()
+        assert sup.wait(timeout=90) == 0, sup.log()
+        for run in runs:
+            done = store.get_run(run.id)
+            assert (done.status, done.result) == (COMPLETED, store.get_steps(run.id)[0].result)
+            assert folded_steps(store, run.id, None) == ["1"]
+    finally:
+        store.close()
