@@ -1,10 +1,10 @@
 """Whether a call in a function's bytecode is in tail position.
 
-A workflow whose last act is a step (``return charge(order)``, or
-``receipt = charge(order); return receipt``) can have that step's record and
-the run's terminal status written in one transaction: once the step has
-returned, nothing of the body runs any more but the return of that very
-value. This module answers "nothing runs any more" from the bytecode, so no
+A workflow whose last act is a step (``return send_receipt(order)``, or
+``receipt = send_receipt(order); return receipt``) can have that step's
+record and the run's terminal status written in one transaction: once the
+step has returned, nothing of the body runs any more but the return of that
+very value. This module answers "nothing runs any more" from the bytecode, so no
 workflow has to say so: the instructions after the call must be the return
 of its result, and nothing else.
 
