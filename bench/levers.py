@@ -65,8 +65,8 @@ def _step(run_id: str, step_id: str) -> dict[str, Any]:
     # Each run is claimed once (by ``_claimed_runs``): its claim epoch is 1.
     return {"run_id": run_id, "claimer": CLAIMER, "claim_epoch": 1, "step_id": step_id, "name": "bench.workloads.noop",
             "args": f"[{PAYLOAD}]", "kwargs": "{}", "status": "done", "result": PAYLOAD, "error": None,
-            "started_at": dt.datetime.now(dt.timezone.utc), "attempt": 1, "wake_at": None,
-            "cpu_seconds": None, "peak_rss_bytes": None}
+            "started_at": dt.datetime.now(dt.timezone.utc), "attempt": 1, "wake_at": None, "cpu_seconds": None,
+            "peak_rss_bytes": None}
 
 
 def _finish(run_id: str) -> dict[str, Any]:
@@ -81,22 +81,18 @@ def _forms(sql: dict[str, str]) -> dict[str, Callable[[psycopg.Connection[Any], 
     finish_sync = finish.replace("FROM async_commit\n", "").split("UPDATE", 1)
     finish_in_tx = "UPDATE" + finish_sync[1]
 
-    # One statement, one round trip, one durable commit: the step record in
-    # a CTE and the guarded status write conditional on it.
-    run_update = (finish_in_tx.replace("%(status)s", "%(run_status)s").replace("%(result)s", "%(run_result)s")
-                  .replace("%(error)s", "%(run_error)s").replace("RETURNING id", "AND EXISTS (SELECT 1 FROM step)"
-                                                                 " RETURNING id"))
-    combined = (f"WITH step AS ({record}), run AS ({run_update})"
-                " SELECT (SELECT completed_at FROM step), (SELECT id FROM run)")
+    # One statement, one round trip, one durable commit: the engine's own
+    # ``finish_run_with_step`` (the run row locked under the claim, the step
+    # record, the status write conditional on it).
+    combined = sql["finish_run_with_step"]
 
     def one_statement(conn: psycopg.Connection[Any], run_id: str) -> None:
         for step in ("1", "2"):
             conn.execute(record, _step(run_id, step)).fetchone()
-        finish_params = _finish(run_id)
-        params = {**_step(run_id, "3"), "run_status": finish_params["status"],
-                  "run_result": finish_params["result"], "run_error": finish_params["error"]}
-        row = conn.execute(combined, params).fetchone()
-        if row is None or row[1] is None:
+        last = _step(run_id, "3")
+        params = {**last, "step_status": last["status"], "step_result": last["result"],
+                  "step_error": last["error"], **_finish(run_id)}
+        if conn.execute(combined, params).fetchone() is None:
             raise RuntimeError(f"run {run_id}: the combined write changed nothing")
 
     def today(conn: psycopg.Connection[Any], run_id: str, prepare: bool | None = None) -> None:

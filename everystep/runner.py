@@ -12,6 +12,17 @@ the end. The runner writes, for the run it was handed:
   insert is the atomic claim on the effect, then its outcome;
 - the terminal status, again guarded by the claim.
 
+The last step and the status together. When the body's last act is a step
+(``return step(...)`` or ``x = step(...); return x`` at the body's own top
+level, read from the bytecode by ``tail_position``) and that step succeeds
+and is safe to repeat, its record is held back (``Execution.pending``) and
+written with the ``completed`` status in one transaction
+(``Store.finish_run_with_step``): one commit less per run. If that write is
+refused, the step is written alone, which says why as any step write does;
+if anything but ``completed`` is to be written, the record goes first, on
+its own. Held back, the record is exactly as durable as a step whose
+process died after its effect: a replay runs that step again.
+
 Fencing. Every claim bumps the run's epoch, so an execution superseded by a
 later claim (an operator's forced requeue, a re-claim by the same runner
 name, a takeover of that name) learns at its first refused write that the
@@ -19,10 +30,12 @@ run is no longer its own (``ClaimLost``): no new step starts after that, and
 an unsafe step's ``started`` insert is fenced like every other write.
 
 Crash windows. A process that dies after a step's effect and before its
-record leaves no row: the step runs again on the next claim (at-least-once).
-For an unsafe step it leaves the ``started`` row: the next claim ends the run
-``blocked`` instead of repeating the effect. ``fault`` lets tests stop at that
-exact point with ``SimulatedCrash``, after which nothing more is written.
+record leaves no row: the step runs again on the next claim (at-least-once);
+for a last step held back, that window runs to the commit of the terminal
+status. For an unsafe step it leaves the ``started`` row: the next claim
+ends the run ``blocked`` instead of repeating the effect. ``fault`` lets
+tests stop at that exact point with ``SimulatedCrash``, after which nothing
+more is written.
 
 Budgets and costs. A runner may hand ``execute`` a ``StepMeter``
 (``everystep.resources``): each step's function then runs inside its gauge,
@@ -59,9 +72,11 @@ import contextvars
 import dataclasses
 import datetime as dt
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from enum import StrEnum
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from . import outcomes, registry, serde, telemetry
@@ -70,6 +85,7 @@ from .context import (
     Context,
     Execution,
     Flag,
+    PendingRecord,
     StepAttempt,
     _current,
     _in_step,
@@ -103,6 +119,7 @@ from .observer import Observer, Observers
 from .recovery import requeue_patiently
 from .resources import StepCost, StepGauge, StepMeter
 from .store import LOST, NewStep, Store, StepWrite, utcnow
+from .tail_position import is_tail_call
 
 if TYPE_CHECKING:
     from .api import StepFunction
@@ -157,6 +174,8 @@ def call_step(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any])
 def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
     """Replay or execute one step call in ``ctx``."""
     ex = ctx.execution
+    if ex.pending is not None:
+        _flush(ex)
     ex.check_interrupt()
     step_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
     recorded = ex.outcomes.get(step_id)
@@ -246,6 +265,10 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     )
     finished = dataclasses.replace(entry, status=status, result_json=result_json, error_json=error_json,
                                    cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss)
+    if error is None and started is None and _is_last_act(ex, ctx):
+        # Its record goes with the run's terminal status, in one transaction.
+        ex.pending = PendingRecord(ctx, finished, decoded, token)
+        return result
     try:
         if started is not None:
             write = _store_call(ex, lambda: ex.store.finish_step(
@@ -294,6 +317,59 @@ def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: t
     raise _suspend(ex, retry_at)
 
 
+#: Modules whose frames lie between a step call in the body and ``run_step``.
+_ENGINE_MODULES = frozenset({__name__, "everystep.api"})
+
+
+def _is_last_act(ex: Execution, ctx: Context) -> bool:
+    """Whether the step being recorded is the body's last act: called at the
+    body's own top level (not in a helper function, not in a parallel
+    branch) in tail position, so once it returns the body returns its result
+    and runs nothing more (``everystep.tail_position``)."""
+    if ctx.prefix or ex.body_code is None or ex.dry_run:
+        return False
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in _ENGINE_MODULES:
+        frame = frame.f_back
+    return (frame is not None and frame.f_code is ex.body_code and frame.f_back is not None
+            and frame.f_back.f_code is execute.__code__ and is_tail_call(frame.f_code, frame.f_lasti))
+
+
+def _flush(ex: Execution) -> StepWrite:
+    """Write the held-back record of the last step on its own, as any step
+    record: the body went on after all, or the run's terminal status cannot
+    go with it. Raises the interrupt a refused write causes, like any step
+    write (a cancel records the step through the cancelled claim)."""
+    pending, ex.pending = ex.pending, None
+    assert pending is not None
+    return _write_pending(ex, pending, lambda: ex.store.record_step(ex.claim, pending.entry, pending.decoded))
+
+
+def _flush_quietly(ex: Execution) -> None:
+    """``_flush`` where a refusal only has to be remembered: the interrupt
+    it raises is ``ex.interrupt`` from then on. A simulated crash writes
+    nothing, as a dead process would not."""
+    if isinstance(ex.interrupt, SimulatedCrash):
+        ex.pending = None
+        return
+    try:
+        _flush(ex)
+    except EverystepError:
+        pass
+
+
+def _write_pending(ex: Execution, pending: PendingRecord, write: Callable[[], StepWrite | None]) -> StepWrite:
+    entry = pending.entry
+    try:
+        written = _store_call(ex, write, entry)
+    except BaseException as exc:
+        ex.observer.step_finished(pending.ctx, entry.step_id, entry.name, "unrecorded", exc, pending.token)
+        raise
+    ex.outcomes[entry.step_id] = written.record
+    ex.observer.step_finished(pending.ctx, entry.step_id, entry.name, entry.status, None, pending.token)
+    return written
+
+
 def _due(ex: Execution, wake_at: dt.datetime | None) -> bool:
     """Whether a wait ending at ``wake_at`` is over: by this host's clock, or
     by the database's time of the claim (it only hands out due runs)."""
@@ -333,6 +409,8 @@ def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
         time.sleep(max((wake_at - utcnow()).total_seconds(), 0.0))
         return
     ex = ctx.execution
+    if ex.pending is not None:
+        _flush(ex)
     ex.check_interrupt()
     step_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
     recorded = ex.outcomes.get(step_id)
@@ -456,6 +534,8 @@ def run_parallel(branches: tuple[Any, ...], name: str | None) -> tuple[Any, ...]
     if ctx is None:
         return _gather([(body, None) for body in bodies])
     ex = ctx.execution
+    if ex.pending is not None:
+        _flush(ex)
     ex.check_interrupt()
     fork_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
     token = ex.observer.fork_started(ctx, fork_id, len(bodies))
@@ -568,6 +648,7 @@ def execute(
                 f"workflow {run.name!r} is not registered in this process (is its module in --app?)"
             )
         else:
+            ex.body_code = getattr(workflow.fn, "__code__", None)
             value = workflow.fn(*run.args)
     except Exception as exc:
         raised = exc
@@ -624,13 +705,19 @@ def execute_guarded(
     return status
 
 
-def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Outcome, BaseException | None]:
+def _settle(ex: Execution, value: Any, raised: BaseException | None,
+            announced: bool = False) -> tuple[Outcome, BaseException | None]:
     """Decide and write the run's outcome; returns (outcome, exception). A
     ``SimulatedCrash`` comes back as the exception with nothing written.
 
     An interrupt decides first; then a wait (``ex.wake_at``: a scope sleeps
     or waits for a retry) releases the run whatever the body did after it;
-    then the body's exception or value."""
+    then the body's exception or value. A held-back record of the last step
+    (``ex.pending``) goes with a ``completed`` status in one transaction,
+    and is written on its own first in every other case. ``announced``: the
+    observers already heard ``run_settling``."""
+    if ex.pending is not None and (ex.interrupt is not None or raised is not None or ex.wake_at is not None):
+        _flush_quietly(ex)
     outcome = ex.interrupt or raised
     if isinstance(outcome, SimulatedCrash):
         return Outcome.LOST, outcome
@@ -641,7 +728,8 @@ def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Ou
     if isinstance(outcome, DrainOrphan) or (ex.interrupt is None and ex.wake_at is not None):
         # Back to the queue: drained, or waiting (until its wake time).
         waiting = ex.wake_at is not None
-        ex.observer.run_settling(ex.run, Outcome.RELEASED if waiting else Outcome.REQUEUED)
+        if not announced:
+            ex.observer.run_settling(ex.run, Outcome.RELEASED if waiting else Outcome.REQUEUED)
         try:
             if ex.wake_at is not None:
                 back = outcomes.release(ex.store, ex.claim, ex.wake_at)
@@ -665,8 +753,15 @@ def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Ou
             status = Outcome.COMPLETED
         except EverystepError as exc:
             status, outcome = Outcome.FAILED, exc
+    if ex.pending is not None and status != Outcome.COMPLETED:
+        _flush_quietly(ex)
+        if ex.interrupt is not None:
+            return _settle(ex, value, raised, announced)
     error_json = serde.dumps(serde.encode_exception(outcome), "run error") if outcome is not None else None
-    ex.observer.run_settling(ex.run, status)
+    if not announced:
+        ex.observer.run_settling(ex.run, status)
+    if ex.pending is not None:
+        return _complete_with_last_step(ex, value, status, result_json)
     try:
         written = ex.store.finish_run(ex.claim, status, result_json, error_json)
     except StoreUnavailable as exc:
@@ -674,6 +769,40 @@ def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Ou
     if not written:
         return _lost(ex), outcome
     return status, outcome
+
+
+def _complete_with_last_step(ex: Execution, value: Any, status: Outcome,
+                             result_json: str | None) -> tuple[Outcome, BaseException | None]:
+    """Write the last step's record and the run's status in one transaction.
+    If nothing was written, the step is written on its own, which says why
+    the way every step write does (a cancel, a lost claim, a racing
+    execution's record), and the run settles from there."""
+    pending, ex.pending = ex.pending, None
+    assert pending is not None
+    entry = pending.entry
+    try:
+        write = ex.store.finish_run_with_step(ex.claim, entry, status, result_json, None, pending.decoded)
+    except StoreUnavailable as exc:
+        ex.observer.step_finished(pending.ctx, entry.step_id, entry.name, "unrecorded", exc, pending.token)
+        return Outcome.UNFINISHED, exc
+    if write is not LOST:
+        ex.outcomes[entry.step_id] = write.record
+        ex.observer.step_finished(pending.ctx, entry.step_id, entry.name, entry.status, None, pending.token)
+        return status, None
+    ex.pending = pending
+    try:
+        write = _flush(ex)
+    except EverystepError:
+        return _settle(ex, value, None, announced=True)  # the interrupt decides
+    raised: BaseException | None = None
+    if not write.ours:
+        # A racing execution recorded this step first: its outcome is what
+        # the body returns, as on a replay.
+        try:
+            value = _replay(ex, write.record)
+        except Exception as exc:
+            raised = exc
+    return _settle(ex, value, raised, announced=True)
 
 
 def _lost(ex: Execution) -> Outcome:

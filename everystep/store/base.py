@@ -582,6 +582,32 @@ class Store(abc.ABC):
         params = self._params(**self._claim_params(claim), status=status, result=result_json, error=error_json)
         return self._fetchone("finish_run", params) is not None
 
+    def finish_run_with_step(
+        self,
+        claim: Claim,
+        step: NewStep,
+        status: str,
+        result_json: str | None = None,
+        error_json: str | None = None,
+        decoded: StepRecord | None = None,
+    ) -> StepWrite | None:
+        """Record the run's last step and move the run to its terminal
+        status, both or neither, in one transaction with one durable commit
+        (it holds a step record), if ``claim`` is still current. ``LOST``
+        when nothing was written: the claim moved on, or the step already
+        has an outcome; the caller then writes the step alone to learn which.
+        Here: ``record_step`` and ``finish_run`` in one write transaction."""
+        params = self._step_params(claim, step)
+        finish = {**params, "status": status, "result": result_json, "error": error_json}
+        try:
+            with self.connection() as conn, self._transaction(conn):
+                row = conn.execute(self.sql["record_step"], params).fetchone()
+                if row is None or conn.execute(self.sql["finish_run"], finish).fetchone() is None:
+                    raise _NothingWritten
+        except _NothingWritten:
+            return LOST
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
+
     def claim_states(self, run_ids: Sequence[str]) -> dict[str, ClaimState]:
         """Where the given runs stand now (missing ids are left out)."""
         if not run_ids:
@@ -1062,6 +1088,10 @@ class Store(abc.ABC):
 
 
 _ID_PREFIX = re.compile(r"[0-9a-f-]{1,36}")
+
+
+class _NothingWritten(Exception):
+    """Rolls back a transaction of which one write was refused."""
 
 
 def id_prefix_range(prefix: str) -> tuple[str, str]:

@@ -26,7 +26,8 @@ from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import set_json_loads
 
 from .. import serde
-from .base import Notifications, Store
+from ..models import Claim, StepRecord
+from .base import LOST, NewStep, Notifications, StepWrite, Store
 
 NOTIFY_CHANNEL = "everystep_scheduled"
 #: Payload "RUNNER RUN_ID": a run RUNNER holds was taken from it (requeue --force).
@@ -82,6 +83,25 @@ class PostgresStore(Store):
         with conn.transaction():
             conn.execute(self.sql["migration_lock"])
             yield conn
+
+    def finish_run_with_step(
+        self,
+        claim: Claim,
+        step: NewStep,
+        status: str,
+        result_json: str | None = None,
+        error_json: str | None = None,
+        decoded: StepRecord | None = None,
+    ) -> StepWrite | None:
+        # One statement, not a transaction of two: BEGIN and COMMIT would be
+        # round trips of their own (docs/performance.md measures both forms).
+        params = self._step_params(claim, step)
+        params.update(step_status=params["status"], step_result=params["result"], step_error=params["error"],
+                      status=status, result=result_json, error=error_json)
+        row = self._fetchone("finish_run_with_step", params)
+        if row is None:
+            return LOST
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
 
     @classmethod
     def accepts(cls, conn: Any) -> bool:

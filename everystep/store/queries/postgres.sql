@@ -157,6 +157,43 @@ WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
   AND claim_epoch = %(claim_epoch)s
 RETURNING id
 
+-- name: finish_run_with_step
+-- The run's last step and its terminal status in one statement: one round
+-- trip and one durable commit (the step record needs it) where record_step
+-- and finish_run take two. The run row is locked first, under the claim,
+-- so both writes see the same claim; the status changes only if the step
+-- row was written (a step that already has an outcome writes nothing). No
+-- row back means nothing was written.
+WITH owned AS (
+    SELECT id FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+    FOR UPDATE
+), step AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+         attempt, wake_at, cpu_seconds, peak_rss_bytes)
+    SELECT owned.id, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(step_status)s,
+           %(step_result)s::json, %(step_error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
+           %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
+    FROM owned
+    ON CONFLICT (workflow_id, step_id) DO UPDATE
+    SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+        status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+        started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+        attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
+        cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
+    WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
+    RETURNING completed_at
+), run AS (
+    UPDATE everystep_workflow
+    SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
+        completed_at = clock_timestamp()
+    WHERE id = (SELECT id FROM owned) AND EXISTS (SELECT 1 FROM step)
+    RETURNING id
+)
+SELECT step.completed_at FROM step, run
+
 -- name: requeue
 UPDATE everystep_workflow
 SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
