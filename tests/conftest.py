@@ -10,6 +10,8 @@ dropped at the end.
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 from everystep import runner
 from everystep.store import Store, close_default_stores, connect
 from tests.support.pgserver import PgServer, start_server
+from tests.support.watchdog import Watchdog, grace_from_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +37,58 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+_watchdog: Watchdog | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the watchdog that ends a run stuck beyond pytest-timeout's reach
+    (see ``tests/support/watchdog.py``)."""
+    global _watchdog
+    _watchdog = Watchdog(grace_from_environment(), config.pluginmanager.getplugin("capturemanager"))
+    _watchdog.start()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if _watchdog is not None:
+        _watchdog.entering(item.nodeid)
+    try:
+        yield
+    finally:
+        if _watchdog is not None:
+            _watchdog.leaving()
+
+
+_GUARDED_LIMITS = ("RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_AS")
+_GUARDED_SIGNALS = ("SIGALRM", "SIGXCPU", "SIGTERM", "SIGINT", "SIGCHLD")
+
+
+@pytest.fixture(autouse=True)
+def _process_state_is_left_as_found() -> Iterator[None]:
+    """A test that runs supervisor or meter code in the pytest process must
+    give back the rlimits, signal handlers and signal mask it changed: a
+    leftover soft CPU or data limit, or a blocked SIGALRM, would strike a
+    test much later (pytest-timeout itself relies on SIGALRM)."""
+    limits = {name: resource.getrlimit(getattr(resource, name)) for name in _GUARDED_LIMITS}
+    handlers = {name: signal.getsignal(getattr(signal, name)) for name in _GUARDED_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    changed = []
+    for name, value in limits.items():
+        if resource.getrlimit(getattr(resource, name)) != value:
+            changed.append(name)
+            resource.setrlimit(getattr(resource, name), value)
+    for name, handler in handlers.items():
+        if name != "SIGALRM" and signal.getsignal(getattr(signal, name)) != handler:
+            changed.append(name)
+            signal.signal(getattr(signal, name), handler)
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []) != mask:
+        changed.append("signal mask")
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if changed:
+        pytest.fail(f"the test left the pytest process changed: {', '.join(changed)}")
 
 
 @pytest.fixture(scope="session")
