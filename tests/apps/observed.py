@@ -37,6 +37,8 @@ from typing import Any
 
 from everystep import Terminal, step, workflow
 
+#: What ``--app`` names to load this module in a supervisor or a worker.
+APP = "tests.apps.observed"
 SPANS_ENV = "EVERYSTEP_TEST_SPANS"
 SENTRY_ENV = "EVERYSTEP_TEST_SENTRY"
 POLL_SECONDS = 0.02
