@@ -17,7 +17,7 @@ from everystep.models import SCHEDULED
 from everystep.runner import Outcome
 from everystep.store import Store
 from tests.support.runs import claim_run
-from tests.test_lifecycle import retrying_flow, sleeps
+from tests.apps.lifecycle_in_process import retrying_flow, sleeps
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,12 +41,13 @@ def one_line_refusal(result: subprocess.CompletedProcess[str]) -> str:
 ])
 def test_bad_schedule_times_are_refused(db_url: str, subprocess_env: dict[str, str], extra: list[str],
                                         message: str) -> None:
-    result = cli(subprocess_env, db_url, "schedule", "--app", "tests.test_lifecycle", sleeps.name, "[0]", *extra)
+    result = cli(subprocess_env, db_url, "schedule", "--app", "tests.apps.lifecycle_in_process", sleeps.name, "[0]",
+                 *extra)
     assert message in one_line_refusal(result)
 
 
 def test_schedule_at_a_time_with_its_offset(db_url: str, store: Store, subprocess_env: dict[str, str]) -> None:
-    result = cli(subprocess_env, db_url, "schedule", "--app", "tests.test_lifecycle", sleeps.name, "[0]",
+    result = cli(subprocess_env, db_url, "schedule", "--app", "tests.apps.lifecycle_in_process", sleeps.name, "[0]",
                  "--at", "2030-01-01T09:00:00+01:00")
     assert result.returncode == 0, result.stderr
     run = store.get_run(result.stdout.strip())

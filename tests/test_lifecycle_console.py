@@ -16,14 +16,14 @@ from everystep.models import CANCELLED, SCHEDULED
 from everystep.runner import Outcome
 from tests.support.console import ConsoleServer, serve
 from tests.support.runs import claim_run
-from tests.test_lifecycle import retrying_flow, sleeps
+from tests.apps.lifecycle_in_process import retrying_flow, sleeps
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
 def console(db_url: str) -> Iterator[ConsoleServer]:
-    yield from serve(db_url, app_modules="tests.test_lifecycle")
+    yield from serve(db_url, app_modules="tests.apps.lifecycle_in_process")
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Migrations: idempotent, each version applied exactly once even when two
 processes or threads migrate a fresh database at once; a fresh SQLite file
-migrates itself on first use."""
+migrates itself on first use; an upgrade keeps the runs and steps an older
+schema holds."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 
 from everystep import schedule, workflow
+from everystep.models import SCHEDULED, STEP_DONE
 from everystep.store import connect, migrations
 from everystep.store.postgres import PostgresStore
 from everystep.store.sqlite import SQLiteStore
@@ -196,3 +198,40 @@ def test_two_processes_migrating_a_fresh_postgres_database_apply_each_version_on
                 proc.wait()
     assert sorted(outputs) == ["", ",".join(all_versions("postgres"))]
     assert pg_versions(fresh_pg) == [m.version for m in migrations.available("postgres")]
+
+
+def test_sqlite_upgrade_to_version_6_keeps_runs_steps_and_the_foreign_key(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA foreign_keys = ON")
+    for migration in migrations.available("sqlite")[:5]:
+        for statement in migration.statements():
+            conn.execute(statement)
+        conn.execute("CREATE TABLE IF NOT EXISTS everystep_migration (version INTEGER PRIMARY KEY, "
+                     "name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+        conn.execute("INSERT INTO everystep_migration VALUES (?, ?, '2024-01-01')", (migration.version, migration.name))
+    conn.execute("INSERT INTO everystep_workflow (id, name, args, status, created_at, claim_epoch) VALUES "
+                 "('01a2aaaa-0000-7000-8000-000000000001', 'old.flow', '[]', 'scheduled', '2024-01-01T00:00:00+00:00', 4)")
+    conn.execute("INSERT INTO everystep_step (workflow_id, step_id, name, status, result, started_at) VALUES "
+                 "('01a2aaaa-0000-7000-8000-000000000001', '1', 'old.step', 'done', '1', '2024-01-01T00:00:00+00:00')")
+    conn.close()
+
+    store = connect(f"sqlite:///{path}")  # migrates itself
+    try:
+        assert store.schema_version() == migrations.latest("sqlite")
+        run = store.get_run("01a2aaaa-0000-7000-8000-000000000001")
+        assert (run.status, run.claim_epoch, run.not_before) == (SCHEDULED, 4, None)
+        [record] = store.get_steps(run.id)
+        assert (record.status, record.result, record.attempt) == (STEP_DONE, 1, 1)
+        with store.connection() as conn:
+            names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+            assert {"everystep_workflow_idempotency", "everystep_workflow_claimable", "everystep_workflow_running",
+                    "everystep_workflow_status"} <= names
+            assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+            with pytest.raises(sqlite3.IntegrityError):
+                conn.execute("INSERT INTO everystep_step (workflow_id, step_id, name, status, started_at) "
+                             "VALUES ('01a2ffff-0000-7000-8000-000000000000', '1', 'x', 'done', 'now')")
+            conn.execute("DELETE FROM everystep_workflow WHERE id = ?", (run.id,))
+            assert conn.execute("SELECT count(*) FROM everystep_step").fetchone()[0] == 0  # cascades
+    finally:
+        store.close()

@@ -51,3 +51,14 @@ def resume(store: Store, run_id: str, claimer: str = "tester") -> str:
     operator or a drain) and executed again from the top."""
     assert store.requeue(store.get_run(run_id).claim_as(claimer))
     return execute_run(store, run_id, claimer)
+
+
+def run_until_settled(store: Store, run_id: str, limit: int = 10) -> list[str]:
+    """Claim and execute while the run is released due at once (backoff 0);
+    returns what each execution returned."""
+    outcomes = []
+    for _ in range(limit):
+        outcomes.append(execute_run(store, run_id))
+        if store.get_run(run_id).status != SCHEDULED:
+            return outcomes
+    raise AssertionError(f"run {run_id} still scheduled after {limit} executions: {outcomes}")
