@@ -27,7 +27,8 @@ from tests.apps import shapes
 from tests.support.console import ConsoleServer, serve
 from tests.support.runs import claim_run, crash_at, execute_run
 
-pytestmark = pytest.mark.timeout(120)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
 
 
 @pytest.fixture

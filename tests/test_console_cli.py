@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = pytest.mark.timeout(120)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
 
 
 def ui(db_url: str, env: dict[str, str], *args: str, **options: Any) -> subprocess.Popen[str]:

@@ -18,7 +18,8 @@ from tests.support.console import ConsoleServer, serve
 from tests.support.runs import claim_run
 from tests.test_lifecycle import retrying_flow, sleeps
 
-pytestmark = pytest.mark.timeout(120)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
 
 
 @pytest.fixture

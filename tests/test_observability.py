@@ -64,7 +64,8 @@ from tests.support.supervisor import (  # noqa: F401 - supervisors is a fixture
     wait_run,
 )
 
-pytestmark = pytest.mark.timeout(240)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 APP = "tests.apps.observed"
 THREE_STEPS = observed.three_steps.name
