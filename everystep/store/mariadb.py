@@ -100,6 +100,15 @@ def _script(sql: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in re.split(r";[ \t]*\n", sql) if part.strip())
 
 
+@functools.cache
+def _locks(statements: tuple[str, ...]) -> bool:
+    """Whether a script takes row locks it must hold across its statements
+    (then it runs in one transaction). One without them is a single write
+    and reads that follow it: each statement is atomic on its own, and the
+    round trips of BEGIN and COMMIT are saved."""
+    return any("FOR UPDATE" in statement or "LOCK IN SHARE MODE" in statement for statement in statements)
+
+
 class _Result:
     """What a statement or script returned: rows by name, and rows touched."""
 
@@ -135,7 +144,7 @@ class _Connection:
         try:
             if len(statements) == 1:
                 return self._single(statements[0], params)
-            if self.in_transaction:
+            if self.in_transaction or not _locks(statements):
                 return self._run_script(statements, dict(params or {}))
             self.raw.begin()
             try:

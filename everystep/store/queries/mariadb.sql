@@ -6,8 +6,10 @@
 --
 -- MariaDB has INSERT ... RETURNING but no UPDATE ... RETURNING, and no
 -- data-modifying CTE. A name may therefore hold a short script: statements
--- each ending with ";" at the end of a line, run in order in one
--- transaction (the caller's, or one of their own; see mariadb.py):
+-- each ending with ";" at the end of a line, run in order, in one
+-- transaction (the caller's, or one of their own) when the script takes row
+-- locks (FOR UPDATE); a script without them is one write and reads that
+-- follow it, each atomic on its own (see mariadb.py):
 --   * a SELECT that returns no row, or an INSERT/UPDATE/DELETE that touches
 --     none, ends the script with no rows: it is a guard;
 --   * a SELECT that returns rows binds %(picked)s, the tuple of its first
