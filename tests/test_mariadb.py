@@ -195,3 +195,28 @@ def test_a_burst_supervisor_executes_runs_end_to_end(mariadb_url: str, superviso
     pids = {store.get_run(run.id).result for run in runs}
     assert sup.pid not in pids  # executed by its children, not by the parent
     assert len(effect_lines(tmp_path)) == 6
+
+
+# -- values the schema must keep whole ---------------------------------------------------------
+
+
+def test_long_idempotency_keys_are_kept_whole(mariadb_url: str) -> None:
+    """Uniqueness is on a digest of (name, key): two keys that share a long
+    prefix are two runs, and the same long key is one."""
+    store = connect(mariadb_url)
+    prefix = "k" * 1000
+    first = schedule(supervised.tiny, {"dir": "/x"}, database=store, idempotency_key=prefix + "1")
+    second = schedule(supervised.tiny, {"dir": "/x"}, database=store, idempotency_key=prefix + "2")
+    again = schedule(supervised.tiny, {"dir": "/x"}, database=store, idempotency_key=prefix + "1")
+    assert first.id != second.id and again.id == first.id
+    assert store.get_run(first.id).idempotency_key == prefix + "1"
+    other = schedule(supervised.gated_flow, {"dir": "/x"}, database=store, idempotency_key=prefix + "1")
+    assert other.id != first.id  # keys are per workflow
+
+
+def test_a_name_too_long_to_store_is_refused_not_cut(mariadb_url: str) -> None:
+    store = connect(mariadb_url)
+    with pytest.raises(EverystepError, match="MariaDB stores at most 255") as refused:
+        store.schedule("w" * 300, "[]")
+    assert "\n" not in str(refused.value)
+    assert store.list_runs() == []

@@ -34,7 +34,7 @@ import datetime as dt
 import functools
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -44,9 +44,12 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 
 from .. import serde
 from ..errors import EverystepError
-from .base import Row, Store
+from ..models import Run
+from .base import Row, RunnerInfo, Store
 
 DEFAULT_PORT = 3306
+#: The longest workflow or runner name the schema stores (VARCHAR(255)).
+MAX_NAME = 255
 CONNECT_TIMEOUT_SECONDS = 10.0
 #: How long a migrator waits for another one to finish.
 MIGRATION_LOCK_SECONDS = 300
@@ -55,6 +58,9 @@ MIGRATION_LOCK_SECONDS = 300
 #: again": connection lost or refused, server shutting down, a statement or
 #: lock wait that timed out, a deadlock victim, a read-only server (a
 #: demoted primary). Everything else the server refuses is an error.
+DEADLOCK = 1213
+#: Times a script in its own transaction is run again after a deadlock.
+DEADLOCK_RETRIES = 3
 TRANSIENT_CODES = frozenset({1040, 1053, 1205, 1213, 1290, 1792, 1836, 1927, 1969, 3024})
 
 
@@ -67,6 +73,11 @@ def _translate(exc: pymysql.err.Error) -> pymysql.err.Error:
     if isinstance(exc, pymysql.err.InterfaceError) or code in TRANSIENT_CODES or code >= 2000:
         return Unreachable(*exc.args)
     return exc
+
+
+def _check_length(what: str, value: str) -> None:
+    if len(value) > MAX_NAME:
+        raise EverystepError(f"{what} {value[:40]!r}… is {len(value)} characters; MariaDB stores at most {MAX_NAME}")
 
 
 def connect_args(url: str) -> dict[str, Any]:
@@ -146,20 +157,33 @@ class _Connection:
                 return self._single(statements[0], params)
             if self.in_transaction or not _locks(statements):
                 return self._run_script(statements, dict(params or {}))
+            return self._run_own_transaction(statements, dict(params or {}))
+        except pymysql.err.Error as exc:
+            translated = _translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    def _run_own_transaction(self, statements: Sequence[str], params: dict[str, Any]) -> _Result:
+        """A script in a transaction of its own; a deadlock victim (InnoDB
+        rolled it back whole) is run again, a few times."""
+        for attempt in range(DEADLOCK_RETRIES + 1):
             self.raw.begin()
             try:
-                result = self._run_script(statements, dict(params or {}))
+                result = self._run_script(statements, dict(params))
+            except pymysql.err.OperationalError as exc:
+                with contextlib.suppress(pymysql.err.Error):
+                    self.raw.rollback()
+                if exc.args[0] != DEADLOCK or attempt == DEADLOCK_RETRIES:
+                    raise
+                continue
             except BaseException:
                 with contextlib.suppress(pymysql.err.Error):
                     self.raw.rollback()
                 raise
             self.raw.commit()
             return result
-        except pymysql.err.Error as exc:
-            translated = _translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
+        raise AssertionError("unreachable")
 
     def _single(self, statement: str, params: Mapping[str, Any] | None) -> _Result:
         with self.raw.cursor(pymysql.cursors.DictCursor) as cursor:
@@ -294,6 +318,19 @@ class MariaDBStore(Store):
         migrator = cls.__new__(cls)
         Store.__init__(migrator, "")
         return migrator._migrate_through(_Connection(conn))
+
+    @classmethod
+    def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
+                          not_before: dt.datetime | None = None) -> Run:
+        # INSERT IGNORE (the idempotent insert) would cut a longer name.
+        _check_length("workflow name", name)
+        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before)
+
+    def register_runner(self, name: str, instance: str, kind: str, host: str, pid: int, lease: float,
+                        vet: Callable[[RunnerInfo], None]) -> tuple[RunnerInfo | None, list[str]]:
+        _check_length("runner name", name)
+        _check_length("host name", host)
+        return super().register_runner(name, instance, kind, host, pid, lease, vet)
 
     @classmethod
     def _names(cls, names: Sequence[str]) -> tuple[str, ...]:

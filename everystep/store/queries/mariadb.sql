@@ -25,8 +25,11 @@
 -- name: connection_setup
 -- Run on every new connection: UTC for NOW() and friends; READ COMMITTED,
 -- as on PostgreSQL (each statement reads what is committed, and InnoDB
--- takes no gap locks, so claimers and step writers never deadlock on them).
+-- takes no gap locks, so claimers and step writers never deadlock on them);
+-- a strict SQL mode of our own, whatever the server's default (a value too
+-- long for its column is an error, never cut).
 SET SESSION time_zone = '+00:00';
+SET SESSION sql_mode = 'STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION';
 SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED
 
 -- name: statement_timeout
@@ -47,13 +50,16 @@ ROLLBACK
 -- name: schedule
 -- INSERT IGNORE skips a duplicate idempotency key (no row returned), like
 -- ON CONFLICT DO NOTHING; the unique index treats NULL keys as distinct.
+-- (IGNORE would also cut a value too long for its column: the only such
+-- column, the workflow name, is checked before, see mariadb.py.)
 INSERT IGNORE INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before)
 VALUES (%(id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMESTAMP(6), %(not_before)s)
 RETURNING {run_columns}
 
 -- name: get_run_by_key
 SELECT {run_columns} FROM everystep_workflow
-WHERE name = %(name)s AND idempotency_key = %(idempotency_key)s
+WHERE idempotency_digest = UNHEX(SHA2(CONCAT(%(name)s, CHAR(0), %(idempotency_key)s), 256))
+  AND name = %(name)s AND idempotency_key = %(idempotency_key)s
 
 -- name: get_run
 SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s

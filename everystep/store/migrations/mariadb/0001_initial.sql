@@ -5,13 +5,14 @@
 -- the next `migrate`. Ids are UUID text (ASCII, binary collation, so they
 -- sort as PostgreSQL sorts uuids); names compare byte for byte; JSON is
 -- stored verbatim as text (key order survives replay); timestamps are UTC
--- DATETIME(6). A unique index treats NULLs as distinct, which is what the
--- partial idempotency index of the other backends says.
+-- DATETIME(6). Idempotency keys may be long: uniqueness is on a digest of
+-- (name, key), NULL without a key, and a unique index treats NULLs as
+-- distinct, which is what the partial index of the other backends says.
 CREATE TABLE IF NOT EXISTS everystep_workflow (
     id              CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
     name            VARCHAR(255) NOT NULL,
     args            LONGTEXT NOT NULL,
-    idempotency_key VARCHAR(255),
+    idempotency_key TEXT,
     status          VARCHAR(16) NOT NULL,
     claimed_by      VARCHAR(255),
     claimed_at      DATETIME(6),
@@ -19,9 +20,11 @@ CREATE TABLE IF NOT EXISTS everystep_workflow (
     error           LONGTEXT,
     created_at      DATETIME(6) NOT NULL,
     completed_at    DATETIME(6),
+    idempotency_digest BINARY(32)
+        AS (UNHEX(SHA2(CONCAT(name, CHAR(0), idempotency_key), 256))) STORED,
     CONSTRAINT everystep_workflow_status_check CHECK (status IN
         ('scheduled', 'running', 'completed', 'failed', 'stopped', 'blocked')),
-    UNIQUE KEY everystep_workflow_idempotency (name, idempotency_key),
+    UNIQUE KEY everystep_workflow_idempotency (idempotency_digest),
     KEY everystep_workflow_running (status, claimed_by),
     KEY everystep_workflow_status (status, created_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
