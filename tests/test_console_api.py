@@ -27,8 +27,7 @@ from tests.apps import shapes
 from tests.support.console import ConsoleServer, serve
 from tests.support.runs import claim_run, crash_at, execute_run
 
-# Processes and subprocesses: MariaDB runs the engine modules only.
-pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-# Processes and subprocesses: MariaDB runs the engine modules only.
-pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
+pytestmark = pytest.mark.timeout(120)
 
 
 def ui(db_url: str, env: dict[str, str], *args: str, **options: Any) -> subprocess.Popen[str]:

@@ -19,8 +19,7 @@ from everystep.store import Store
 from tests.support.runs import claim_run
 from tests.test_lifecycle import retrying_flow, sleeps
 
-# Processes and subprocesses: MariaDB runs the engine modules only.
-pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
+pytestmark = pytest.mark.timeout(120)
 
 
 def cli(env: dict[str, str], db_url: str, *args: str) -> subprocess.CompletedProcess[str]:

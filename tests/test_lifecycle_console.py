@@ -18,8 +18,7 @@ from tests.support.console import ConsoleServer, serve
 from tests.support.runs import claim_run
 from tests.test_lifecycle import retrying_flow, sleeps
 
-# Processes and subprocesses: MariaDB runs the engine modules only.
-pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
