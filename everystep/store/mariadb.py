@@ -64,15 +64,31 @@ DEADLOCK_RETRIES = 3
 TRANSIENT_CODES = frozenset({1040, 1053, 1205, 1213, 1290, 1792, 1836, 1927, 1969, 3024})
 
 
-class Unreachable(pymysql.err.OperationalError):
+class _Readable:
+    """PyMySQL errors print as a tuple, ``(1045, "Access denied …")``:
+    these print the server's message and its code."""
+
+    args: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        if len(self.args) >= 2 and isinstance(self.args[0], int):
+            return f"{self.args[1]} (MariaDB error {self.args[0]})"
+        return " ".join(str(arg) for arg in self.args)
+
+
+class Unreachable(_Readable, pymysql.err.OperationalError):
     """A PyMySQL error that means the database is unavailable (transient)."""
+
+
+class Refused(_Readable, pymysql.err.DatabaseError):
+    """Any other error the server or the driver raised."""
 
 
 def _translate(exc: pymysql.err.Error) -> pymysql.err.Error:
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
     if isinstance(exc, pymysql.err.InterfaceError) or code in TRANSIENT_CODES or code >= 2000:
         return Unreachable(*exc.args)
-    return exc
+    return Refused(*exc.args)
 
 
 def _check_length(what: str, value: str) -> None:
@@ -158,11 +174,10 @@ class _Connection:
             if self.in_transaction or not _locks(statements):
                 return self._run_script(statements, dict(params or {}))
             return self._run_own_transaction(statements, dict(params or {}))
+        except (Unreachable, Refused):
+            raise
         except pymysql.err.Error as exc:
-            translated = _translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
+            raise _translate(exc) from exc
 
     def _run_own_transaction(self, statements: Sequence[str], params: dict[str, Any]) -> _Result:
         """A script in a transaction of its own; a deadlock victim (InnoDB
@@ -243,7 +258,9 @@ class MariaDBStore(Store):
                 write_timeout=int(math.ceil(timeout)) + 5 if timeout else None,
             )
         except pymysql.err.Error as exc:
-            raise _translate(exc) from exc
+            # Refused at the door (unknown host, database or user, bad
+            # password): unavailable, as psycopg reports it on PostgreSQL.
+            raise Unreachable(*exc.args) from exc
         conn = _Connection(raw)
         setup: list[tuple[str, dict[str, Any] | None]] = [
             (statement, None) for statement in _script(self.sql["connection_setup"])]
