@@ -238,3 +238,14 @@ def test_a_migration_cut_off_half_way_is_finished_by_the_next(fresh_url: str) ->
     assert store.schema_version() == migrations.latest("mariadb")
     assert store.get_run(run.id).idempotency_key == "key"
     assert store.schedule("kept.across", "[1]", "key").id == run.id
+
+
+def test_every_statement_the_other_backends_name_exists_here() -> None:
+    """The base Store calls statements by name: MariaDB's file answers every
+    name PostgreSQL's does, save PostgreSQL's own (LISTEN, NOTIFY, its
+    advisory lock, its expired-runner CTE)."""
+    from everystep.store import queries
+
+    own = {"listen", "notify_fenced", "recover_expired"}
+    missing = set(queries.load("postgres")) - set(queries.load("mariadb")) - own
+    assert not missing
