@@ -19,15 +19,17 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
 from everystep import runner
 from everystep.store import Store, close_default_stores, connect
-from tests.support.mariadbserver import MariaDBServer
-from tests.support.mariadbserver import start_server as start_mariadb
 from tests.support.pgserver import PgServer, start_server
+
+if TYPE_CHECKING:
+    from tests.support.mariadbserver import MariaDBServer
 
 BACKENDS = ("sqlite", "postgres", "mariadb")
 MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_workflow", "everystep_runner",
@@ -93,6 +95,10 @@ def _truncate(url: str) -> None:
 
 @pytest.fixture(scope="session")
 def mariadb_server() -> Iterator[MariaDBServer]:
+    try:
+        from tests.support.mariadbserver import start_server as start_mariadb
+    except ImportError as exc:  # PyMySQL, from the test extra
+        pytest.skip(f"MariaDB tests need PyMySQL (pip install -e '.[test]'): {exc}")
     server, why = start_mariadb()
     if server is None:
         pytest.skip(f"MariaDB unavailable: {why}")

@@ -11,18 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pymysql
 import pytest
 
-from everystep import schedule
-from everystep.errors import EverystepError, SchemaMissing, StoreUnavailable
-from everystep.models import COMPLETED
-from everystep.store import connect, migrations
-from everystep.store.mariadb import MariaDBStore, connect_args
-from tests.apps import supervised
-from tests.apps.supervised import effect_lines
-from tests.support.mariadbserver import MariaDBServer
-from tests.support.supervisor import supervisors  # noqa: F401
+pymysql = pytest.importorskip("pymysql", reason="the MariaDB backend's driver (pip install -e '.[test]')")
+
+from everystep import schedule  # noqa: E402
+from everystep.errors import EverystepError, SchemaMissing, StoreUnavailable  # noqa: E402
+from everystep.models import COMPLETED  # noqa: E402
+from everystep.store import connect, migrations  # noqa: E402
+from everystep.store.mariadb import MariaDBStore, connect_args  # noqa: E402
+from tests.apps import supervised  # noqa: E402
+from tests.apps.supervised import effect_lines  # noqa: E402
+from tests.support.mariadbserver import MariaDBServer  # noqa: E402
+from tests.support.supervisor import supervisors  # noqa: E402,F401
 
 pytestmark = pytest.mark.timeout(180)
 
