@@ -136,6 +136,13 @@ def _locks(statements: tuple[str, ...]) -> bool:
     return any("FOR UPDATE" in statement or "LOCK IN SHARE MODE" in statement for statement in statements)
 
 
+def _kept(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose ``keep`` column is true, without it (see mariadb.sql)."""
+    if not rows or "keep" not in rows[0]:
+        return list(rows)
+    return [{key: value for key, value in row.items() if key != "keep"} for row in rows if row["keep"]]
+
+
 class _Result:
     """What a statement or script returned: rows by name, and rows touched."""
 
@@ -204,7 +211,7 @@ class _Connection:
         with self.raw.cursor(pymysql.cursors.DictCursor) as cursor:
             cursor.execute(statement, params)
             if cursor.description is not None:
-                return _Result(cursor.fetchall(), cursor.rowcount, cursor.description)
+                return _Result(_kept(cursor.fetchall()), cursor.rowcount, cursor.description)
             touched = cursor.rowcount
         return _Result([{"affected": touched}] if touched > 0 else [], touched, None)
 
@@ -215,7 +222,7 @@ class _Connection:
             for statement in statements:
                 cursor.execute(statement, params)
                 if cursor.description is not None:
-                    rows = cursor.fetchall()
+                    rows = _kept(cursor.fetchall())
                     if not rows:
                         return _NOTHING
                     first = next(iter(rows[0]))

@@ -16,7 +16,10 @@
 --     column, for the statements after it (SELECT ... FOR UPDATE, then
 --     UPDATE ... WHERE id IN %(picked)s stands for UPDATE ... RETURNING);
 --   * the result is the rows of the last SELECT run, or, in a script with
---     none, one row {affected: n} when its last statement touched rows.
+--     none, one row {affected: n} when its last statement touched rows;
+--   * a result column named `keep` filters rows: those where it is false
+--     are left out, and the column itself is dropped (an upsert's
+--     RETURNING says which row it wrote, not only which it saw).
 -- Connections send CLIENT_FOUND_ROWS, so "touched" means "matched" (an
 -- UPDATE that leaves a row as it was still counts), as in PostgreSQL.
 -- Every executor write is conditional on (claimed_by, claim_epoch) in the
@@ -119,8 +122,8 @@ FROM everystep_workflow AS w WHERE w.id IN %(picked)s
 -- Record a finished step while this claim is the run's current one. A row
 -- still waiting for its outcome (started, retrying, sleeping) is replaced;
 -- any other is left as it is (each assignment is conditional on the old
--- status, which is assigned last). The write is ours if the row now carries
--- the completion time we wrote.
+-- status, which is assigned last). RETURNING gives the row as it is now:
+-- the write is ours if it carries the completion time we wrote (keep).
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
      attempt, wake_at, cpu_seconds, peak_rss_bytes)
@@ -144,10 +147,8 @@ ON DUPLICATE KEY UPDATE
     wake_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(wake_at), wake_at),
     cpu_seconds = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(cpu_seconds), cpu_seconds),
     peak_rss_bytes = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(peak_rss_bytes), peak_rss_bytes),
-    status = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(status), status);
-SELECT completed_at FROM everystep_step
-WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND completed_at = %(now)s
-  AND status = %(status)s
+    status = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(status), status)
+RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
 
 -- name: start_step
 -- The atomic claim on an unsafe step's effect: exactly one insert wins. The
@@ -514,10 +515,8 @@ ON DUPLICATE KEY UPDATE
     completed_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(completed_at), completed_at),
     attempt = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(attempt), attempt),
     wake_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(wake_at), wake_at),
-    status = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(status), status);
-SELECT completed_at FROM everystep_step
-WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND completed_at = %(now)s
-  AND status = %(status)s
+    status = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(status), status)
+RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
 
 -- name: cron_ticks
 SELECT c.name, c.last_tick, c.last_run, w.status AS last_status
