@@ -250,3 +250,21 @@ def test_every_statement_the_other_backends_name_exists_here() -> None:
     own = {"listen", "notify_fenced", "recover_expired"}
     missing = set(queries.load("postgres")) - set(queries.load("mariadb")) - own
     assert not missing
+
+
+def test_a_hosts_own_pymysql_connection_migrates_and_reads(fresh_url: str) -> None:
+    """What a host framework does through its own connection (the connection
+    provider): migrate, schedule, read back; the connection is left open."""
+    from everystep import borrowed
+
+    conn = raw(fresh_url, autocommit=True)
+    try:
+        applied = borrowed.migrate(conn)
+        assert applied == [f"{m.version:04d}_{m.name}" for m in migrations.available("mariadb")]
+        assert borrowed.migrate(conn) == []
+        run = borrowed.schedule(conn, supervised.tiny.name, '[{"dir": "/x"}]', None)
+        assert borrowed.get_run(conn, run.id).status == "scheduled"
+        assert borrowed.get_steps(conn, run.id) == []
+        assert conn.open
+    finally:
+        conn.close()
