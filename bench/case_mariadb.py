@@ -26,12 +26,8 @@ import random
 import time
 from typing import Any
 
-import pymysql
-
 from everystep import schedule
 from everystep.store import connect
-from everystep.store.mariadb import connect_args
-from tests.support.mariadbserver import start_server
 
 from . import procs
 from .context import Context
@@ -45,7 +41,13 @@ TABLES = ("everystep_attempt", "everystep_step", "everystep_workflow", "everyste
           "everystep_cron")
 
 
-def _raw(url: str, autocommit: bool = True) -> pymysql.connections.Connection[Any]:
+def _raw(url: str, autocommit: bool = True) -> Any:
+    # Imported on use: without PyMySQL (the bench or mariadb extra) the
+    # other cases still run and this one says why it did not.
+    import pymysql
+
+    from everystep.store.mariadb import connect_args
+
     return pymysql.connect(**connect_args(url), autocommit=autocommit)
 
 
@@ -165,6 +167,12 @@ def pickup(ctx: Context, url: str, runs: int, poll: float | None, gap: tuple[flo
 def run(ctx: Context) -> None:
     s = ctx.settings
     out = ctx.results.setdefault("mariadb", {})
+    try:
+        from tests.support.mariadbserver import start_server
+    except ImportError as exc:
+        ctx.errors["mariadb_unavailable"] = f"PyMySQL is not installed (pip install 'everystep[bench]'): {exc}"
+        ctx.log(f"MariaDB: not measured ({ctx.errors['mariadb_unavailable']})")
+        return
     server, why = start_server()
     if server is None:
         ctx.errors["mariadb_unavailable"] = why
