@@ -65,8 +65,8 @@ def _step(run_id: str, step_id: str) -> dict[str, Any]:
     # Each run is claimed once (by ``_claimed_runs``): its claim epoch is 1.
     return {"run_id": run_id, "claimer": CLAIMER, "claim_epoch": 1, "step_id": step_id, "name": "bench.workloads.noop",
             "args": f"[{PAYLOAD}]", "kwargs": "{}", "status": "done", "result": PAYLOAD, "error": None,
-            "started_at": dt.datetime.now(dt.timezone.utc), "attempt": 1, "wake_at": None, "cpu_seconds": None,
-            "peak_rss_bytes": None}
+            "started_at": dt.datetime.now(dt.timezone.utc), "attempt": 1, "wake_at": None,
+            "cpu_seconds": None, "peak_rss_bytes": None}
 
 
 def _finish(run_id: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Run every case against one PostgreSQL server and write the report.
 
 Order: cases 1 and 2 together (their repetitions interleave), then 3 to
-10. Case 9 prunes the history case 7 leaves in the shared scale database. A case that fails is reported as not measured, with its error; the
+10, then cases 2 and 4 on MariaDB against a MariaDB baseline
+(``bench.case_mariadb``; ``--only mariadb`` runs just those). Case 9 prunes the history case 7 leaves in the shared scale database. A case that fails is reported as not measured, with its error; the
 others still run. The exit status is 1 if an everystep case failed (a peer
 that is missing or fails does not count), 0 otherwise.
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
-               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, esdb, pg)
+               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case_mariadb, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -37,6 +38,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case8", "Case 8 — scale-out", case8_scaleout.run, case8_scaleout.section),
     ("case9", "Case 9 — retention", case9_prune.run, case9_prune.section),
     ("case10", "Case 10 — profile", case10_profile.run, case10_profile.section),
+    ("mariadb", "MariaDB — cases 2 and 4", case_mariadb.run, case_mariadb.section),
 ]
 
 
@@ -53,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", metavar="DIR", type=Path, default=DEFAULT_OUT,
                         help=f"where RESULTS.md and throughput.png go (default {DEFAULT_OUT})")
     parser.add_argument("--only", metavar="N[,N]", default="",
-                        help="run only these cases (e.g. 2,3; case 1 runs with case 2); for development")
+                        help="run only these cases (e.g. 2,3, or mariadb; case 1 runs with case 2); for development")
     parser.add_argument("--keep-work", action="store_true", help="keep the work directory (logs) afterwards")
     return parser
 
@@ -61,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = Settings.for_mode(args.quick)
-    only = {f"case{part.strip()}" for part in args.only.split(",") if part.strip()}
+    only = {f"case{part.strip()}" if part.strip().isdigit() else part.strip()
+            for part in args.only.split(",") if part.strip()}
     if "case2" in only:
         only.add("case1")
     out_dir: Path = args.out

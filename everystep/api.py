@@ -273,7 +273,7 @@ def schedule(
     the run is not claimable before then.
 
     The arguments are validated before anything is written. Without ``conn``
-    the run is committed at once. With ``conn`` (a psycopg or sqlite3
+    the run is committed at once. With ``conn`` (a psycopg, sqlite3 or pymysql
     connection) it is inserted in the caller's open transaction: claimable
     on commit, gone on rollback. With ``idempotency_key``, scheduling the
     same workflow and key again (even concurrently) returns the existing run.

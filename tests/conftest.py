@@ -1,10 +1,16 @@
-"""Fixtures: real databases for every test, on both backends.
+"""Fixtures: real databases for every test, on every backend.
 
-``db_url`` is parametrized over SQLite (a fresh file per test) and
-PostgreSQL (one fresh database per test session, on the server named by
+``db_url`` is parametrized over SQLite (a fresh file per test), PostgreSQL
+(one fresh database per test session, on the server named by
 ``EVERYSTEP_TEST_DATABASE_URL`` or a throwaway cluster started from the local
-binaries; its tables are emptied before each test). The session database is
-dropped at the end.
+binaries) and MariaDB (one fresh database per session, on the server named
+by ``EVERYSTEP_TEST_MARIADB_URL``, the local one at 127.0.0.1:3306, or a
+throwaway ``mariadbd``; skipped, saying why, when there is none). Tables are
+emptied before each test; session databases are dropped at the end.
+
+A module or test marked ``pytest.mark.backends("sqlite", "postgres")`` runs
+on those backends only (process-heavy modules, where a third backend would
+only add time).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -24,6 +31,13 @@ from everystep.store import Store, close_default_stores, connect
 from tests.support.pgserver import PgServer, start_server
 from tests.support.watchdog import Watchdog, grace_from_environment
 
+if TYPE_CHECKING:
+    from tests.support.mariadbserver import MariaDBServer
+
+BACKENDS = ("sqlite", "postgres", "mariadb")
+MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_workflow", "everystep_runner",
+                  "everystep_request", "everystep_cron")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -31,6 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked ``slow`` (the chaos session, the benchmark smoke run,
     the type check) run in CI (``CI`` set) or when asked for with ``-m``;
     a plain local ``python -m pytest`` leaves them out and says so."""
+    _keep_marked_backends(config, items)
     if os.environ.get("CI") or config.getoption("markexpr"):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
@@ -91,6 +106,22 @@ def _process_state_is_left_as_found() -> Iterator[None]:
         pytest.fail(f"the test left the pytest process changed: {', '.join(changed)}")
 
 
+def _keep_marked_backends(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the backend parameters a ``backends`` marker leaves out."""
+    kept, dropped = [], []
+    for item in items:
+        marker = item.get_closest_marker("backends")
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("db_url") if callspec is not None else None
+        if marker is not None and backend is not None and backend not in marker.args:
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     server = start_server()
@@ -117,11 +148,58 @@ def _truncate(url: str) -> None:
                      "everystep_request, everystep_cron")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[MariaDBServer]:
+    try:
+        from tests.support.mariadbserver import start_server as start_mariadb
+    except ImportError as exc:  # PyMySQL, from the test extra
+        pytest.skip(f"MariaDB tests need PyMySQL (pip install -e '.[test]'): {exc}")
+    server, why = start_mariadb()
+    if server is None:
+        pytest.skip(f"MariaDB unavailable: {why}")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def mariadb_session_url(mariadb_server: MariaDBServer) -> Iterator[str]:
+    url = mariadb_server.create_database()
+    store = connect(url)
+    store.migrate()
+    store.close()
+    try:
+        yield url
+    finally:
+        close_default_stores()
+        mariadb_server.drop_database(url)
+
+
+def _empty_mariadb(url: str) -> None:
+    import pymysql
+
+    from everystep.store.mariadb import connect_args
+
+    with pymysql.connect(**connect_args(url), autocommit=True) as conn, conn.cursor() as cursor:
+        for table in MARIADB_TABLES:
+            cursor.execute(f"DELETE FROM {table}")
+
+
+@pytest.fixture
+def mariadb_url(mariadb_session_url: str) -> str:
+    """The MariaDB test database only, emptied."""
+    _empty_mariadb(mariadb_session_url)
+    return mariadb_session_url
+
+
+@pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty database of each backend."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'everystep.db'}"
+    if request.param == "mariadb":
+        return str(request.getfixturevalue("mariadb_url"))
     url = request.getfixturevalue("pg_session_url")
     _truncate(url)
     return url

@@ -25,7 +25,8 @@ from everystep.store import Store
 from tests.apps import deploy_v1, deploy_v2
 from tests.support.runs import crash_at, execute_run
 
-pytestmark = pytest.mark.timeout(120)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
 
 ORDER = {"sku": "A-1", "amount": 30}
 

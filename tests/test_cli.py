@@ -28,7 +28,8 @@ from tests.apps import workers
 from tests.apps.workers import effects
 from tests.support.runs import crash_at, execute_run
 
-pytestmark = pytest.mark.timeout(120)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
 
 APP = "tests.apps.workers"
 UNREACHABLE_PG = "postgresql://everystep@127.0.0.1:1/nowhere"

@@ -127,7 +127,7 @@ def test_an_explicit_database_or_conn_bypasses_the_provider(tmp_path: Path) -> N
         with sqlite3.connect(tmp_path / "own.db", isolation_level=None) as mine:
             assert schedule(lend, "z", conn=mine).args == ["z"]
         assert provide.calls == 0
-        with pytest.raises(EverystepError, match="conn must be a psycopg or sqlite3 connection"):
+        with pytest.raises(EverystepError, match="conn must be a psycopg, sqlite3 or pymysql connection"):
             schedule(lend, "w")
     finally:
         store.close()

@@ -33,7 +33,8 @@ from tests.support.runs import crash_at, execute_run  # noqa: E402
 from tests.support.supervisor import supervisors  # noqa: E402,F401
 from tests.support.waiting import wait_until  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 
 @pytest.fixture

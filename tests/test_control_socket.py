@@ -41,7 +41,8 @@ from tests.support.supervisor import (  # noqa: F401
     wait_run,
 )
 
-pytestmark = pytest.mark.timeout(180)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
 
 NOBODY = 65534
 STEP_KILLED = "everystep.errors.StepKilled"

@@ -17,7 +17,8 @@ from tests.apps import supervised
 from tests.support.supervisor import supervisors, wait_run  # noqa: F401
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
 
 STEP_TIMEOUT = 6.0
 STALL_TIMEOUT = 12.0

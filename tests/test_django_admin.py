@@ -23,7 +23,8 @@ from everystep.store import Store, connect  # noqa: E402
 from tests.support.django_project import Project, django_project, empty_tables  # noqa: E402,F401
 from tests.support.runs import crash_at, execute_run, resume  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+# The Django integration supports PostgreSQL and SQLite, not MariaDB.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
 
 
 @pytest.fixture

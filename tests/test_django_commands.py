@@ -32,7 +32,8 @@ from tests.support.runs import crash_at, execute_run, resume  # noqa: E402
 from tests.support.supervisor import short_socket_dir  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+# The Django integration supports PostgreSQL and SQLite, not MariaDB.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
 
 
 @pytest.fixture

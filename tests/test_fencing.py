@@ -100,6 +100,8 @@ def test_lease_recovery_bumps_the_epoch(store: Store) -> None:
     with store.connection() as conn:
         if store.backend == "postgres":
             conn.execute("UPDATE everystep_runner SET heartbeat_at = clock_timestamp() - interval '1 hour'")
+        elif store.backend == "mariadb":
+            conn.execute("UPDATE everystep_runner SET heartbeat_at = heartbeat_at - INTERVAL 1 HOUR")
         else:
             conn.execute("UPDATE everystep_runner SET heartbeat_epoch = heartbeat_epoch - 3600")
     assert store.recover_expired("alive") == {"dead": [run.id]}
@@ -196,6 +198,8 @@ def test_requeue_of_a_dead_or_unknown_holder_needs_no_force(store: Store) -> Non
     with store.connection() as conn:
         if store.backend == "postgres":
             conn.execute("UPDATE everystep_runner SET heartbeat_at = clock_timestamp() - interval '1 minute'")
+        elif store.backend == "mariadb":
+            conn.execute("UPDATE everystep_runner SET heartbeat_at = heartbeat_at - INTERVAL 1 MINUTE")
         else:
             conn.execute("UPDATE everystep_runner SET heartbeat_epoch = heartbeat_epoch - 60")
     assert admin.requeue_run(store, silent.id).status == SCHEDULED
@@ -254,7 +258,7 @@ def test_a_live_holder_keeps_its_name_and_takeover_fences_its_runs(store: Store)
     holder.register()
     # Make the holder look like a live process on another host.
     with store.connection() as conn:
-        param = "%s" if store.backend == "postgres" else "?"
+        param = "?" if store.backend == "sqlite" else "%s"
         conn.execute(f"UPDATE everystep_runner SET host = {param}, pid = 4242 WHERE name = {param}",
                      ("other-host", "shared"))
     run = schedule(fence_flow, database=store)
@@ -280,7 +284,7 @@ def test_a_live_holder_keeps_its_name_and_takeover_fences_its_runs(store: Store)
 def test_a_dead_holder_on_this_host_is_replaced_without_a_flag(store: Store) -> None:
     Lease(store, "restarted", "supervisor", lease=60).register()
     with store.connection() as conn:
-        param = "%s" if store.backend == "postgres" else "?"
+        param = "?" if store.backend == "sqlite" else "%s"
         conn.execute(f"UPDATE everystep_runner SET pid = 999999999 WHERE name = {param}", ("restarted",))
     again = Lease(store, "restarted", "supervisor", lease=60)
     again.register()

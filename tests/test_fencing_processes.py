@@ -27,7 +27,8 @@ from tests.apps.supervised import effect_lines, effects, open_gate
 from tests.support.supervisor import supervisors, wait_for_pids_gone, wait_run  # noqa: F401
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(240)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 
 def spec(directory: Path, **extra: Any) -> dict[str, Any]:

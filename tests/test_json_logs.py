@@ -15,7 +15,7 @@ from tests.apps import observed
 from tests.apps.observed import APP
 from tests.support.supervisor import supervisors, wait_run  # noqa: F401 - supervisors is a fixture
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 
 def test_supervisor_json_logs_carry_run_workflow_and_child_pid(db_url, store, supervisors, tmp_path):

@@ -36,6 +36,9 @@ def _age(store, name, seconds):
             conn.execute(
                 "UPDATE everystep_runner SET heartbeat_at = clock_timestamp() - %s * interval '1 second' "
                 "WHERE name = %s", (seconds, name))
+        elif store.backend == "mariadb":
+            conn.execute("UPDATE everystep_runner SET heartbeat_at = heartbeat_at - INTERVAL %s SECOND "
+                         "WHERE name = %s", (seconds, name))
         else:
             conn.execute("UPDATE everystep_runner SET heartbeat_epoch = heartbeat_epoch - ? WHERE name = ?",
                          (seconds, name))

@@ -23,7 +23,7 @@ from tests.support.outcomes import (  # noqa: F401 - reset_probes is an autouse 
 from tests.support.runs import claim_run, execute_run
 from tests.support.scrape import wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 
 def sample(name: str, **labels: str) -> float:

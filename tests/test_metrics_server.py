@@ -52,7 +52,7 @@ from tests.support.supervisor import (  # noqa: F401 - supervisors is a fixture
     wait_run,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from tests.apps.observed import APP
 from tests.support.scrape import free_port, metrics_args, scrape, scrape_until
 from tests.support.supervisor import supervisors, wait_for_pids_gone, wait_run  # noqa: F401 - supervisors is a fixture
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 THREE_STEPS = observed.three_steps.name
 STEP_NAMES = [observed.rendezvous.name, observed.held.name, observed.finish.name]

@@ -42,7 +42,7 @@ def sqlite_versions(path: Path) -> list[int]:
 
 
 def test_migration_files_are_numbered_and_split_into_statements() -> None:
-    for backend in ("postgres", "sqlite"):
+    for backend in ("postgres", "sqlite", "mariadb"):
         found = migrations.available(backend)
         assert [m.version for m in found] == list(range(1, len(found) + 1))
         assert migrations.latest(backend) == len(found)

@@ -34,7 +34,8 @@ from tests.apps.supervised import open_gate
 from tests.support.supervisor import supervisor_command, supervisors, wait_for_pids_gone, wait_run  # noqa: F401
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(240)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 

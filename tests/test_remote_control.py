@@ -26,7 +26,8 @@ from tests.apps import supervised
 from tests.support.supervisor import error_type, supervisors, wait_run  # noqa: F401
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
 
 
 def spec(directory: Path, **extra: Any) -> dict[str, Any]:

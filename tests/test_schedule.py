@@ -137,7 +137,7 @@ def test_only_workflows_can_be_scheduled(store: Any) -> None:
 
 
 def test_conn_must_be_a_database_connection(store: Any) -> None:
-    with pytest.raises(EverystepError, match="conn must be a psycopg or sqlite3 connection"):
+    with pytest.raises(EverystepError, match="conn must be a psycopg, sqlite3 or pymysql connection"):
         schedule(greet, "x", conn=object())
 
 

@@ -34,7 +34,7 @@ from tests.support.runs import crash_at, execute_run
 from tests.support.scrape import free_port, metrics_args, scrape, wait_for
 from tests.support.supervisor import supervisors, wait_run  # noqa: F401 - supervisors is a fixture
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 
 class CapturingTransport(Transport):

@@ -33,7 +33,8 @@ from supervisor.cgroups import own_cgroup
 from tests.support import cgroups
 from tests.support.supervisor import error_type, supervisors, wait_run  # noqa: F401
 
-pytestmark = pytest.mark.timeout(240)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 APP = "tests.apps.resources"
 EXCEEDED = "everystep.errors.StepResourceExceeded"

@@ -26,7 +26,8 @@ from tests.apps.supervised import effect_lines, effects, open_gate
 from tests.support.waiting import wait_until
 from tests.support.supervisor import error_type, supervisors, wait_for_pids_gone, wait_run  # noqa: F401
 
-pytestmark = pytest.mark.timeout(180)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
 
 STEP_TIMEOUT = "everystep.errors.StepTimeout"
 

@@ -18,7 +18,8 @@ from everystep.store import Store
 from tests.apps import forking
 from tests.support.supervisor import short_socket_dir
 
-pytestmark = pytest.mark.timeout(120)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
 
 
 def run_host(db_url: str, log: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,8 @@ from tests.apps.supervised import effect_lines, effects, open_gate
 from tests.support.waiting import wait_until
 from tests.support.supervisor import short_socket_dir, supervisors, wait_for_pids_gone, wait_run  # noqa: F401
 
-pytestmark = pytest.mark.timeout(180)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
 
 
 def spec(directory: Path, **extra: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from tests.support.runs import claim_run, crash_at, execute_run
 from tests.support.scrape import wait_for
 from tests.support.supervisor import supervisors, wait_run  # noqa: F401 - supervisors is a fixture
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
 
 
 class _SwitchedSpanProcessor(SimpleSpanProcessor):

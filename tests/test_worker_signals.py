@@ -29,7 +29,8 @@ from tests.apps import workers
 from tests.apps.workers import effects, open_gate
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+# Processes and subprocesses: MariaDB runs the engine modules only.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
 
 APP = "tests.apps.workers"
 EXIT_TIMEOUT = 30.0

@@ -2,7 +2,7 @@
 
 ``connect(url)`` picks the backend from the URL scheme:
 ``postgresql://…`` (or ``postgres://…``) for PostgreSQL, ``sqlite:///path.db``
-for the embedded default. ``resolve_url`` applies the lookup order every
+for the embedded default, ``mariadb://…`` (or ``mysql://…``) for MariaDB. ``resolve_url`` applies the lookup order every
 command uses: explicit URL, then ``EVERYSTEP_DATABASE_URL``, then
 ``sqlite:///everystep.db``. ``backend_for_connection`` finds the backend of
 a caller's own connection (``schedule(conn=...)``).
@@ -29,6 +29,8 @@ BACKENDS: dict[str, str] = {
     "postgresql": "everystep.store.postgres:PostgresStore",
     "postgres": "everystep.store.postgres:PostgresStore",
     "sqlite": "everystep.store.sqlite:SQLiteStore",
+    "mariadb": "everystep.store.mariadb:MariaDBStore",
+    "mysql": "everystep.store.mariadb:MariaDBStore",
 }
 
 
@@ -70,7 +72,8 @@ def backend_for_connection(conn: Any) -> type[Store]:
         if cls.accepts(conn):
             return cls
         drivers.append(cls.driver)
-    raise EverystepError(f"conn must be a {' or '.join(drivers)} connection, not {type(conn).__name__}")
+    named = " or ".join([", ".join(drivers[:-1]), drivers[-1]] if len(drivers) > 2 else drivers)
+    raise EverystepError(f"conn must be a {named} connection, not {type(conn).__name__}")
 
 
 _defaults: dict[tuple[str, int], Store] = {}

@@ -1,0 +1,4 @@
+-- Nothing to do on MariaDB: PostgreSQL's version 3 moved its claim into a
+-- function with a pinned plan; MariaDB's claim is a SELECT ... FOR UPDATE
+-- SKIP LOCKED and an UPDATE in one transaction. The version exists so every
+-- backend numbers alike.

@@ -1,0 +1,1 @@
+-- Nothing to do: this version number is reserved.

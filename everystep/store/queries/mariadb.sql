@@ -1,0 +1,533 @@
+-- Every SQL statement everystep runs on MariaDB (10.6 or later), by name.
+-- Parameters use PyMySQL's %(name)s style; a list parameter (workflow
+-- names, run ids, statuses) is sent as a parenthesised tuple for IN. Times
+-- are UTC DATETIME(6): the database clock is UTC_TIMESTAMP(6). JSON columns
+-- are text, stored verbatim.
+--
+-- MariaDB has INSERT ... RETURNING but no UPDATE ... RETURNING, and no
+-- data-modifying CTE. A name may therefore hold a short script: statements
+-- each ending with ";" at the end of a line, run in order, in one
+-- transaction (the caller's, or one of their own) when the script takes row
+-- locks (FOR UPDATE); a script without them is one write and reads that
+-- follow it, each atomic on its own (see mariadb.py):
+--   * a SELECT that returns no row, or an INSERT/UPDATE/DELETE that touches
+--     none, ends the script with no rows: it is a guard;
+--   * a SELECT that returns rows binds %(picked)s, the tuple of its first
+--     column, for the statements after it (SELECT ... FOR UPDATE, then
+--     UPDATE ... WHERE id IN %(picked)s stands for UPDATE ... RETURNING);
+--   * the result is the rows of the last SELECT run, or, in a script with
+--     none, one row {affected: n} when its last statement touched rows;
+--   * a result column named `keep` filters rows: those where it is false
+--     are left out, and the column itself is dropped (an upsert's
+--     RETURNING says which row it wrote, not only which it saw).
+-- Connections send CLIENT_FOUND_ROWS, so "touched" means "matched" (an
+-- UPDATE that leaves a row as it was still counts), as in PostgreSQL.
+-- Every executor write is conditional on (claimed_by, claim_epoch) in the
+-- same statement that writes.
+
+-- name: connection_setup
+-- Run on every new connection: UTC for NOW() and friends; READ COMMITTED,
+-- as on PostgreSQL (each statement reads what is committed, and InnoDB
+-- takes no gap locks, so claimers and step writers never deadlock on them);
+-- a strict SQL mode of our own, whatever the server's default (a value too
+-- long for its column is an error, never cut).
+SET SESSION time_zone = '+00:00';
+SET SESSION sql_mode = 'STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION';
+SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED
+
+-- name: statement_timeout
+-- Bound every statement (max_statement_time, in seconds) and every lock
+-- wait (whole seconds, at least one).
+SET SESSION max_statement_time = %(seconds)s;
+SET SESSION innodb_lock_wait_timeout = %(lock_seconds)s
+
+-- name: begin_write
+START TRANSACTION
+
+-- name: commit
+COMMIT
+
+-- name: rollback
+ROLLBACK
+
+-- name: schedule
+-- INSERT IGNORE skips a duplicate idempotency key (no row returned), like
+-- ON CONFLICT DO NOTHING; the unique index treats NULL keys as distinct.
+-- (IGNORE would also cut a value too long for its column: the only such
+-- column, the workflow name, is checked before, see mariadb.py.)
+INSERT IGNORE INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before)
+VALUES (%(id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMESTAMP(6), %(not_before)s)
+RETURNING {run_columns}
+
+-- name: get_run_by_key
+SELECT {run_columns} FROM everystep_workflow
+WHERE idempotency_digest = UNHEX(SHA2(CONCAT(%(name)s, CHAR(0), %(idempotency_key)s), 256))
+  AND name = %(name)s AND idempotency_key = %(idempotency_key)s
+
+-- name: get_run
+SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s
+
+-- name: list_runs
+SELECT {run_columns} FROM everystep_workflow
+WHERE (%(status)s IS NULL OR status = %(status)s) AND (%(name)s IS NULL OR name = %(name)s)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: count_runs_upto
+SELECT count(*) AS total FROM (
+    SELECT 1 FROM everystep_workflow
+    WHERE (%(status)s IS NULL OR status = %(status)s) AND (%(name)s IS NULL OR name = %(name)s)
+    LIMIT %(cap)s
+) AS capped
+
+-- name: get_steps
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
+-- name: ping
+SELECT 1 AS one
+
+-- name: claim
+-- Runs that are due, earliest due first, along the (status, due_at) index
+-- (it stops at the first run not yet due); SKIP LOCKED lets concurrent
+-- claimers take disjoint sets without waiting on each other. Each claim
+-- bumps the run's epoch: the fencing token its writes carry.
+SELECT id FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+WHERE status = 'scheduled' AND due_at <= UTC_TIMESTAMP(6) AND name IN %(names)s
+ORDER BY due_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+UPDATE everystep_workflow
+SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1
+WHERE id IN %(picked)s;
+SELECT {run_columns_w},
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
+FROM everystep_workflow AS w WHERE w.id IN %(picked)s
+
+-- name: claim_own
+-- Catch-up: re-claim (bumping the epoch, which fences any stale execution)
+-- runs left running under this name that nothing here executes.
+SELECT id FROM everystep_workflow
+WHERE status = 'running' AND claimed_by = %(claimer)s AND name IN %(names)s
+  AND id NOT IN %(exclude)s
+ORDER BY created_at
+LIMIT %(limit)s
+FOR UPDATE;
+UPDATE everystep_workflow SET claim_epoch = claim_epoch + 1
+WHERE id IN %(picked)s AND status = 'running' AND claimed_by = %(claimer)s;
+SELECT {run_columns_w},
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
+FROM everystep_workflow AS w WHERE w.id IN %(picked)s
+
+-- name: record_step
+-- Record a finished step while this claim is the run's current one. A row
+-- still waiting for its outcome (started, retrying, sleeping) is replaced;
+-- any other is left as it is (each assignment is conditional on the old
+-- status, which is assigned last). RETURNING gives the row as it is now:
+-- the write is ours if it carries the completion time we wrote (keep).
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s, %(kwargs)s, %(status)s, %(result)s, %(error)s,
+       %(started_at)s, %(now)s, %(attempt)s, %(wake_at)s, %(cpu_seconds)s, %(peak_rss_bytes)s
+FROM DUAL
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON DUPLICATE KEY UPDATE
+    name = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(name), name),
+    args = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(args), args),
+    kwargs = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(kwargs), kwargs),
+    result = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(result), result),
+    error = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(error), error),
+    started_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(started_at), started_at),
+    completed_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(completed_at), completed_at),
+    attempt = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(attempt), attempt),
+    wake_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(wake_at), wake_at),
+    cpu_seconds = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(cpu_seconds), cpu_seconds),
+    peak_rss_bytes = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(peak_rss_bytes), peak_rss_bytes),
+    status = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(status), status)
+RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
+
+-- name: start_step
+-- The atomic claim on an unsafe step's effect: exactly one insert wins. The
+-- run's row lock (FOR UPDATE, under this claim) serialises the claimants;
+-- the next statement then sees what an earlier one committed. A `retrying`
+-- row is taken over the same way.
+SELECT id FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+FOR UPDATE;
+SELECT 1 AS free FROM DUAL
+WHERE NOT EXISTS (SELECT 1 FROM everystep_step
+                  WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status <> 'retrying');
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, started_at)
+VALUES (%(run_id)s, %(step_id)s, %(name)s, %(args)s, %(kwargs)s, 'started', %(started_at)s)
+ON DUPLICATE KEY UPDATE
+    name = VALUES(name), args = VALUES(args), kwargs = VALUES(kwargs), status = 'started',
+    error = NULL, started_at = VALUES(started_at), completed_at = NULL, wake_at = NULL;
+SELECT started_at FROM everystep_step WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s
+
+-- name: finish_step
+UPDATE everystep_step
+SET status = %(status)s, result = %(result)s, error = %(error)s, completed_at = %(now)s,
+    cpu_seconds = %(cpu_seconds)s, peak_rss_bytes = %(peak_rss_bytes)s
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
+  AND EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+  );
+SELECT completed_at FROM everystep_step WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s
+
+-- name: step_conflict
+SELECT (SELECT count(*) FROM everystep_workflow
+        WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+          AND claim_epoch = %(claim_epoch)s) AS owned,
+       {step_columns_s}
+FROM (SELECT 1) AS one
+LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(step_id)s
+
+-- name: finish_run
+UPDATE everystep_workflow
+SET status = %(status)s, result = %(result)s, error = %(error)s, completed_at = UTC_TIMESTAMP(6)
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+
+-- name: requeue
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+
+-- name: requeue_all
+SELECT id FROM everystep_workflow WHERE status = 'running' AND claimed_by = %(claimer)s FOR UPDATE;
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL
+WHERE id IN %(picked)s AND status = 'running' AND claimed_by = %(claimer)s
+
+-- name: queue_stats
+-- Pending: scheduled and due; waiting: scheduled for later. The oldest
+-- pending age counts from the due time.
+SELECT
+    (SELECT count(*) FROM everystep_workflow
+       WHERE status = 'scheduled' AND due_at <= UTC_TIMESTAMP(6)) AS pending,
+    (SELECT count(*) FROM everystep_workflow
+       WHERE status = 'scheduled' AND due_at > UTC_TIMESTAMP(6)) AS waiting,
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'running') AS running,
+    (SELECT count(*) FROM everystep_workflow WHERE status = 'blocked') AS blocked,
+    (SELECT TIMESTAMPDIFF(MICROSECOND, min(due_at), UTC_TIMESTAMP(6)) / 1000000.0
+       FROM everystep_workflow
+       WHERE status = 'scheduled' AND due_at <= UTC_TIMESTAMP(6)) AS oldest_age
+
+-- name: count_scheduled
+SELECT count(*) AS scheduled FROM everystep_workflow WHERE status = 'scheduled' AND name IN %(names)s
+
+-- name: lock_run
+SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s FOR UPDATE
+
+-- name: lock_step
+SELECT {step_columns} FROM everystep_step
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s FOR UPDATE
+
+-- name: resolve_step_outcome
+UPDATE everystep_step
+SET status = %(status)s, result = %(result)s, error = %(error)s, completed_at = UTC_TIMESTAMP(6)
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
+
+-- name: delete_step
+DELETE FROM everystep_step
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
+
+-- name: reschedule
+-- Admin transitions back to the queue; the epoch bump fences the previous
+-- executor.
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL,
+    error = NULL, result = NULL, completed_at = NULL, claim_epoch = claim_epoch + 1
+WHERE id = %(run_id)s AND status = %(from_status)s
+
+-- name: lock_runner
+-- The current holder of a runner name, locked while a new instance decides
+-- whether it may take the name.
+SELECT name, kind, host, pid, lease_seconds, started_at, heartbeat_at,
+       TIMESTAMPDIFF(MICROSECOND, heartbeat_at, UTC_TIMESTAMP(6)) / 1000000.0 AS silent,
+       (SELECT count(*) FROM everystep_workflow w
+        WHERE w.status = 'running' AND w.claimed_by = %(name)s) AS running,
+       instance
+FROM everystep_runner WHERE name = %(name)s
+FOR UPDATE
+
+-- name: insert_runner
+INSERT IGNORE INTO everystep_runner
+    (name, instance, kind, host, pid, lease_seconds, started_at, heartbeat_at)
+VALUES (%(name)s, %(instance)s, %(kind)s, %(host)s, %(pid)s, %(lease)s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+RETURNING name
+
+-- name: replace_runner
+UPDATE everystep_runner
+SET instance = %(instance)s, kind = %(kind)s, host = %(host)s, pid = %(pid)s,
+    lease_seconds = %(lease)s, started_at = UTC_TIMESTAMP(6), heartbeat_at = UTC_TIMESTAMP(6)
+WHERE name = %(name)s
+
+-- name: fence_runner_runs
+-- A takeover: the previous holder's executions can write nothing more.
+SELECT id FROM everystep_workflow WHERE status = 'running' AND claimed_by = %(name)s FOR UPDATE;
+UPDATE everystep_workflow SET claim_epoch = claim_epoch + 1 WHERE id IN %(picked)s
+
+-- name: heartbeat
+UPDATE everystep_runner SET heartbeat_at = UTC_TIMESTAMP(6)
+WHERE name = %(name)s AND instance = %(instance)s
+
+-- name: unregister_runner
+DELETE FROM everystep_runner WHERE name = %(name)s AND instance = %(instance)s
+
+-- name: expired_runners
+-- Runners silent past their lease, locked: concurrent recoverers serialise
+-- here, and forget_runner checks the lease again under the lock.
+SELECT name FROM everystep_runner
+WHERE heartbeat_at < UTC_TIMESTAMP(6) - INTERVAL (lease_seconds * 1000000) MICROSECOND
+  AND name <> %(me)s
+FOR UPDATE
+
+-- name: forget_runner
+DELETE FROM everystep_runner
+WHERE name = %(name)s AND heartbeat_at < UTC_TIMESTAMP(6) - INTERVAL (lease_seconds * 1000000) MICROSECOND
+
+-- name: requeue_dead_runners_runs
+SELECT id FROM everystep_workflow WHERE status = 'running' AND claimed_by = %(claimer)s FOR UPDATE;
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, claim_epoch = claim_epoch + 1
+WHERE id IN %(picked)s
+
+-- name: list_runners
+SELECT r.name, r.kind, r.host, r.pid, r.lease_seconds, r.started_at, r.heartbeat_at,
+       TIMESTAMPDIFF(MICROSECOND, r.heartbeat_at, UTC_TIMESTAMP(6)) / 1000000.0 AS silent,
+       (SELECT count(*) FROM everystep_workflow w WHERE w.status = 'running' AND w.claimed_by = r.name)
+           AS running,
+       r.instance
+FROM everystep_runner AS r
+ORDER BY r.name
+
+-- name: claim_states
+SELECT id, status, claimed_by, claim_epoch FROM everystep_workflow WHERE id IN %(ids)s
+
+-- name: migration_lock
+-- A named lock per database, held by the session until released: the
+-- lock that serialises migrators (DDL commits at once on MariaDB, so no
+-- transaction can). Waits up to %(wait)s seconds; 1 when taken.
+SELECT GET_LOCK(CONCAT('everystep_migrate.', DATABASE()), %(wait)s) AS locked
+
+-- name: migration_unlock
+SELECT RELEASE_LOCK(CONCAT('everystep_migrate.', DATABASE())) AS released
+
+-- name: create_migration_table
+CREATE TABLE IF NOT EXISTS everystep_migration (
+    version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin
+
+-- name: applied_migrations
+SELECT version FROM everystep_migration
+
+-- name: insert_migration
+INSERT INTO everystep_migration (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s)
+
+-- name: migration_table_exists
+SELECT count(*) AS present FROM information_schema.tables
+WHERE table_schema = DATABASE() AND table_name = 'everystep_migration'
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM everystep_migration
+
+-- -- The operations console and operator requests (migration 0005) -----------
+
+-- name: submit_request
+INSERT INTO everystep_request (runner, command, args, requested_by, created_at)
+VALUES (%(runner)s, %(command)s, %(args)s, %(requested_by)s, UTC_TIMESTAMP(6))
+RETURNING id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at,
+          0.0 AS age
+
+-- name: take_requests
+-- This runner's pending requests, oldest first, with their age by the
+-- database's clock. SKIP LOCKED: two instances racing on one name never
+-- take the same request twice.
+SELECT id FROM everystep_request
+WHERE runner = %(runner)s AND status = 'pending'
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+UPDATE everystep_request SET status = 'taken', taken_at = UTC_TIMESTAMP(6) WHERE id IN %(picked)s;
+SELECT id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at,
+       TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) / 1000000.0 AS age
+FROM everystep_request WHERE id IN %(picked)s
+
+-- name: answer_request
+UPDATE everystep_request SET status = 'answered', reply = %(reply)s, answered_at = UTC_TIMESTAMP(6)
+WHERE id = %(id)s AND status = 'taken'
+
+-- name: expire_request
+UPDATE everystep_request SET status = 'expired', answered_at = UTC_TIMESTAMP(6)
+WHERE id = %(id)s AND status = 'pending'
+
+-- name: get_request
+SELECT id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at,
+       TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) / 1000000.0 AS age
+FROM everystep_request WHERE id = %(id)s
+
+-- name: prune_requests
+DELETE FROM everystep_request WHERE created_at < %(cutoff)s
+
+-- name: publish_runner_detail
+UPDATE everystep_runner SET detail = %(detail)s
+WHERE name = %(name)s AND instance = %(instance)s
+
+-- name: runner_details
+SELECT name, instance, detail FROM everystep_runner WHERE detail IS NOT NULL
+
+-- name: page_runs_older
+SELECT {run_columns} FROM everystep_workflow
+WHERE id >= %(lo)s AND id <= %(hi)s AND id < %(cursor_id)s
+  AND (%(name)s IS NULL OR name = %(name)s)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: page_runs_newer
+SELECT {run_columns} FROM everystep_workflow
+WHERE id >= %(lo)s AND id <= %(hi)s AND id > %(cursor_id)s
+  AND (%(name)s IS NULL OR name = %(name)s)
+ORDER BY id ASC
+LIMIT %(limit)s
+
+-- name: page_runs_status_older
+SELECT {run_columns} FROM everystep_workflow
+WHERE status = %(status)s
+  AND created_at <= %(cursor_at)s AND (created_at, id) < (%(cursor_at)s, %(cursor_id)s)
+  AND id >= %(lo)s AND id <= %(hi)s
+  AND (%(name)s IS NULL OR name = %(name)s)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: page_runs_status_newer
+SELECT {run_columns} FROM everystep_workflow
+WHERE status = %(status)s
+  AND created_at >= %(cursor_at)s AND (created_at, id) > (%(cursor_at)s, %(cursor_id)s)
+  AND id >= %(lo)s AND id <= %(hi)s
+  AND (%(name)s IS NULL OR name = %(name)s)
+ORDER BY created_at ASC, id ASC
+LIMIT %(limit)s
+
+-- name: count_status_upto
+SELECT count(*) AS total FROM (
+    SELECT 1 FROM everystep_workflow WHERE status = %(status)s LIMIT %(cap)s
+) AS capped
+
+-- name: count_statuses
+SELECT status, count(*) AS total FROM everystep_workflow GROUP BY status
+
+-- name: estimate_statuses
+-- InnoDB's statistics carry no value frequencies the console could use:
+-- counts are exact, as on SQLite.
+SELECT -1.0 AS estimated_rows, NULL AS status_values, NULL AS status_shares
+
+-- name: steps_of_runs
+SELECT {step_columns} FROM everystep_step WHERE workflow_id IN %(ids)s ORDER BY workflow_id, id
+
+-- name: prune_count
+SELECT count(*) AS runs, (SELECT count(*) FROM everystep_step AS s
+                  JOIN everystep_workflow AS w ON w.id = s.workflow_id
+                  WHERE w.status IN %(statuses)s AND w.status NOT IN ('scheduled', 'running', 'blocked')
+                    AND w.completed_at < %(cutoff)s) AS steps
+FROM everystep_workflow
+WHERE status IN %(statuses)s AND status NOT IN ('scheduled', 'running', 'blocked')
+  AND completed_at < %(cutoff)s
+
+-- name: prune_pick
+-- One batch of finished runs to delete. The NOT IN is the guarantee that
+-- no unfinished run is ever pruned, whatever statuses the caller passes;
+-- SKIP LOCKED never waits for an operator command holding one.
+SELECT id FROM everystep_workflow
+WHERE status IN %(statuses)s AND status NOT IN ('scheduled', 'running', 'blocked')
+  AND completed_at < %(cutoff)s
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: prune_steps
+DELETE FROM everystep_step WHERE workflow_id IN %(ids)s
+
+-- name: prune_runs
+DELETE FROM everystep_workflow
+WHERE id IN %(ids)s AND status NOT IN ('scheduled', 'running', 'blocked')
+
+-- -- The run lifecycle (migration 0006) --------------------------------------
+
+-- name: release
+-- Back to the queue until not_before (a retry's backoff, a durable sleep),
+-- fenced like every executor write.
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+
+-- name: insert_attempt
+INSERT IGNORE INTO everystep_attempt (workflow_id, step_id, attempt, error, started_at, failed_at, retry_at)
+VALUES (%(run_id)s, %(step_id)s, %(attempt)s, %(error)s, %(started_at)s, %(failed_at)s, %(wake_at)s)
+
+-- name: get_attempts
+SELECT workflow_id, step_id, attempt, error, started_at, failed_at, retry_at
+FROM everystep_attempt WHERE workflow_id = %(id)s ORDER BY step_id, attempt
+
+-- name: next_due
+-- Seconds until the earliest scheduled run of these workflows is due
+-- (negative: overdue); no row when none is scheduled.
+SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), due_at) / 1000000.0 AS wait
+FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+WHERE status = 'scheduled' AND name IN %(names)s
+ORDER BY due_at
+LIMIT 1
+
+-- name: cancel_run
+UPDATE everystep_workflow
+SET status = 'cancelled', error = %(error)s, completed_at = UTC_TIMESTAMP(6)
+WHERE id = %(run_id)s AND status = %(from_status)s
+
+-- name: record_cancelled_step
+-- The step a cancel cut off, recorded by the holder of the cancelled claim.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s, %(kwargs)s, %(status)s, %(result)s, %(error)s,
+       %(started_at)s, %(now)s, %(attempt)s, %(wake_at)s
+FROM DUAL
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'cancelled' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON DUPLICATE KEY UPDATE
+    name = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(name), name),
+    args = IF(status IN ('started', 'retrying', 'sleeping'), coalesce(VALUES(args), args), args),
+    kwargs = IF(status IN ('started', 'retrying', 'sleeping'), coalesce(VALUES(kwargs), kwargs), kwargs),
+    result = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(result), result),
+    error = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(error), error),
+    started_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(started_at), started_at),
+    completed_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(completed_at), completed_at),
+    attempt = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(attempt), attempt),
+    wake_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(wake_at), wake_at),
+    status = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(status), status)
+RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
+
+-- name: cron_ticks
+SELECT c.name, c.last_tick, c.last_run, w.status AS last_status
+FROM everystep_cron AS c
+LEFT JOIN everystep_workflow AS w ON w.id = c.last_run
+WHERE c.name IN %(names)s
+
+-- name: record_cron_tick
+-- The last tick only moves forward (last_run is assigned before last_tick,
+-- so it compares against the old tick).
+INSERT INTO everystep_cron (name, last_tick, last_run) VALUES (%(name)s, %(tick)s, %(run_id)s)
+ON DUPLICATE KEY UPDATE
+    last_run = IF(last_tick < VALUES(last_tick), VALUES(last_run), last_run),
+    last_tick = GREATEST(last_tick, VALUES(last_tick))
