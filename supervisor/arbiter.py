@@ -46,6 +46,7 @@ from everystep.store.postgres import FENCE_CHANNEL
 from . import child as child_process
 from . import reporting, titles
 from .budgets import Budgets
+from .channels import ChildChannels
 from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
 from .control import ControlServer, ControlSocketError
@@ -53,23 +54,7 @@ from .fate import Action, ChildEnd, Decision, decide, restart_reason
 from .fencing import FenceWatch, older_executions
 from .http import LoopHTTPServer
 from .listener import Listener
-from .protocol import (
-    Bye,
-    Channel,
-    ChannelClosed,
-    Dispatch,
-    Done,
-    ErrorReply,
-    Exit,
-    Finishing,
-    Message,
-    Ready,
-    ReloadReply,
-    Reply,
-    Request,
-    StepEnded,
-    StepStarted,
-)
+from .protocol import Channel, Dispatch, ErrorReply, Ready, ReloadReply, Reply, Request
 from .reload import ReloadFailed, reimport
 from .remote import REQUEST_CHANNEL, RemoteControl
 from .sdnotify import Notifier
@@ -113,6 +98,7 @@ class Arbiter:
         self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request,
                                     outage=self.loop.outage)
         self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
+        self.channels = ChildChannels(self.selector, self._on_ready, self._on_done)
         self.http: LoopHTTPServer | None = None
         self._boot_failures = 0
         self._reload_requested = False
@@ -356,7 +342,7 @@ class Arbiter:
         kid = Child(slot=slot, pid=pid, channel=Channel(parent_sock, incoming=Ready.KEY),
                     spawned=time.monotonic(), board=board, group=group)
         self.children[pid] = kid
-        self.selector.register(parent_sock, selectors.EVENT_READ, lambda mask, k=kid: self._on_channel(k, mask))
+        self.channels.watch(kid)
         logger.info("%s: child %d started (pid %d)", self.who, slot, pid,
                     extra={"child_pid": pid, "event": "child_started"})
 
@@ -381,91 +367,13 @@ class Arbiter:
             if kid.state in busy:
                 kid.state = ChildState.RETIRING
             else:
-                self._ask_exit(kid, ByeReason.SCALE)
+                self.channels.ask_exit(kid, ByeReason.SCALE)
 
-    def _ask_exit(self, kid: Child, reason: ByeReason) -> None:
-        kid.state = ChildState.RETIRING
-        self._send(kid, Exit(reason))
+    def _on_ready(self, kid: Child, ready: Ready) -> None:
+        self._boot_failures = 0
+        self.budgets.joined(kid, ready.cgroup)
 
-    def _send(self, kid: Child, message: Message) -> bool:
-        """Queue ``message`` for ``kid`` without blocking; False (and the
-        child killed) if its channel is gone."""
-        try:
-            kid.channel.send(message)
-        except ChannelClosed:
-            kid.kill(KillReason.UNRESPONSIVE)
-            return False
-        self._watch_channel(kid)
-        return True
-
-    def _watch_channel(self, kid: Child) -> None:
-        if not kid.channel_open:
-            return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if kid.channel.pending else 0)
-        self.selector.modify(kid.channel.sock, events, lambda mask, k=kid: self._on_channel(k, mask))
-
-    def _on_channel(self, kid: Child, mask: int) -> None:
-        if mask & selectors.EVENT_WRITE:
-            try:
-                kid.channel.flush()
-            except ChannelClosed:
-                pass  # the EOF on the read side says it
-            if not kid.channel.pending:
-                kid.delivered = True
-                self._watch_channel(kid)
-        if mask & selectors.EVENT_READ:
-            messages, closed = kid.channel.read_available()
-            for message in messages:
-                self._on_message(kid, message)
-            if closed:
-                self._close_channel(kid)
-
-    def _close_channel(self, kid: Child) -> None:
-        if kid.channel_open:
-            kid.channel_open = False
-            try:
-                self.selector.unregister(kid.channel.sock)
-            except (KeyError, ValueError):
-                pass
-            kid.channel.close()
-
-    def _on_message(self, kid: Child, message: Message) -> None:
-        run = kid.run
-        if isinstance(message, Ready):
-            self._boot_failures = 0
-            self.budgets.joined(kid, message.cgroup)
-            if kid.state == ChildState.BOOTING:
-                kid.state = ChildState.IDLE
-        elif isinstance(message, StepStarted):
-            if run is not None and message.step.run == run.id:
-                kid.timed_steps[message.step.step] = message.step
-        elif isinstance(message, StepEnded):
-            kid.timed_steps.pop(message.step, None)
-        elif isinstance(message, Finishing):
-            if kid.state == ChildState.BUSY and run is not None and message.run == run.id:
-                kid.state = ChildState.FINISHING
-                kid.timed_steps.clear()
-        elif isinstance(message, Done):
-            self._run_done(kid, message)
-        elif isinstance(message, Bye):
-            kid.bye_reason = kid.bye_reason or _bye_reason(message.reason)
-            if kid.active:
-                kid.state = ChildState.RETIRING
-
-    def _run_done(self, kid: Child, done: Done) -> None:
-        finished_early = kid.finishing_run is not None and done.run == kid.finishing_run.id
-        run = kid.finishing_run if finished_early else kid.run
-        if run is None or done.run != run.id:
-            return
-        outcome = Outcome(done.outcome)
-        kid.rss = done.rss or kid.rss
-        kid.runs_done += 1
-        if finished_early:
-            kid.finishing_run = None  # ``kid.run`` is its next run, already handed over
-        else:
-            kid.run = None
-            kid.run_started = None
-            kid.timed_steps.clear()
+    def _on_done(self, kid: Child, run: Run, outcome: Outcome) -> None:
         self.counts[outcome] += 1
         if outcome.settled:
             self.crashes.pop(run.id, None)
@@ -474,12 +382,6 @@ class Arbiter:
         outcomes.log_outcome(logger, self.who, run, outcome, f" in child {kid.slot} (pid {kid.pid})",
                              child_pid=kid.pid)
         self.loop.wake()
-        if finished_early:
-            return
-        if kid.state in (ChildState.BUSY, ChildState.FINISHING):
-            kid.state = ChildState.IDLE
-        elif kid.state == ChildState.RETIRING and kid.bye_reason is None:
-            self._ask_exit(kid, ByeReason.SCALE)
 
     # -- reaping ------------------------------------------------------------------
 
@@ -504,9 +406,7 @@ class Arbiter:
                 self._gauge_children()
 
     def _on_exit(self, kid: Child, status: int) -> None:
-        if kid.channel_open:
-            self._on_channel(kid, selectors.EVENT_READ)  # messages sent just before exiting
-            self._close_channel(kid)
+        self.channels.last_words(kid)
         how, _ = describe_exit(status, kid.kill_reason)
         if kid.finishing_run is not None or not kid.delivered:
             # The run handed to it last never started there (it was still in
@@ -656,7 +556,7 @@ class Arbiter:
         self.budgets.handed_run(kid)
         kid.timed_steps.clear()
         kid.delivered = False
-        if self._send(kid, message) and not kid.channel.pending:
+        if self.channels.send(kid, message) and not kid.channel.pending:
             kid.delivered = True
 
     def _on_notify(self, channel: str, payload: str) -> None:
@@ -714,7 +614,7 @@ class Arbiter:
             self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
         for kid in list(self.children.values()):
             if kid.state in (ChildState.IDLE, ChildState.BOOTING):
-                self._ask_exit(kid, ByeReason.DRAIN)
+                self.channels.ask_exit(kid, ByeReason.DRAIN)
             if kid.state != ChildState.KILLED:
                 kid.terminate()
 
@@ -752,7 +652,7 @@ class Arbiter:
         replacing = 0
         for kid in list(self.children.values()):
             if kid.state in (ChildState.IDLE, ChildState.BOOTING):
-                self._ask_exit(kid, ByeReason.RELOAD)
+                self.channels.ask_exit(kid, ByeReason.RELOAD)
             elif kid.state in (ChildState.BUSY, ChildState.FINISHING, ChildState.RETIRING):
                 kid.bye_reason = kid.bye_reason or ByeReason.RELOAD
                 kid.terminate()
@@ -810,12 +710,6 @@ class Arbiter:
                 return
         logger.info("%s: burst mode: nothing left to run", self.who)
         self.begin_drain()
-
-def _bye_reason(text: str) -> ByeReason:
-    try:
-        return ByeReason(text)
-    except ValueError:
-        return ByeReason.EXIT
 
 
 __all__ = ["Arbiter", "TERMINAL_STATUSES"]
