@@ -38,7 +38,6 @@ from everystep import exposition, metrics, outcomes, traces
 from everystep.claimloop import ClaimLoop
 from everystep.errors import EverystepError, StoreUnavailable
 from everystep.models import TERMINAL_STATUSES, Run
-from everystep.resources import describe
 from everystep.runner import Outcome
 from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
@@ -49,6 +48,7 @@ from .budgets import Budgets
 from .channels import ChildChannels
 from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
+from .deadlines import Deadlines
 from .control import ControlServer, ControlSocketError
 from .fate import Action, ChildEnd, Decision, decide, restart_reason
 from .fencing import FenceWatch, older_executions
@@ -85,7 +85,6 @@ class Arbiter:
         self.counts: collections.Counter[str] = collections.Counter()
         self.restarts: collections.Counter[str] = collections.Counter()
         self.stopping: StopMode | None = None
-        self.drain_deadline: float | None = None
         self.exit_code = 0
         self.started = time.monotonic()
         self.signals = SignalQueue()
@@ -98,6 +97,7 @@ class Arbiter:
         self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request,
                                     outage=self.loop.outage)
         self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
+        self.deadlines = Deadlines(self.who, config.name, config.stall_timeout, self.budgets)
         self.channels = ChildChannels(self.selector, self._on_ready, self._on_done)
         self.http: LoopHTTPServer | None = None
         self._boot_failures = 0
@@ -180,8 +180,7 @@ class Arbiter:
         self._handle_signals()
         self._reap()
         now = time.monotonic()
-        self._enforce_deadlines(now)
-        self._enforce_budgets(now)
+        self.deadlines.enforce(self.children.values(), now)
         if self._reload_requested:
             self._reload_requested = False
             self.reload("SIGHUP")
@@ -203,17 +202,9 @@ class Arbiter:
             candidates.append(max(due - now, 0.0))
             if self.ready and self._available():
                 candidates.append(0.0)
-        for kid in self.children.values():
-            for step in kid.timed_steps.values():
-                if step.timeout is not None:
-                    candidates.append(max(step.started + step.timeout - now, 0.0))
-            if kid.channel.stalled_since is not None:
-                candidates.append(max(kid.channel.stalled_since + self.config.stall_timeout - now, 0.0))
-        budget_check = self.budgets.next_due(self.children.values(), now)
-        if budget_check is not None:
-            candidates.append(max(budget_check - now, 0.0))
-        if self.drain_deadline is not None:
-            candidates.append(max(self.drain_deadline - now, 0.0))
+        deadline = self.deadlines.next_at(self.children.values(), now)
+        if deadline is not None:
+            candidates.append(max(deadline - now, 0.0))
         until_watchdog = self.notifier.seconds_until_watchdog(now)
         if until_watchdog is not None:
             candidates.append(until_watchdog)
@@ -489,43 +480,6 @@ class Arbiter:
             # must read them rather than trust the claim-time answer.
             self.ready.appendleft(dataclasses.replace(run, has_steps=None))
 
-    # -- deadlines ------------------------------------------------------------------
-
-    def _enforce_deadlines(self, now: float) -> None:
-        for kid in list(self.children.values()):
-            if kid.state == ChildState.KILLED:
-                continue
-            overdue = [step for step in kid.timed_steps.values() if step.overdue(now)]
-            if overdue:
-                kid.overdue_steps = overdue
-                logger.warning("%s: step %s of run %s exceeded its timeout; killing child %d (pid %d)",
-                               self.who, overdue[0].step, overdue[0].run, kid.slot, kid.pid)
-                kid.kill(KillReason.TIMEOUT)
-                metrics.record(lambda m: m.step_timeouts.labels(self.name).inc(len(overdue)))
-            elif kid.channel.stalled_since is not None and now - kid.channel.stalled_since >= self.config.stall_timeout:
-                logger.warning("%s: child %d (pid %d) has not read its channel for %.0fs; killing it",
-                               self.who, kid.slot, kid.pid, now - kid.channel.stalled_since)
-                kid.kill(KillReason.UNRESPONSIVE)
-        if self.drain_deadline is not None and now >= self.drain_deadline:
-            self.drain_deadline = None
-            left = [kid for kid in self.children.values() if kid.state != ChildState.KILLED]
-            if left:
-                logger.warning("%s: drain deadline passed; killing %s and requeueing their runs",
-                               self.who, reporting.plural(len(left), "child", "children"))
-            for kid in left:
-                kid.kill(KillReason.DRAIN_DEADLINE)
-
-    def _enforce_budgets(self, now: float) -> None:
-        """The backstop: kill a child whose bounded step went over its budget
-        without the child stopping it (``budgets.py``)."""
-        live = [kid for kid in self.children.values() if kid.state != ChildState.KILLED]
-        for kid, overrun in self.budgets.check(live, now):
-            kid.overrun = overrun
-            logger.warning("%s: a step of run %s went over its %s budget (%s); killing child %d (pid %d)",
-                           self.who, kid.run.id if kid.run else "-", overrun.resource,
-                           describe(overrun.resource, overrun.peak or 0.0), kid.slot, kid.pid)
-            kid.kill(KillReason.RESOURCE)
-
     # -- claiming and dispatch --------------------------------------------------------
 
     def _held(self) -> list[str]:
@@ -605,7 +559,7 @@ class Arbiter:
         if self.stopping:
             return
         self.stopping = StopMode.DRAIN
-        self.drain_deadline = time.monotonic() + self.config.drain if self.config.drain > 0 else None
+        self.deadlines.drain_by = time.monotonic() + self.config.drain if self.config.drain > 0 else None
         titles.master(self.name, "draining")
         self.notifier.stopping()
         self.listener.close()
