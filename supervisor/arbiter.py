@@ -25,7 +25,6 @@ closed. Every deadline uses ``time.monotonic()``.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import os
 import selectors
@@ -34,11 +33,10 @@ import socket
 import sys
 import time
 
-from everystep import exposition, metrics, outcomes, traces
+from everystep import exposition, metrics, traces
 from everystep.claimloop import ClaimLoop
-from everystep.errors import EverystepError, StoreUnavailable
+from everystep.errors import EverystepError
 from everystep.models import TERMINAL_STATUSES, Run
-from everystep.runner import Outcome
 from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
 
@@ -50,9 +48,10 @@ from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
 from .deadlines import Deadlines
 from .control import ControlServer, ControlSocketError
-from .fate import Action, ChildEnd, Decision, decide, restart_reason
+from .fate import ChildEnd, decide, restart_reason
 from .fencing import FenceWatch, older_executions
 from .http import LoopHTTPServer
+from .ledger import Ledger
 from .listener import Listener
 from .protocol import Channel, Dispatch, ErrorReply, Ready, ReloadReply, Reply, Request
 from .reload import ReloadFailed, reimport
@@ -80,9 +79,6 @@ class Arbiter:
         self.who = f"everystep-supervisor {config.name}"
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, Child] = {}
-        self.ready: collections.deque[Run] = collections.deque()  # claimed, waiting for a child
-        self.crashes: collections.Counter[str] = collections.Counter()
-        self.counts: collections.Counter[str] = collections.Counter()
         self.restarts: collections.Counter[str] = collections.Counter()
         self.stopping: StopMode | None = None
         self.exit_code = 0
@@ -90,6 +86,7 @@ class Arbiter:
         self.signals = SignalQueue()
         self.loop = ClaimLoop(store, config.name, "supervisor", lease=config.lease, poll=config.poll,
                               takeover=config.takeover, logger=logger, who=self.who)
+        self.ledger = Ledger(store, config.name, self.who, self.loop, lambda: bool(self.stopping))
         self.control = ControlServer(config.socket, self.handle_request, self.selector,
                                      idle_timeout=config.control_timeout, on_request=self._count_request)
         self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)
@@ -98,7 +95,7 @@ class Arbiter:
                                     outage=self.loop.outage)
         self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
         self.deadlines = Deadlines(self.who, config.name, config.stall_timeout, self.budgets)
-        self.channels = ChildChannels(self.selector, self._on_ready, self._on_done)
+        self.channels = ChildChannels(self.selector, self._on_ready, self.ledger.ended)
         self.http: LoopHTTPServer | None = None
         self._boot_failures = 0
         self._reload_requested = False
@@ -200,7 +197,7 @@ class Arbiter:
         if not self.stopping:
             due = self.loop.next_due(now) if self._available() else self.loop.housekeeping_due(now)
             candidates.append(max(due - now, 0.0))
-            if self.ready and self._available():
+            if self.ledger.ready and self._available():
                 candidates.append(0.0)
         deadline = self.deadlines.next_at(self.children.values(), now)
         if deadline is not None:
@@ -364,16 +361,6 @@ class Arbiter:
         self._boot_failures = 0
         self.budgets.joined(kid, ready.cgroup)
 
-    def _on_done(self, kid: Child, run: Run, outcome: Outcome) -> None:
-        self.counts[outcome] += 1
-        if outcome.settled:
-            self.crashes.pop(run.id, None)
-        if outcome == Outcome.UNFINISHED:
-            self._redispatch(run)  # still ours: the database blinked, replay recovers
-        outcomes.log_outcome(logger, self.who, run, outcome, f" in child {kid.slot} (pid {kid.pid})",
-                             child_pid=kid.pid)
-        self.loop.wake()
-
     # -- reaping ------------------------------------------------------------------
 
     def _reap(self, block: bool = False) -> None:
@@ -404,7 +391,7 @@ class Arbiter:
             # the channel, behind the one settling or not even delivered):
             # another child takes it; the settling one, if any, is the victim.
             if kid.run is not None:
-                self._redispatch(kid.run)
+                self.ledger.redispatch(kid.run)
             kid.run, kid.finishing_run = kid.finishing_run, None
         run = kid.run
         clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
@@ -432,70 +419,21 @@ class Arbiter:
             return
         end = ChildEnd(
             run=run, pid=kid.pid, how=how, clean_exit=clean_exit, kill_reason=kid.kill_reason,
-            bye_reason=kid.bye_reason, steps=tuple(steps), crashes=self.crashes[run.id],
+            bye_reason=kid.bye_reason, steps=tuple(steps), crashes=self.ledger.crashes[run.id],
             max_crashes=self.config.max_crashes, stopping=self.stopping is not None, overrun=overrun,
         )
-        self._apply(end, decide(end))
-
-    def _apply(self, end: ChildEnd, decision: Decision) -> None:
-        """Carry out what ``fate.decide`` said about a dead child's run."""
-        run = end.run
-        claim = run.claim_as(self.name)
-        if decision.crashed:
-            self.crashes[run.id] += 1
-        try:
-            record = outcomes.fail_cancelled_step if decision.action == Action.CANCELLED else outcomes.fail_step
-            for step, error in decision.fail_steps:
-                record(self.store, claim, run.name, step.step, step.name, error, step.attempt)
-            for step, error in decision.retry_steps:
-                assert step.retry_in is not None
-                outcomes.retry_step(self.store, claim, run.name, step.step, step.name, step.attempt, error,
-                                    step.retry_in)
-            if decision.action == Action.CANCELLED:
-                self.crashes.pop(run.id, None)
-                self.counts[Outcome.CANCELLED] += 1
-                logger.info("%s: run %s (%s) cancelled; its child (pid %d) was killed", self.who, run.id,
-                            run.name, end.pid, extra={"run_id": run.id, "workflow": run.name, "event": "run_cancelled"})
-            elif decision.action == Action.REDISPATCH:
-                self._redispatch(run)
-            elif decision.action == Action.REQUEUE:
-                self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
-            elif decision.action == Action.FAIL_RUN:
-                self.crashes.pop(run.id, None)
-                assert decision.run_error is not None
-                if outcomes.fail_run(self.store, claim, run, decision.run_error):
-                    self.counts[Outcome.FAILED] += 1
-            else:
-                logger.info("%s: run %s was taken from the child (pid %d) that executed it; its current "
-                            "holder carries on", self.who, run.id, end.pid)
-        except StoreUnavailable as exc:
-            logger.warning("%s: cannot record what happened to run %s (%s); retrying it", self.who, run.id, exc)
-            self._redispatch(run)
-
-    def _redispatch(self, run: Run) -> None:
-        if self.stopping:
-            self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
-        else:
-            # It may have recorded steps since it was claimed: the next child
-            # must read them rather than trust the claim-time answer.
-            self.ready.appendleft(dataclasses.replace(run, has_steps=None))
+        self.ledger.apply(end, decide(end))
 
     # -- claiming and dispatch --------------------------------------------------------
-
-    def _held(self) -> list[str]:
-        held = [run.id for run in self.ready]
-        for kid in self.children.values():
-            held += [run.id for run in (kid.run, kid.finishing_run) if run is not None]
-        return held
 
     def _dispatch(self, now: float) -> None:
         if self.stopping:
             return
         available = self._available()
-        while available and self.ready:
-            self._give(available.pop(), self.ready.popleft())
+        while available and self.ledger.ready:
+            self._give(available.pop(), self.ledger.ready.popleft())
         if available:
-            for run in self.loop.take(now, len(available), self._held()):
+            for run in self.loop.take(now, len(available), self.ledger.held(self.children.values())):
                 self._give(available.pop(), run)
 
     def _give(self, kid: Child, run: Run) -> None:
@@ -537,15 +475,14 @@ class Arbiter:
     def _check_fences(self, now: float) -> None:
         # Where no notification can say a run was cancelled, look every poll.
         every = None if self.listener.connected else min(self.loop.lease.beat_every, self.config.poll)
-        verdict = self.fences.check(now, self._executing(), list(self.ready), every)
+        verdict = self.fences.check(now, self._executing(), list(self.ledger.ready), every)
         for kid, run in verdict.cancelled:
             logger.warning("%s: run %s was cancelled; killing child %d (pid %d)", self.who, run.id, kid.slot,
                            kid.pid, extra={"run_id": run.id, "child_pid": kid.pid, "event": "cancel_kill"})
             kid.kill(KillReason.CANCELLED)
         for kid, run in verdict.stale:
             self._kill_fenced(kid, run, "its claim moved on")
-        if verdict.dropped:
-            self.ready = collections.deque(run for run in self.ready if run not in verdict.dropped)
+        self.ledger.drop(verdict.dropped)
 
     def _kill_fenced(self, kid: Child, run: Run, why: str) -> None:
         logger.warning("%s: run %s was taken from this execution (%s); killing child %d (pid %d)",
@@ -563,9 +500,7 @@ class Arbiter:
         titles.master(self.name, "draining")
         self.notifier.stopping()
         self.listener.close()
-        while self.ready:
-            run = self.ready.popleft()
-            self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
+        self.ledger.requeue_ready()
         for kid in list(self.children.values()):
             if kid.state in (ChildState.IDLE, ChildState.BOOTING):
                 self.channels.ask_exit(kid, ByeReason.DRAIN)
@@ -652,7 +587,7 @@ class Arbiter:
 
     def _check_burst(self) -> None:
         """``--burst``: stop once nothing is left to claim and every child is idle."""
-        if not self.config.burst or self.stopping or self.ready:
+        if not self.config.burst or self.stopping or self.ledger.ready:
             return
         if self.procs == 0:
             if reporting.queued(self):

@@ -53,9 +53,9 @@ def status(arbiter: Arbiter) -> StatusReply:
         draining=bool(arbiter.stopping),
         uptime=round(now - arbiter.started, 3),
         database=arbiter.store.describe(),
-        ready=len(arbiter.ready),
-        runs={**{str(outcome): count for outcome, count in arbiter.counts.items()}, "claimed": arbiter.loop.claimed,
-              "empty_claims": arbiter.loop.empty_claims},
+        ready=len(arbiter.ledger.ready),
+        runs={**{str(outcome): count for outcome, count in arbiter.ledger.counts.items()},
+              "claimed": arbiter.loop.claimed, "empty_claims": arbiter.loop.empty_claims},
         restarts={str(reason): count for reason, count in arbiter.restarts.items()},
         children=[_child_status(kid, now) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
     )
@@ -66,7 +66,7 @@ def busy(arbiter: Arbiter) -> int:
 
 
 def finished(arbiter: Arbiter) -> int:
-    return sum(arbiter.counts[status] for status in TERMINAL_STATUSES)
+    return sum(arbiter.ledger.counts[status] for status in TERMINAL_STATUSES)
 
 
 def status_line(arbiter: Arbiter) -> str:
@@ -76,7 +76,8 @@ def status_line(arbiter: Arbiter) -> str:
 
 
 def finished_summary(arbiter: Arbiter) -> str:
-    parts = [f"{arbiter.counts[status]} {status}" for status in TERMINAL_STATUSES if arbiter.counts[status]]
+    counts = arbiter.ledger.counts
+    parts = [f"{counts[status]} {status}" for status in TERMINAL_STATUSES if counts[status]]
     return ", ".join(parts) or "nothing"
 
 
