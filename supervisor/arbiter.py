@@ -49,7 +49,7 @@ from .config import MAX_PROCS, Config
 from .deadlines import Deadlines
 from .control import ControlServer, ControlSocketError
 from .fate import ChildEnd, decide, restart_reason
-from .fencing import FenceWatch, older_executions
+from .fencing import FenceWatch, executing
 from .http import LoopHTTPServer
 from .ledger import Ledger
 from .listener import Listener
@@ -184,7 +184,9 @@ class Arbiter:
         self._keep_lease(now)
         self.remote.tick(now)
         if now >= self.fences.next_at:
-            self._check_fences(now)
+            # Where no notification can say a run was cancelled, look every poll.
+            every = None if self.listener.connected else min(self.loop.lease.beat_every, self.config.poll)
+            self.ledger.drop(self.fences.enforce(now, self.children.values(), list(self.ledger.ready), every))
         self._spawn_missing()
         if not self.stopping and self.listener.maintain(now):
             self.loop.wake()
@@ -437,7 +439,7 @@ class Arbiter:
                 self._give(available.pop(), run)
 
     def _give(self, kid: Child, run: Run) -> None:
-        self._fence_older_executions(run)
+        self.fences.fence_older(self.children.values(), run)
         if kid.state == ChildState.FINISHING:
             kid.finishing_run = kid.run
         with traces.dispatch_span(run):
@@ -459,36 +461,6 @@ class Arbiter:
             self.remote.wake(payload)
         else:
             self.loop.wake()
-
-    # -- fencing --------------------------------------------------------------------
-
-    def _executing(self, settling: bool = False) -> list[tuple[Child, Run]]:
-        """Children and the run each is executing now; unless ``settling``,
-        not one whose terminal write is under way."""
-        return [(kid, kid.executing) for kid in self.children.values()
-                if kid.executing is not None and (settling or kid.state != ChildState.FINISHING)]
-
-    def _fence_older_executions(self, run: Run) -> None:
-        for kid, held in older_executions(self._executing(), run):
-            self._kill_fenced(kid, held, f"re-claimed at epoch {run.claim_epoch}")
-
-    def _check_fences(self, now: float) -> None:
-        # Where no notification can say a run was cancelled, look every poll.
-        every = None if self.listener.connected else min(self.loop.lease.beat_every, self.config.poll)
-        verdict = self.fences.check(now, self._executing(), list(self.ledger.ready), every)
-        for kid, run in verdict.cancelled:
-            logger.warning("%s: run %s was cancelled; killing child %d (pid %d)", self.who, run.id, kid.slot,
-                           kid.pid, extra={"run_id": run.id, "child_pid": kid.pid, "event": "cancel_kill"})
-            kid.kill(KillReason.CANCELLED)
-        for kid, run in verdict.stale:
-            self._kill_fenced(kid, run, "its claim moved on")
-        self.ledger.drop(verdict.dropped)
-
-    def _kill_fenced(self, kid: Child, run: Run, why: str) -> None:
-        logger.warning("%s: run %s was taken from this execution (%s); killing child %d (pid %d)",
-                       self.who, run.id, why, kid.slot, kid.pid,
-                       extra={"run_id": run.id, "child_pid": kid.pid, "event": "fenced"})
-        kid.kill(KillReason.FENCED)
 
     # -- operator actions ---------------------------------------------------------------
 
@@ -554,10 +526,10 @@ class Arbiter:
         return ReloadReply(modules=modules, replacing=replacing)
 
     def kill_run(self, run_id: str, requeue: bool) -> Child | None:
-        executing = [(kid, run) for kid, run in self._executing(settling=True) if run.id == run_id]
-        if not executing:
+        found = [(kid, run) for kid, run in executing(self.children.values(), settling=True) if run.id == run_id]
+        if not found:
             return None
-        kid, _ = max(executing, key=lambda pair: pair[1].claim_epoch)  # the current execution
+        kid, _ = max(found, key=lambda pair: pair[1].claim_epoch)  # the current execution
         kid.kill(KillReason.KILL_REQUEUE if requeue else KillReason.KILL)
         return kid
 
