@@ -25,6 +25,7 @@ closed. Every deadline uses ``time.monotonic()``.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import selectors
@@ -41,7 +42,7 @@ from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
 
 from . import child as child_process
-from . import reporting, titles
+from . import commands, reporting, titles
 from .budgets import Budgets
 from .channels import ChildChannels
 from .children import Child, describe_exit
@@ -49,12 +50,12 @@ from .config import MAX_PROCS, Config
 from .deadlines import Deadlines
 from .control import ControlServer, ControlSocketError
 from .fate import ChildEnd, decide, restart_reason
-from .fencing import FenceWatch, executing
+from .fencing import FenceWatch
 from .http import LoopHTTPServer
 from .ledger import Ledger
 from .listener import Listener
-from .protocol import Channel, Dispatch, ErrorReply, Ready, ReloadReply, Reply, Request
-from .reload import ReloadFailed, reimport
+from .protocol import Channel, Dispatch, Ready
+from .reload import reload
 from .remote import REQUEST_CHANNEL, RemoteControl
 from .sdnotify import Notifier
 from .signals import SignalQueue
@@ -87,11 +88,12 @@ class Arbiter:
         self.loop = ClaimLoop(store, config.name, "supervisor", lease=config.lease, poll=config.poll,
                               takeover=config.takeover, logger=logger, who=self.who)
         self.ledger = Ledger(store, config.name, self.who, self.loop, lambda: bool(self.stopping))
-        self.control = ControlServer(config.socket, self.handle_request, self.selector,
-                                     idle_timeout=config.control_timeout, on_request=self._count_request)
+        handle_request = functools.partial(commands.handle, self)
+        self.control = ControlServer(config.socket, handle_request, self.selector, idle_timeout=config.control_timeout,
+                                     on_request=functools.partial(commands.count, config.name))
         self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)
         self.fences = FenceWatch(store, config.name, self.loop.lease.beat_every)
-        self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request,
+        self.remote = RemoteControl(store, config.name, self.loop.lease.instance, handle_request,
                                     outage=self.loop.outage)
         self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
         self.deadlines = Deadlines(self.who, config.name, config.stall_timeout, self.budgets)
@@ -180,7 +182,7 @@ class Arbiter:
         self.deadlines.enforce(self.children.values(), now)
         if self._reload_requested:
             self._reload_requested = False
-            self.reload("SIGHUP")
+            reload(self, "SIGHUP")
         self._keep_lease(now)
         self.remote.tick(now)
         if now >= self.fences.next_at:
@@ -495,58 +497,26 @@ class Arbiter:
         self._retire_extra()
         return previous
 
-    def reload(self, who: str) -> Reply:
-        """Re-import the app modules, then replace every child: idle ones at
-        once, busy ones at their next step boundary. A module that fails to
-        import leaves everything as it was, and says so."""
-        if self.stopping:
-            return ErrorReply("the supervisor is stopping")
-        self.notifier.reloading()
-        try:
-            modules = reimport(self.config.app)
-        except ReloadFailed as exc:
-            logger.error("%s: %s; keeping the running code (%s)", self.who, exc, who,
-                         exc_info=exc.__cause__ is not None and logger.isEnabledFor(logging.DEBUG))
-            self.notifier.ready(reporting.status_line(self))
-            return ErrorReply(f"{exc}; keeping the running code")
-        self.loop.refresh_names()
+    def replace_children(self, reason: ByeReason) -> int:
+        """Replace every child: idle ones leave now, busy ones are asked to
+        stop at their next step boundary; returns how many."""
         replacing = 0
         for kid in list(self.children.values()):
             if kid.state in (ChildState.IDLE, ChildState.BOOTING):
-                self.channels.ask_exit(kid, ByeReason.RELOAD)
+                self.channels.ask_exit(kid, reason)
             elif kid.state in (ChildState.BUSY, ChildState.FINISHING, ChildState.RETIRING):
-                kid.bye_reason = kid.bye_reason or ByeReason.RELOAD
+                kid.bye_reason = kid.bye_reason or reason
                 kid.terminate()
             else:
                 continue
             replacing += 1
-        self.notifier.ready(reporting.status_line(self))
-        logger.info("%s: reloaded %s; replacing %s (%s)", self.who, ", ".join(modules) or "no modules",
-                    reporting.plural(replacing, "child", "children"), who)
-        return ReloadReply(modules=modules, replacing=replacing)
-
-    def kill_run(self, run_id: str, requeue: bool) -> Child | None:
-        found = [(kid, run) for kid, run in executing(self.children.values(), settling=True) if run.id == run_id]
-        if not found:
-            return None
-        kid, _ = max(found, key=lambda pair: pair[1].claim_epoch)  # the current execution
-        kid.kill(KillReason.KILL_REQUEUE if requeue else KillReason.KILL)
-        return kid
-
-    def handle_request(self, request: Request, who: str) -> Reply:
-        from .commands import handle
-
-        return handle(self, request, who)
+        return replacing
 
     # -- reporting ------------------------------------------------------------------
 
     def _respond_http(self, path: str) -> tuple[int, str, bytes]:
         self._gauge_children()  # gauges of the process tree are read when scraped
         return exposition.respond(path, self.store)
-
-    def _count_request(self, command: str) -> None:
-        label = metrics.control_command_label(command)
-        metrics.record(lambda m: m.control_requests.labels(self.name, label).inc())
 
     def _gauge_children(self) -> None:
         reporting.gauge_children(self)
