@@ -65,8 +65,6 @@ from .stepboard import StepBoard
 logger = logging.getLogger("everystep.supervisor")
 
 MAX_BOOT_FAILURES = 5
-PROGRESS_EVERY = 2.0
-STATUS_EVERY = 5.0
 SWEEP_EVERY = 1.0
 
 
@@ -101,9 +99,7 @@ class Arbiter:
         self.http: LoopHTTPServer | None = None
         self._boot_failures = 0
         self._reload_requested = False
-        self._last_progress = 0.0
-        self._last_progress_line = ""
-        self._last_status = 0.0
+        self.progress = reporting.Progress(self.notifier, config.show_progress)
         self._last_sweep = 0.0
 
     # -- running -------------------------------------------------------------------
@@ -139,7 +135,7 @@ class Arbiter:
             return
         try:
             self.http = LoopHTTPServer(self.config.metrics_bind, self.config.metrics_port, self.selector,
-                                       self._respond_http)
+                                       functools.partial(reporting.respond_http, self))
         except OSError as exc:
             raise ControlSocketError(exposition.bind_error(self.config.metrics_bind, self.config.metrics_port,
                                                            exc)) from None
@@ -249,15 +245,11 @@ class Arbiter:
             self.control.sweep(now)
             if self.http is not None:
                 self.http.sweep(now)
-            self._gauge_children()
+            reporting.gauge_children(self)
             self.budgets.sweep()
-        if now - self._last_status >= STATUS_EVERY:
-            self._last_status = now
-            self.notifier.status(reporting.status_line(self))
-        if self.config.show_progress and now - self._last_progress >= PROGRESS_EVERY:
-            self._last_progress = now
-            self._log_progress()
-        self._check_burst()
+        self.progress.tick(self, now)
+        if reporting.burst_over(self):
+            self.begin_drain()
 
     # -- children -----------------------------------------------------------------
 
@@ -385,7 +377,7 @@ class Arbiter:
                 finally:
                     if kid.board is not None:
                         kid.board.close()
-                self._gauge_children()
+                reporting.gauge_children(self)
 
     def _on_exit(self, kid: Child, status: int) -> None:
         self.channels.last_words(kid)
@@ -511,36 +503,6 @@ class Arbiter:
                 continue
             replacing += 1
         return replacing
-
-    # -- reporting ------------------------------------------------------------------
-
-    def _respond_http(self, path: str) -> tuple[int, str, bytes]:
-        self._gauge_children()  # gauges of the process tree are read when scraped
-        return exposition.respond(path, self.store)
-
-    def _gauge_children(self) -> None:
-        reporting.gauge_children(self)
-
-    def _log_progress(self) -> None:
-        line = reporting.progress_line(self, reporting.queued(self))
-        if line != self._last_progress_line:
-            self._last_progress_line = line
-            logger.info("%s: %s", self.who, line)
-
-    def _check_burst(self) -> None:
-        """``--burst``: stop once nothing is left to claim and every child is idle."""
-        if not self.config.burst or self.stopping or self.ledger.ready:
-            return
-        if self.procs == 0:
-            if reporting.queued(self):
-                logger.warning("%s: burst mode with --procs 0: runs are scheduled but no child will execute them",
-                               self.who)
-        else:
-            kids = list(self.children.values())
-            if not kids or any(kid.state != ChildState.IDLE for kid in kids) or self.loop.due:
-                return
-        logger.info("%s: burst mode: nothing left to run", self.who)
-        self.begin_drain()
 
 
 __all__ = ["Arbiter", "TERMINAL_STATUSES"]

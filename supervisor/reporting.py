@@ -1,21 +1,32 @@
 """What the supervisor says about itself: the ``status`` reply, the
-systemd STATUS= line, the progress line and the summary at exit."""
+systemd STATUS= line, the progress line and the summary at exit, the
+process-tree gauges and the metrics page, and whether a ``--burst`` run is
+over. Apart from the arbiter because none of it manages a process: it reads
+the arbiter's state and says it."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING
 
-from everystep import metrics
+from everystep import exposition, metrics
 from everystep.errors import EverystepError
 from everystep.models import TERMINAL_STATUSES
 
 from .protocol import ChildStatus, StatusReply
+from .states import ChildState
 
 if TYPE_CHECKING:
     from .arbiter import Arbiter
     from .children import Child
+    from .sdnotify import Notifier
+
+logger = logging.getLogger("everystep.supervisor")
+
+PROGRESS_EVERY = 2.0
+STATUS_EVERY = 5.0
 
 
 def plural(count: int, one: str, many: str) -> str:
@@ -110,3 +121,50 @@ def gauge_children(arbiter: Arbiter) -> None:
         m.pool_size.labels(arbiter.name).set(arbiter.procs)
 
     metrics.record(update)
+
+
+def respond_http(arbiter: Arbiter, path: str) -> tuple[int, str, bytes]:
+    """The metrics port's answer to ``path``."""
+    gauge_children(arbiter)  # gauges of the process tree are read when scraped
+    return exposition.respond(path, arbiter.store)
+
+
+class Progress:
+    """Said now and then: systemd's STATUS= every ``STATUS_EVERY`` seconds
+    and, with ``--progress``, the progress line every ``PROGRESS_EVERY``
+    seconds when it changed."""
+
+    def __init__(self, notifier: Notifier, show: bool) -> None:
+        self.notifier = notifier
+        self.show = show
+        self._last_status = 0.0
+        self._last_progress = 0.0
+        self._last_line = ""
+
+    def tick(self, arbiter: Arbiter, now: float) -> None:
+        if now - self._last_status >= STATUS_EVERY:
+            self._last_status = now
+            self.notifier.status(status_line(arbiter))
+        if self.show and now - self._last_progress >= PROGRESS_EVERY:
+            self._last_progress = now
+            line = progress_line(arbiter, queued(arbiter))
+            if line != self._last_line:
+                self._last_line = line
+                logger.info("%s: %s", arbiter.who, line)
+
+
+def burst_over(arbiter: Arbiter) -> bool:
+    """``--burst``: nothing is left to claim and every child is idle (the
+    arbiter then drains)."""
+    if not arbiter.config.burst or arbiter.stopping or arbiter.ledger.ready:
+        return False
+    if arbiter.procs == 0:
+        if queued(arbiter):
+            logger.warning("%s: burst mode with --procs 0: runs are scheduled but no child will execute them",
+                           arbiter.who)
+    else:
+        kids = list(arbiter.children.values())
+        if not kids or any(kid.state != ChildState.IDLE for kid in kids) or arbiter.loop.due:
+            return False
+    logger.info("%s: burst mode: nothing left to run", arbiter.who)
+    return True
