@@ -36,7 +36,6 @@ import time
 
 from everystep import exposition, metrics, traces
 from everystep.claimloop import ClaimLoop
-from everystep.errors import EverystepError
 from everystep.models import TERMINAL_STATUSES, Run
 from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
@@ -146,16 +145,8 @@ class Arbiter:
             kid.kill(KillReason.SHUTDOWN)
         self._reap(block=True)
         self.budgets.close()
-        if self.stopping and self.loop.lease.still_ours():
-            # Only while the name is still ours: after a takeover, what is
-            # claimed under it belongs to the new holder.
-            try:
-                leftover = self.store.requeue_all(self.name)
-            except EverystepError as exc:
-                leftover = []
-                logger.error("%s: final requeue failed: %s", self.who, exc)
-            if leftover:
-                logger.warning("%s: requeued %d run(s) still claimed at exit", self.who, len(leftover))
+        if self.stopping:
+            self.ledger.requeue_leftovers()
         self.listener.close()
         self.loop.stop()
         self.control.close()

@@ -8,7 +8,8 @@ off, then redispatches, requeues or fails the run); every ended run is
 counted (``counts``, by outcome) for the status reply and the progress
 lines; ``crashes`` counts, per run, the children that died executing it,
 for ``fate.decide``'s crash limit. A run is redispatched to another child
-while the supervisor runs, requeued once it is stopping.
+while the supervisor runs, requeued once it is stopping; at exit, whatever
+is still claimed under the supervisor's name is requeued.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from everystep import outcomes
 from everystep.claimloop import ClaimLoop
-from everystep.errors import StoreUnavailable
+from everystep.errors import EverystepError, StoreUnavailable
 from everystep.models import Run
 from everystep.runner import Outcome
 from everystep.store import Store
@@ -108,6 +109,20 @@ class Ledger:
         while self.ready:
             run = self.ready.popleft()
             self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
+
+    def requeue_leftovers(self) -> None:
+        """At exit, once stopped: requeue whatever is still claimed under
+        this name. Only while the name is still ours: after a takeover, what
+        is claimed under it belongs to the new holder."""
+        if not self.loop.lease.still_ours():
+            return
+        try:
+            leftover = self.store.requeue_all(self.name)
+        except EverystepError as exc:
+            leftover = []
+            logger.error("%s: final requeue failed: %s", self.who, exc)
+        if leftover:
+            logger.warning("%s: requeued %d run(s) still claimed at exit", self.who, len(leftover))
 
     def drop(self, runs: list[Run]) -> None:
         """Forget claimed runs that moved on before any child started them."""
