@@ -34,7 +34,7 @@ import socket
 import sys
 import time
 
-from everystep import exposition, metrics, traces
+from everystep import metrics, traces
 from everystep.claimloop import ClaimLoop
 from everystep.models import TERMINAL_STATUSES, Run
 from everystep.store import Store, close_default_stores
@@ -47,7 +47,7 @@ from .channels import ChildChannels
 from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
 from .deadlines import Deadlines
-from .control import ControlServer, ControlSocketError
+from .control import ControlServer
 from .fate import ChildEnd, decide, restart_reason
 from .fencing import FenceWatch
 from .http import LoopHTTPServer
@@ -114,7 +114,7 @@ class Arbiter:
             raise
         self.signals.install(self.selector)
         try:
-            self._open_metrics()
+            self.http = reporting.metrics_server(self)
             self.listener.open()
             self.budgets.open()
             self._spawn_missing()
@@ -128,17 +128,6 @@ class Arbiter:
             self._teardown()
         logger.info("%s: stopped (exit code %d)", self.who, self.exit_code)
         return self.exit_code
-
-    def _open_metrics(self) -> None:
-        if not self.config.metrics_port:
-            return
-        try:
-            self.http = LoopHTTPServer(self.config.metrics_bind, self.config.metrics_port, self.selector,
-                                       functools.partial(reporting.respond_http, self))
-        except OSError as exc:
-            raise ControlSocketError(exposition.bind_error(self.config.metrics_bind, self.config.metrics_port,
-                                                           exc)) from None
-        logger.info("%s: metrics on http://%s:%d/metrics", self.who, self.config.metrics_bind, self.http.port)
 
     def _teardown(self) -> None:
         for kid in list(self.children.values()):

@@ -1,6 +1,6 @@
 """What the supervisor says about itself: the ``status`` reply, the
 systemd STATUS= line, the progress line and the summary at exit, the
-process-tree gauges and the metrics page, and whether a ``--burst`` run is
+process-tree gauges and the metrics port, and whether a ``--burst`` run is
 over. Apart from the arbiter because none of it manages a process: it reads
 the arbiter's state and says it."""
 
@@ -15,6 +15,8 @@ from everystep import exposition, metrics
 from everystep.errors import EverystepError
 from everystep.models import TERMINAL_STATUSES
 
+from .control import ControlSocketError
+from .http import LoopHTTPServer
 from .protocol import ChildStatus, StatusReply
 from .states import ChildState
 
@@ -121,6 +123,20 @@ def gauge_children(arbiter: Arbiter) -> None:
         m.pool_size.labels(arbiter.name).set(arbiter.procs)
 
     metrics.record(update)
+
+
+def metrics_server(arbiter: Arbiter) -> LoopHTTPServer | None:
+    """The metrics port, served from the arbiter's loop, if configured."""
+    config = arbiter.config
+    if not config.metrics_port:
+        return None
+    try:
+        http = LoopHTTPServer(config.metrics_bind, config.metrics_port, arbiter.selector,
+                              lambda path: respond_http(arbiter, path))
+    except OSError as exc:
+        raise ControlSocketError(exposition.bind_error(config.metrics_bind, config.metrics_port, exc)) from None
+    logger.info("%s: metrics on http://%s:%d/metrics", arbiter.who, config.metrics_bind, http.port)
+    return http
 
 
 def respond_http(arbiter: Arbiter, path: str) -> tuple[int, str, bytes]:
