@@ -9,10 +9,14 @@ children without blocking (a child that stops reading is killed as
 unresponsive), and its database connections carry a statement timeout, so
 no child's step deadline is ever enforced late because of another.
 
-What it does not decide itself: where runs come from (``ClaimLoop``, shared
-with the threaded worker), what becomes of a run whose child died
-(``fate.decide``, a pure function), how outcomes are written
-(``everystep.outcomes``), what the messages look like (``protocol``).
+It keeps the processes and the loop; the rest is owned by small parts it
+holds, each given only what it needs: where runs come from (``ClaimLoop``,
+shared with the threaded worker); the runs held between children and what
+becomes of one whose child died (``Ledger``, applying ``fate.decide``, a
+pure function); how children are talked to (``ChildChannels``); the
+deadlines it enforces (``Deadlines``) and the fenced children it kills
+(``FenceWatch``); what operators may ask (``commands``, ``reload``); what
+it says about itself (``reporting``).
 
 Fork safety: before forking, the parent closes its pooled database
 connections and its LISTEN connection (and calls ``Config.before_fork``
@@ -68,6 +72,8 @@ SWEEP_EVERY = 1.0
 
 
 class Arbiter:
+    """Forks, watches and replaces the children; one ``select`` loop."""
+
     def __init__(self, config: Config, store: Store, notifier: Notifier | None = None) -> None:
         self.config = config
         self.store = store

@@ -3,8 +3,8 @@
 The one handler for both ways an operator reaches a supervisor: the control
 socket (``control.py``) and requests relayed through the database
 (``remote.py``). Apart from the arbiter because it is about operators, not
-processes: it checks what was asked, calls the arbiter's few process
-operations (scale, drain, reload, kill a child) and says what happened.
+processes: it checks what was asked, has the arbiter's children scaled,
+drained, replaced or killed, and says what happened.
 
 Every request gets a reply saying what happened (an ``ErrorReply`` with one
 line for anything absurd: killing an unknown run, scaling to 10,000), and
