@@ -50,8 +50,8 @@ from .budgets import Budgets
 from .channels import ChildChannels
 from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
-from .deadlines import Deadlines
 from .control import ControlServer
+from .deadlines import Deadlines
 from .fate import ChildEnd, decide, restart_reason
 from .fencing import FenceWatch
 from .http import LoopHTTPServer
