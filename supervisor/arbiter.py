@@ -9,10 +9,14 @@ children without blocking (a child that stops reading is killed as
 unresponsive), and its database connections carry a statement timeout, so
 no child's step deadline is ever enforced late because of another.
 
-What it does not decide itself: where runs come from (``ClaimLoop``, shared
-with the threaded worker), what becomes of a run whose child died
-(``fate.decide``, a pure function), how outcomes are written
-(``everystep.outcomes``), what the messages look like (``protocol``).
+It keeps the processes and the loop; the rest is owned by small parts it
+holds, each given only what it needs: where runs come from (``ClaimLoop``,
+shared with the threaded worker); the runs held between children and what
+becomes of one whose child died (``Ledger``, applying ``fate.decide``, a
+pure function); how children are talked to (``ChildChannels``); the
+deadlines it enforces (``Deadlines``) and the fenced children it kills
+(``FenceWatch``); what operators may ask (``commands``, ``reload``); what
+it says about itself (``reporting``).
 
 Fork safety: before forking, the parent closes its pooled database
 connections and its LISTEN connection (and calls ``Config.before_fork``
@@ -25,7 +29,7 @@ closed. Every deadline uses ``time.monotonic()``.
 from __future__ import annotations
 
 import collections
-import dataclasses
+import functools
 import logging
 import os
 import selectors
@@ -34,43 +38,27 @@ import socket
 import sys
 import time
 
-from everystep import exposition, metrics, outcomes, traces
+from everystep import metrics, traces
 from everystep.claimloop import ClaimLoop
-from everystep.errors import EverystepError, StoreUnavailable
 from everystep.models import TERMINAL_STATUSES, Run
-from everystep.resources import describe
-from everystep.runner import Outcome
 from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
 
 from . import child as child_process
-from . import reporting, titles
+from . import commands, reporting, titles
 from .budgets import Budgets
+from .channels import ChildChannels
 from .children import Child, describe_exit
 from .config import MAX_PROCS, Config
-from .control import ControlServer, ControlSocketError
-from .fate import Action, ChildEnd, Decision, decide, restart_reason
-from .fencing import FenceWatch, older_executions
+from .control import ControlServer
+from .deadlines import Deadlines
+from .fate import ChildEnd, decide, restart_reason
+from .fencing import FenceWatch
 from .http import LoopHTTPServer
+from .ledger import Ledger
 from .listener import Listener
-from .protocol import (
-    Bye,
-    Channel,
-    ChannelClosed,
-    Dispatch,
-    Done,
-    ErrorReply,
-    Exit,
-    Finishing,
-    Message,
-    Ready,
-    ReloadReply,
-    Reply,
-    Request,
-    StepEnded,
-    StepStarted,
-)
-from .reload import ReloadFailed, reimport
+from .protocol import Channel, Dispatch, Ready
+from .reload import reload
 from .remote import REQUEST_CHANNEL, RemoteControl
 from .sdnotify import Notifier
 from .signals import SignalQueue
@@ -80,12 +68,12 @@ from .stepboard import StepBoard
 logger = logging.getLogger("everystep.supervisor")
 
 MAX_BOOT_FAILURES = 5
-PROGRESS_EVERY = 2.0
-STATUS_EVERY = 5.0
 SWEEP_EVERY = 1.0
 
 
 class Arbiter:
+    """Forks, watches and replaces the children; one ``select`` loop."""
+
     def __init__(self, config: Config, store: Store, notifier: Notifier | None = None) -> None:
         self.config = config
         self.store = store
@@ -95,30 +83,28 @@ class Arbiter:
         self.who = f"everystep-supervisor {config.name}"
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, Child] = {}
-        self.ready: collections.deque[Run] = collections.deque()  # claimed, waiting for a child
-        self.crashes: collections.Counter[str] = collections.Counter()
-        self.counts: collections.Counter[str] = collections.Counter()
         self.restarts: collections.Counter[str] = collections.Counter()
         self.stopping: StopMode | None = None
-        self.drain_deadline: float | None = None
         self.exit_code = 0
         self.started = time.monotonic()
         self.signals = SignalQueue()
         self.loop = ClaimLoop(store, config.name, "supervisor", lease=config.lease, poll=config.poll,
                               takeover=config.takeover, logger=logger, who=self.who)
-        self.control = ControlServer(config.socket, self.handle_request, self.selector,
-                                     idle_timeout=config.control_timeout, on_request=self._count_request)
+        self.ledger = Ledger(store, config.name, self.who, self.loop, lambda: bool(self.stopping))
+        handle_request = functools.partial(commands.handle, self)
+        self.control = ControlServer(config.socket, handle_request, self.selector, idle_timeout=config.control_timeout,
+                                     on_request=functools.partial(commands.count, config.name))
         self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)
         self.fences = FenceWatch(store, config.name, self.loop.lease.beat_every)
-        self.remote = RemoteControl(store, config.name, self.loop.lease.instance, self.handle_request,
+        self.remote = RemoteControl(store, config.name, self.loop.lease.instance, handle_request,
                                     outage=self.loop.outage)
         self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
+        self.deadlines = Deadlines(self.who, config.name, config.stall_timeout, self.budgets)
+        self.channels = ChildChannels(self.selector, self._on_ready, self.ledger.ended)
         self.http: LoopHTTPServer | None = None
         self._boot_failures = 0
         self._reload_requested = False
-        self._last_progress = 0.0
-        self._last_progress_line = ""
-        self._last_status = 0.0
+        self.progress = reporting.Progress(self.notifier, config.show_progress)
         self._last_sweep = 0.0
 
     # -- running -------------------------------------------------------------------
@@ -134,7 +120,7 @@ class Arbiter:
             raise
         self.signals.install(self.selector)
         try:
-            self._open_metrics()
+            self.http = reporting.metrics_server(self)
             self.listener.open()
             self.budgets.open()
             self._spawn_missing()
@@ -149,32 +135,13 @@ class Arbiter:
         logger.info("%s: stopped (exit code %d)", self.who, self.exit_code)
         return self.exit_code
 
-    def _open_metrics(self) -> None:
-        if not self.config.metrics_port:
-            return
-        try:
-            self.http = LoopHTTPServer(self.config.metrics_bind, self.config.metrics_port, self.selector,
-                                       self._respond_http)
-        except OSError as exc:
-            raise ControlSocketError(exposition.bind_error(self.config.metrics_bind, self.config.metrics_port,
-                                                           exc)) from None
-        logger.info("%s: metrics on http://%s:%d/metrics", self.who, self.config.metrics_bind, self.http.port)
-
     def _teardown(self) -> None:
         for kid in list(self.children.values()):
             kid.kill(KillReason.SHUTDOWN)
         self._reap(block=True)
         self.budgets.close()
-        if self.stopping and self.loop.lease.still_ours():
-            # Only while the name is still ours: after a takeover, what is
-            # claimed under it belongs to the new holder.
-            try:
-                leftover = self.store.requeue_all(self.name)
-            except EverystepError as exc:
-                leftover = []
-                logger.error("%s: final requeue failed: %s", self.who, exc)
-            if leftover:
-                logger.warning("%s: requeued %d run(s) still claimed at exit", self.who, len(leftover))
+        if self.stopping:
+            self.ledger.requeue_leftovers()
         self.listener.close()
         self.loop.stop()
         self.control.close()
@@ -194,15 +161,16 @@ class Arbiter:
         self._handle_signals()
         self._reap()
         now = time.monotonic()
-        self._enforce_deadlines(now)
-        self._enforce_budgets(now)
+        self.deadlines.enforce(self.children.values(), now)
         if self._reload_requested:
             self._reload_requested = False
-            self.reload("SIGHUP")
+            reload(self, "SIGHUP")
         self._keep_lease(now)
         self.remote.tick(now)
         if now >= self.fences.next_at:
-            self._check_fences(now)
+            # Where no notification can say a run was cancelled, look every poll.
+            every = None if self.listener.connected else min(self.loop.lease.beat_every, self.config.poll)
+            self.ledger.drop(self.fences.enforce(now, self.children.values(), list(self.ledger.ready), every))
         self._spawn_missing()
         if not self.stopping and self.listener.maintain(now):
             self.loop.wake()
@@ -215,19 +183,11 @@ class Arbiter:
         if not self.stopping:
             due = self.loop.next_due(now) if self._available() else self.loop.housekeeping_due(now)
             candidates.append(max(due - now, 0.0))
-            if self.ready and self._available():
+            if self.ledger.ready and self._available():
                 candidates.append(0.0)
-        for kid in self.children.values():
-            for step in kid.timed_steps.values():
-                if step.timeout is not None:
-                    candidates.append(max(step.started + step.timeout - now, 0.0))
-            if kid.channel.stalled_since is not None:
-                candidates.append(max(kid.channel.stalled_since + self.config.stall_timeout - now, 0.0))
-        budget_check = self.budgets.next_due(self.children.values(), now)
-        if budget_check is not None:
-            candidates.append(max(budget_check - now, 0.0))
-        if self.drain_deadline is not None:
-            candidates.append(max(self.drain_deadline - now, 0.0))
+        deadline = self.deadlines.next_at(self.children.values(), now)
+        if deadline is not None:
+            candidates.append(max(deadline - now, 0.0))
         until_watchdog = self.notifier.seconds_until_watchdog(now)
         if until_watchdog is not None:
             candidates.append(until_watchdog)
@@ -271,15 +231,11 @@ class Arbiter:
             self.control.sweep(now)
             if self.http is not None:
                 self.http.sweep(now)
-            self._gauge_children()
+            reporting.gauge_children(self)
             self.budgets.sweep()
-        if now - self._last_status >= STATUS_EVERY:
-            self._last_status = now
-            self.notifier.status(reporting.status_line(self))
-        if self.config.show_progress and now - self._last_progress >= PROGRESS_EVERY:
-            self._last_progress = now
-            self._log_progress()
-        self._check_burst()
+        self.progress.tick(self, now)
+        if reporting.burst_over(self):
+            self.begin_drain()
 
     # -- children -----------------------------------------------------------------
 
@@ -356,7 +312,7 @@ class Arbiter:
         kid = Child(slot=slot, pid=pid, channel=Channel(parent_sock, incoming=Ready.KEY),
                     spawned=time.monotonic(), board=board, group=group)
         self.children[pid] = kid
-        self.selector.register(parent_sock, selectors.EVENT_READ, lambda mask, k=kid: self._on_channel(k, mask))
+        self.channels.watch(kid)
         logger.info("%s: child %d started (pid %d)", self.who, slot, pid,
                     extra={"child_pid": pid, "event": "child_started"})
 
@@ -381,105 +337,11 @@ class Arbiter:
             if kid.state in busy:
                 kid.state = ChildState.RETIRING
             else:
-                self._ask_exit(kid, ByeReason.SCALE)
+                self.channels.ask_exit(kid, ByeReason.SCALE)
 
-    def _ask_exit(self, kid: Child, reason: ByeReason) -> None:
-        kid.state = ChildState.RETIRING
-        self._send(kid, Exit(reason))
-
-    def _send(self, kid: Child, message: Message) -> bool:
-        """Queue ``message`` for ``kid`` without blocking; False (and the
-        child killed) if its channel is gone."""
-        try:
-            kid.channel.send(message)
-        except ChannelClosed:
-            kid.kill(KillReason.UNRESPONSIVE)
-            return False
-        self._watch_channel(kid)
-        return True
-
-    def _watch_channel(self, kid: Child) -> None:
-        if not kid.channel_open:
-            return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if kid.channel.pending else 0)
-        self.selector.modify(kid.channel.sock, events, lambda mask, k=kid: self._on_channel(k, mask))
-
-    def _on_channel(self, kid: Child, mask: int) -> None:
-        if mask & selectors.EVENT_WRITE:
-            try:
-                kid.channel.flush()
-            except ChannelClosed:
-                pass  # the EOF on the read side says it
-            if not kid.channel.pending:
-                kid.delivered = True
-                self._watch_channel(kid)
-        if mask & selectors.EVENT_READ:
-            messages, closed = kid.channel.read_available()
-            for message in messages:
-                self._on_message(kid, message)
-            if closed:
-                self._close_channel(kid)
-
-    def _close_channel(self, kid: Child) -> None:
-        if kid.channel_open:
-            kid.channel_open = False
-            try:
-                self.selector.unregister(kid.channel.sock)
-            except (KeyError, ValueError):
-                pass
-            kid.channel.close()
-
-    def _on_message(self, kid: Child, message: Message) -> None:
-        run = kid.run
-        if isinstance(message, Ready):
-            self._boot_failures = 0
-            self.budgets.joined(kid, message.cgroup)
-            if kid.state == ChildState.BOOTING:
-                kid.state = ChildState.IDLE
-        elif isinstance(message, StepStarted):
-            if run is not None and message.step.run == run.id:
-                kid.timed_steps[message.step.step] = message.step
-        elif isinstance(message, StepEnded):
-            kid.timed_steps.pop(message.step, None)
-        elif isinstance(message, Finishing):
-            if kid.state == ChildState.BUSY and run is not None and message.run == run.id:
-                kid.state = ChildState.FINISHING
-                kid.timed_steps.clear()
-        elif isinstance(message, Done):
-            self._run_done(kid, message)
-        elif isinstance(message, Bye):
-            kid.bye_reason = kid.bye_reason or _bye_reason(message.reason)
-            if kid.active:
-                kid.state = ChildState.RETIRING
-
-    def _run_done(self, kid: Child, done: Done) -> None:
-        finished_early = kid.finishing_run is not None and done.run == kid.finishing_run.id
-        run = kid.finishing_run if finished_early else kid.run
-        if run is None or done.run != run.id:
-            return
-        outcome = Outcome(done.outcome)
-        kid.rss = done.rss or kid.rss
-        kid.runs_done += 1
-        if finished_early:
-            kid.finishing_run = None  # ``kid.run`` is its next run, already handed over
-        else:
-            kid.run = None
-            kid.run_started = None
-            kid.timed_steps.clear()
-        self.counts[outcome] += 1
-        if outcome.settled:
-            self.crashes.pop(run.id, None)
-        if outcome == Outcome.UNFINISHED:
-            self._redispatch(run)  # still ours: the database blinked, replay recovers
-        outcomes.log_outcome(logger, self.who, run, outcome, f" in child {kid.slot} (pid {kid.pid})",
-                             child_pid=kid.pid)
-        self.loop.wake()
-        if finished_early:
-            return
-        if kid.state in (ChildState.BUSY, ChildState.FINISHING):
-            kid.state = ChildState.IDLE
-        elif kid.state == ChildState.RETIRING and kid.bye_reason is None:
-            self._ask_exit(kid, ByeReason.SCALE)
+    def _on_ready(self, kid: Child, ready: Ready) -> None:
+        self._boot_failures = 0
+        self.budgets.joined(kid, ready.cgroup)
 
     # -- reaping ------------------------------------------------------------------
 
@@ -501,19 +363,17 @@ class Arbiter:
                 finally:
                     if kid.board is not None:
                         kid.board.close()
-                self._gauge_children()
+                reporting.gauge_children(self)
 
     def _on_exit(self, kid: Child, status: int) -> None:
-        if kid.channel_open:
-            self._on_channel(kid, selectors.EVENT_READ)  # messages sent just before exiting
-            self._close_channel(kid)
+        self.channels.last_words(kid)
         how, _ = describe_exit(status, kid.kill_reason)
         if kid.finishing_run is not None or not kid.delivered:
             # The run handed to it last never started there (it was still in
             # the channel, behind the one settling or not even delivered):
             # another child takes it; the settling one, if any, is the victim.
             if kid.run is not None:
-                self._redispatch(kid.run)
+                self.ledger.redispatch(kid.run)
             kid.run, kid.finishing_run = kid.finishing_run, None
         run = kid.run
         clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
@@ -541,111 +401,25 @@ class Arbiter:
             return
         end = ChildEnd(
             run=run, pid=kid.pid, how=how, clean_exit=clean_exit, kill_reason=kid.kill_reason,
-            bye_reason=kid.bye_reason, steps=tuple(steps), crashes=self.crashes[run.id],
+            bye_reason=kid.bye_reason, steps=tuple(steps), crashes=self.ledger.crashes[run.id],
             max_crashes=self.config.max_crashes, stopping=self.stopping is not None, overrun=overrun,
         )
-        self._apply(end, decide(end))
-
-    def _apply(self, end: ChildEnd, decision: Decision) -> None:
-        """Carry out what ``fate.decide`` said about a dead child's run."""
-        run = end.run
-        claim = run.claim_as(self.name)
-        if decision.crashed:
-            self.crashes[run.id] += 1
-        try:
-            record = outcomes.fail_cancelled_step if decision.action == Action.CANCELLED else outcomes.fail_step
-            for step, error in decision.fail_steps:
-                record(self.store, claim, run.name, step.step, step.name, error, step.attempt)
-            for step, error in decision.retry_steps:
-                assert step.retry_in is not None
-                outcomes.retry_step(self.store, claim, run.name, step.step, step.name, step.attempt, error,
-                                    step.retry_in)
-            if decision.action == Action.CANCELLED:
-                self.crashes.pop(run.id, None)
-                self.counts[Outcome.CANCELLED] += 1
-                logger.info("%s: run %s (%s) cancelled; its child (pid %d) was killed", self.who, run.id,
-                            run.name, end.pid, extra={"run_id": run.id, "workflow": run.name, "event": "run_cancelled"})
-            elif decision.action == Action.REDISPATCH:
-                self._redispatch(run)
-            elif decision.action == Action.REQUEUE:
-                self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
-            elif decision.action == Action.FAIL_RUN:
-                self.crashes.pop(run.id, None)
-                assert decision.run_error is not None
-                if outcomes.fail_run(self.store, claim, run, decision.run_error):
-                    self.counts[Outcome.FAILED] += 1
-            else:
-                logger.info("%s: run %s was taken from the child (pid %d) that executed it; its current "
-                            "holder carries on", self.who, run.id, end.pid)
-        except StoreUnavailable as exc:
-            logger.warning("%s: cannot record what happened to run %s (%s); retrying it", self.who, run.id, exc)
-            self._redispatch(run)
-
-    def _redispatch(self, run: Run) -> None:
-        if self.stopping:
-            self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
-        else:
-            # It may have recorded steps since it was claimed: the next child
-            # must read them rather than trust the claim-time answer.
-            self.ready.appendleft(dataclasses.replace(run, has_steps=None))
-
-    # -- deadlines ------------------------------------------------------------------
-
-    def _enforce_deadlines(self, now: float) -> None:
-        for kid in list(self.children.values()):
-            if kid.state == ChildState.KILLED:
-                continue
-            overdue = [step for step in kid.timed_steps.values() if step.overdue(now)]
-            if overdue:
-                kid.overdue_steps = overdue
-                logger.warning("%s: step %s of run %s exceeded its timeout; killing child %d (pid %d)",
-                               self.who, overdue[0].step, overdue[0].run, kid.slot, kid.pid)
-                kid.kill(KillReason.TIMEOUT)
-                metrics.record(lambda m: m.step_timeouts.labels(self.name).inc(len(overdue)))
-            elif kid.channel.stalled_since is not None and now - kid.channel.stalled_since >= self.config.stall_timeout:
-                logger.warning("%s: child %d (pid %d) has not read its channel for %.0fs; killing it",
-                               self.who, kid.slot, kid.pid, now - kid.channel.stalled_since)
-                kid.kill(KillReason.UNRESPONSIVE)
-        if self.drain_deadline is not None and now >= self.drain_deadline:
-            self.drain_deadline = None
-            left = [kid for kid in self.children.values() if kid.state != ChildState.KILLED]
-            if left:
-                logger.warning("%s: drain deadline passed; killing %s and requeueing their runs",
-                               self.who, reporting.plural(len(left), "child", "children"))
-            for kid in left:
-                kid.kill(KillReason.DRAIN_DEADLINE)
-
-    def _enforce_budgets(self, now: float) -> None:
-        """The backstop: kill a child whose bounded step went over its budget
-        without the child stopping it (``budgets.py``)."""
-        live = [kid for kid in self.children.values() if kid.state != ChildState.KILLED]
-        for kid, overrun in self.budgets.check(live, now):
-            kid.overrun = overrun
-            logger.warning("%s: a step of run %s went over its %s budget (%s); killing child %d (pid %d)",
-                           self.who, kid.run.id if kid.run else "-", overrun.resource,
-                           describe(overrun.resource, overrun.peak or 0.0), kid.slot, kid.pid)
-            kid.kill(KillReason.RESOURCE)
+        self.ledger.apply(end, decide(end))
 
     # -- claiming and dispatch --------------------------------------------------------
-
-    def _held(self) -> list[str]:
-        held = [run.id for run in self.ready]
-        for kid in self.children.values():
-            held += [run.id for run in (kid.run, kid.finishing_run) if run is not None]
-        return held
 
     def _dispatch(self, now: float) -> None:
         if self.stopping:
             return
         available = self._available()
-        while available and self.ready:
-            self._give(available.pop(), self.ready.popleft())
+        while available and self.ledger.ready:
+            self._give(available.pop(), self.ledger.ready.popleft())
         if available:
-            for run in self.loop.take(now, len(available), self._held()):
+            for run in self.loop.take(now, len(available), self.ledger.held(self.children.values())):
                 self._give(available.pop(), run)
 
     def _give(self, kid: Child, run: Run) -> None:
-        self._fence_older_executions(run)
+        self.fences.fence_older(self.children.values(), run)
         if kid.state == ChildState.FINISHING:
             kid.finishing_run = kid.run
         with traces.dispatch_span(run):
@@ -656,7 +430,7 @@ class Arbiter:
         self.budgets.handed_run(kid)
         kid.timed_steps.clear()
         kid.delivered = False
-        if self._send(kid, message) and not kid.channel.pending:
+        if self.channels.send(kid, message) and not kid.channel.pending:
             kid.delivered = True
 
     def _on_notify(self, channel: str, payload: str) -> None:
@@ -668,53 +442,20 @@ class Arbiter:
         else:
             self.loop.wake()
 
-    # -- fencing --------------------------------------------------------------------
-
-    def _executing(self, settling: bool = False) -> list[tuple[Child, Run]]:
-        """Children and the run each is executing now; unless ``settling``,
-        not one whose terminal write is under way."""
-        return [(kid, kid.executing) for kid in self.children.values()
-                if kid.executing is not None and (settling or kid.state != ChildState.FINISHING)]
-
-    def _fence_older_executions(self, run: Run) -> None:
-        for kid, held in older_executions(self._executing(), run):
-            self._kill_fenced(kid, held, f"re-claimed at epoch {run.claim_epoch}")
-
-    def _check_fences(self, now: float) -> None:
-        # Where no notification can say a run was cancelled, look every poll.
-        every = None if self.listener.connected else min(self.loop.lease.beat_every, self.config.poll)
-        verdict = self.fences.check(now, self._executing(), list(self.ready), every)
-        for kid, run in verdict.cancelled:
-            logger.warning("%s: run %s was cancelled; killing child %d (pid %d)", self.who, run.id, kid.slot,
-                           kid.pid, extra={"run_id": run.id, "child_pid": kid.pid, "event": "cancel_kill"})
-            kid.kill(KillReason.CANCELLED)
-        for kid, run in verdict.stale:
-            self._kill_fenced(kid, run, "its claim moved on")
-        if verdict.dropped:
-            self.ready = collections.deque(run for run in self.ready if run not in verdict.dropped)
-
-    def _kill_fenced(self, kid: Child, run: Run, why: str) -> None:
-        logger.warning("%s: run %s was taken from this execution (%s); killing child %d (pid %d)",
-                       self.who, run.id, why, kid.slot, kid.pid,
-                       extra={"run_id": run.id, "child_pid": kid.pid, "event": "fenced"})
-        kid.kill(KillReason.FENCED)
-
     # -- operator actions ---------------------------------------------------------------
 
     def begin_drain(self) -> None:
         if self.stopping:
             return
         self.stopping = StopMode.DRAIN
-        self.drain_deadline = time.monotonic() + self.config.drain if self.config.drain > 0 else None
+        self.deadlines.drain_by = time.monotonic() + self.config.drain if self.config.drain > 0 else None
         titles.master(self.name, "draining")
         self.notifier.stopping()
         self.listener.close()
-        while self.ready:
-            run = self.ready.popleft()
-            self.counts[Outcome.REQUEUED] += self.loop.requeue(run)
+        self.ledger.requeue_ready()
         for kid in list(self.children.values()):
             if kid.state in (ChildState.IDLE, ChildState.BOOTING):
-                self._ask_exit(kid, ByeReason.DRAIN)
+                self.channels.ask_exit(kid, ByeReason.DRAIN)
             if kid.state != ChildState.KILLED:
                 kid.terminate()
 
@@ -734,88 +475,20 @@ class Arbiter:
         self._retire_extra()
         return previous
 
-    def reload(self, who: str) -> Reply:
-        """Re-import the app modules, then replace every child: idle ones at
-        once, busy ones at their next step boundary. A module that fails to
-        import leaves everything as it was, and says so."""
-        if self.stopping:
-            return ErrorReply("the supervisor is stopping")
-        self.notifier.reloading()
-        try:
-            modules = reimport(self.config.app)
-        except ReloadFailed as exc:
-            logger.error("%s: %s; keeping the running code (%s)", self.who, exc, who,
-                         exc_info=exc.__cause__ is not None and logger.isEnabledFor(logging.DEBUG))
-            self.notifier.ready(reporting.status_line(self))
-            return ErrorReply(f"{exc}; keeping the running code")
-        self.loop.refresh_names()
+    def replace_children(self, reason: ByeReason) -> int:
+        """Replace every child: idle ones leave now, busy ones are asked to
+        stop at their next step boundary; returns how many."""
         replacing = 0
         for kid in list(self.children.values()):
             if kid.state in (ChildState.IDLE, ChildState.BOOTING):
-                self._ask_exit(kid, ByeReason.RELOAD)
+                self.channels.ask_exit(kid, reason)
             elif kid.state in (ChildState.BUSY, ChildState.FINISHING, ChildState.RETIRING):
-                kid.bye_reason = kid.bye_reason or ByeReason.RELOAD
+                kid.bye_reason = kid.bye_reason or reason
                 kid.terminate()
             else:
                 continue
             replacing += 1
-        self.notifier.ready(reporting.status_line(self))
-        logger.info("%s: reloaded %s; replacing %s (%s)", self.who, ", ".join(modules) or "no modules",
-                    reporting.plural(replacing, "child", "children"), who)
-        return ReloadReply(modules=modules, replacing=replacing)
-
-    def kill_run(self, run_id: str, requeue: bool) -> Child | None:
-        executing = [(kid, run) for kid, run in self._executing(settling=True) if run.id == run_id]
-        if not executing:
-            return None
-        kid, _ = max(executing, key=lambda pair: pair[1].claim_epoch)  # the current execution
-        kid.kill(KillReason.KILL_REQUEUE if requeue else KillReason.KILL)
-        return kid
-
-    def handle_request(self, request: Request, who: str) -> Reply:
-        from .commands import handle
-
-        return handle(self, request, who)
-
-    # -- reporting ------------------------------------------------------------------
-
-    def _respond_http(self, path: str) -> tuple[int, str, bytes]:
-        self._gauge_children()  # gauges of the process tree are read when scraped
-        return exposition.respond(path, self.store)
-
-    def _count_request(self, command: str) -> None:
-        label = metrics.control_command_label(command)
-        metrics.record(lambda m: m.control_requests.labels(self.name, label).inc())
-
-    def _gauge_children(self) -> None:
-        reporting.gauge_children(self)
-
-    def _log_progress(self) -> None:
-        line = reporting.progress_line(self, reporting.queued(self))
-        if line != self._last_progress_line:
-            self._last_progress_line = line
-            logger.info("%s: %s", self.who, line)
-
-    def _check_burst(self) -> None:
-        """``--burst``: stop once nothing is left to claim and every child is idle."""
-        if not self.config.burst or self.stopping or self.ready:
-            return
-        if self.procs == 0:
-            if reporting.queued(self):
-                logger.warning("%s: burst mode with --procs 0: runs are scheduled but no child will execute them",
-                               self.who)
-        else:
-            kids = list(self.children.values())
-            if not kids or any(kid.state != ChildState.IDLE for kid in kids) or self.loop.due:
-                return
-        logger.info("%s: burst mode: nothing left to run", self.who)
-        self.begin_drain()
-
-def _bye_reason(text: str) -> ByeReason:
-    try:
-        return ByeReason(text)
-    except ValueError:
-        return ByeReason.EXIT
+        return replacing
 
 
 __all__ = ["Arbiter", "TERMINAL_STATUSES"]

@@ -1,11 +1,11 @@
-"""Finding the children whose run was taken from them, so the arbiter kills them.
+"""Finding the children whose run was taken from them or cancelled, and killing them.
 
 Every write an execution makes carries its claim (claimer and epoch), so a
 stale child can write nothing; but it may be in the middle of a long step,
 or about to start an unsafe one whose ``started`` insert will be refused.
-The supervisor stops it at once instead: when it re-claims a run an older
-child still executes (``older_executions``), and whenever the database says
-a held run moved on or was cancelled (``FenceWatch.check``): at once on a
+The supervisor kills it at once instead: when it re-claims a run an older
+child still executes (``fence_older``), and whenever the database says
+a held run moved on or was cancelled (``FenceWatch.enforce``): at once on a
 fence notification (PostgreSQL), else every heartbeat period while
 notifications arrive, every poll when they cannot (SQLite, or LISTEN down):
 that is how a cancel reaches the child within a poll interval there. A run
@@ -16,7 +16,7 @@ reporting late.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from everystep.errors import EverystepError
@@ -24,10 +24,18 @@ from everystep.models import Run
 from everystep.store import Store
 
 from .children import Child
+from .states import ChildState, KillReason
 
 logger = logging.getLogger("everystep.supervisor")
 
 Execution = tuple[Child, Run]
+
+
+def executing(children: Iterable[Child], settling: bool = False) -> list[Execution]:
+    """Children and the run each is executing now; unless ``settling``,
+    not one whose terminal write is under way."""
+    return [(kid, kid.executing) for kid in children
+            if kid.executing is not None and (settling or kid.state != ChildState.FINISHING)]
 
 
 def older_executions(executing: Sequence[Execution], run: Run) -> list[Execution]:
@@ -52,6 +60,7 @@ class FenceWatch:
         self.name = name
         self.every = every
         self.next_at = 0.0
+        self.who = f"everystep-supervisor {name}"
 
     def wake(self) -> None:
         """Check at the next tick (a fence notification, a reconnection)."""
@@ -70,7 +79,7 @@ class FenceWatch:
         try:
             states = self.store.claim_states(ids)
         except EverystepError as exc:
-            logger.debug("everystep-supervisor %s: fence check failed: %s", self.name, exc)
+            logger.debug("%s: fence check failed: %s", self.who, exc)
             return Verdict()
 
         def taken(run: Run) -> bool:
@@ -86,3 +95,27 @@ class FenceWatch:
             cancelled=[(kid, run) for kid, run in executing if cancelled(run)],
             dropped=[run for run in ready if taken(run)],
         )
+
+    def fence_older(self, children: Iterable[Child], run: Run) -> None:
+        """``run`` was just claimed: kill any child still executing an older claim of it."""
+        for kid, held in older_executions(executing(children), run):
+            self._kill_fenced(kid, held, f"re-claimed at epoch {run.claim_epoch}")
+
+    def enforce(self, now: float, children: Iterable[Child], ready: Sequence[Run],
+                every: float | None = None) -> list[Run]:
+        """``check``, then kill the children whose run was taken or
+        cancelled; returns the claimed runs not yet dispatched to drop."""
+        verdict = self.check(now, executing(children), ready, every)
+        for kid, run in verdict.cancelled:
+            logger.warning("%s: run %s was cancelled; killing child %d (pid %d)", self.who, run.id, kid.slot,
+                           kid.pid, extra={"run_id": run.id, "child_pid": kid.pid, "event": "cancel_kill"})
+            kid.kill(KillReason.CANCELLED)
+        for kid, run in verdict.stale:
+            self._kill_fenced(kid, run, "its claim moved on")
+        return verdict.dropped
+
+    def _kill_fenced(self, kid: Child, run: Run, why: str) -> None:
+        logger.warning("%s: run %s was taken from this execution (%s); killing child %d (pid %d)",
+                       self.who, run.id, why, kid.slot, kid.pid,
+                       extra={"run_id": run.id, "child_pid": kid.pid, "event": "fenced"})
+        kid.kill(KillReason.FENCED)

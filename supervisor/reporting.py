@@ -1,21 +1,34 @@
 """What the supervisor says about itself: the ``status`` reply, the
-systemd STATUS= line, the progress line and the summary at exit."""
+systemd STATUS= line, the progress line and the summary at exit, the
+process-tree gauges and the metrics port, and whether a ``--burst`` run is
+over. Apart from the arbiter because none of it manages a process: it reads
+the arbiter's state and says it."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING
 
-from everystep import metrics
+from everystep import exposition, metrics
 from everystep.errors import EverystepError
 from everystep.models import TERMINAL_STATUSES
 
+from .control import ControlSocketError
+from .http import LoopHTTPServer
 from .protocol import ChildStatus, StatusReply
+from .states import ChildState
 
 if TYPE_CHECKING:
     from .arbiter import Arbiter
     from .children import Child
+    from .sdnotify import Notifier
+
+logger = logging.getLogger("everystep.supervisor")
+
+PROGRESS_EVERY = 2.0
+STATUS_EVERY = 5.0
 
 
 def plural(count: int, one: str, many: str) -> str:
@@ -53,9 +66,9 @@ def status(arbiter: Arbiter) -> StatusReply:
         draining=bool(arbiter.stopping),
         uptime=round(now - arbiter.started, 3),
         database=arbiter.store.describe(),
-        ready=len(arbiter.ready),
-        runs={**{str(outcome): count for outcome, count in arbiter.counts.items()}, "claimed": arbiter.loop.claimed,
-              "empty_claims": arbiter.loop.empty_claims},
+        ready=len(arbiter.ledger.ready),
+        runs={**{str(outcome): count for outcome, count in arbiter.ledger.counts.items()},
+              "claimed": arbiter.loop.claimed, "empty_claims": arbiter.loop.empty_claims},
         restarts={str(reason): count for reason, count in arbiter.restarts.items()},
         children=[_child_status(kid, now) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
     )
@@ -66,7 +79,7 @@ def busy(arbiter: Arbiter) -> int:
 
 
 def finished(arbiter: Arbiter) -> int:
-    return sum(arbiter.counts[status] for status in TERMINAL_STATUSES)
+    return sum(arbiter.ledger.counts[status] for status in TERMINAL_STATUSES)
 
 
 def status_line(arbiter: Arbiter) -> str:
@@ -76,7 +89,8 @@ def status_line(arbiter: Arbiter) -> str:
 
 
 def finished_summary(arbiter: Arbiter) -> str:
-    parts = [f"{arbiter.counts[status]} {status}" for status in TERMINAL_STATUSES if arbiter.counts[status]]
+    counts = arbiter.ledger.counts
+    parts = [f"{counts[status]} {status}" for status in TERMINAL_STATUSES if counts[status]]
     return ", ".join(parts) or "nothing"
 
 
@@ -109,3 +123,64 @@ def gauge_children(arbiter: Arbiter) -> None:
         m.pool_size.labels(arbiter.name).set(arbiter.procs)
 
     metrics.record(update)
+
+
+def metrics_server(arbiter: Arbiter) -> LoopHTTPServer | None:
+    """The metrics port, served from the arbiter's loop, if configured."""
+    config = arbiter.config
+    if not config.metrics_port:
+        return None
+    try:
+        http = LoopHTTPServer(config.metrics_bind, config.metrics_port, arbiter.selector,
+                              lambda path: respond_http(arbiter, path))
+    except OSError as exc:
+        raise ControlSocketError(exposition.bind_error(config.metrics_bind, config.metrics_port, exc)) from None
+    logger.info("%s: metrics on http://%s:%d/metrics", arbiter.who, config.metrics_bind, http.port)
+    return http
+
+
+def respond_http(arbiter: Arbiter, path: str) -> tuple[int, str, bytes]:
+    """The metrics port's answer to ``path``."""
+    gauge_children(arbiter)  # gauges of the process tree are read when scraped
+    return exposition.respond(path, arbiter.store)
+
+
+class Progress:
+    """Said now and then: systemd's STATUS= every ``STATUS_EVERY`` seconds
+    and, with ``--progress``, the progress line every ``PROGRESS_EVERY``
+    seconds when it changed."""
+
+    def __init__(self, notifier: Notifier, show: bool) -> None:
+        self.notifier = notifier
+        self.show = show
+        self._last_status = 0.0
+        self._last_progress = 0.0
+        self._last_line = ""
+
+    def tick(self, arbiter: Arbiter, now: float) -> None:
+        if now - self._last_status >= STATUS_EVERY:
+            self._last_status = now
+            self.notifier.status(status_line(arbiter))
+        if self.show and now - self._last_progress >= PROGRESS_EVERY:
+            self._last_progress = now
+            line = progress_line(arbiter, queued(arbiter))
+            if line != self._last_line:
+                self._last_line = line
+                logger.info("%s: %s", arbiter.who, line)
+
+
+def burst_over(arbiter: Arbiter) -> bool:
+    """``--burst``: nothing is left to claim and every child is idle (the
+    arbiter then drains)."""
+    if not arbiter.config.burst or arbiter.stopping or arbiter.ledger.ready:
+        return False
+    if arbiter.procs == 0:
+        if queued(arbiter):
+            logger.warning("%s: burst mode with --procs 0: runs are scheduled but no child will execute them",
+                           arbiter.who)
+    else:
+        kids = list(arbiter.children.values())
+        if not kids or any(kid.state != ChildState.IDLE for kid in kids) or arbiter.loop.due:
+            return False
+    logger.info("%s: burst mode: nothing left to run", arbiter.who)
+    return True
