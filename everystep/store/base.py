@@ -762,9 +762,21 @@ class Store(abc.ABC):
         return recovered
 
     def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
-        """(run id, dead runner) pairs; one statement where the backend can."""
-        rows = conn.execute(self.sql["recover_expired"], params).fetchall()
-        return [(str(row["id"]), row["runner"]) for row in rows]
+        """(run id, dead runner) pairs; one statement where the backend has
+        one (``recover_expired``). Elsewhere (no DELETE … RETURNING inside a
+        CTE) forget each expired runner, its lease checked again under the
+        lock, and requeue what it held."""
+        if "recover_expired" in self.sql:
+            rows = conn.execute(self.sql["recover_expired"], params).fetchall()
+            return [(str(row["id"]), row["runner"]) for row in rows]
+        pairs = []
+        for row in conn.execute(self.sql["expired_runners"], params).fetchall():
+            name = row["name"]
+            if conn.execute(self.sql["forget_runner"], {**params, "name": name}).fetchone() is None:
+                continue
+            for requeued in conn.execute(self.sql["requeue_dead_runners_runs"], {"claimer": name}).fetchall():
+                pairs.append((str(requeued["id"]), name))
+        return pairs
 
     def list_runners(self) -> list[RunnerInfo]:
         rows = self._fetchall("list_runners", self._params())

@@ -384,14 +384,3 @@ class MariaDBStore(Store):
     def _time_bound(cls, low: bool) -> Any:
         return dt.datetime(1000, 1, 1) if low else dt.datetime(9999, 12, 31, 23, 59, 59, 999999)
 
-    def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
-        # Forget each expired runner (its lease checked again under the
-        # lock) and requeue what it held.
-        pairs = []
-        for row in conn.execute(self.sql["expired_runners"], params).fetchall():
-            name = row["name"]
-            if conn.execute(self.sql["forget_runner"], {**params, "name": name}).fetchone() is None:
-                continue
-            for requeued in conn.execute(self.sql["requeue_dead_runners_runs"], {"claimer": name}).fetchall():
-                pairs.append((str(requeued["id"]), name))
-        return pairs

@@ -155,14 +155,3 @@ class SQLiteStore(Store):
             value = value.astimezone(dt.timezone.utc)
         return value.isoformat()
 
-    def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
-        # No DELETE … RETURNING inside a CTE here: forget each expired runner
-        # (guarded again, under the write lock) and requeue what it held.
-        pairs = []
-        for row in conn.execute(self.sql["expired_runners"], params).fetchall():
-            name = row["name"]
-            if conn.execute(self.sql["forget_runner"], {**params, "name": name}).fetchone() is None:
-                continue
-            for requeued in conn.execute(self.sql["requeue_dead_runners_runs"], {"claimer": name}).fetchall():
-                pairs.append((str(requeued["id"]), name))
-        return pairs
