@@ -105,7 +105,7 @@ class Arbiter:
         self.started = time.monotonic()
         self.signals = SignalQueue()
         self.loop = ClaimLoop(store, config.name, "supervisor", lease=config.lease, poll=config.poll,
-                              takeover=config.takeover, logger=logger, who=self.who)
+                              takeover=config.takeover, logger=logger, who=self.who, queues=config.queues)
         self.control = ControlServer(config.socket, self.handle_request, self.selector,
                                      idle_timeout=config.control_timeout, on_request=self._count_request)
         self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)

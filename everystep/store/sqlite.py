@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 
 from .. import serde
 from ..errors import EverystepError
-from .base import Store
+from .base import Row, Store, utcnow
+from .sqlite_claim import SQLiteClaim
 
 BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -110,6 +111,21 @@ class SQLiteStore(Store):
 
     def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         return self._transaction(conn)  # BEGIN IMMEDIATE: the write lock first
+
+    def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        # The clock is read under the write lock, so claim times (and the
+        # rate windows they fill) follow the order claims commit in.
+        now = utcnow()
+        params = {**params, "now": self._time_param(now), "now_epoch": now.timestamp()}
+        return SQLiteClaim(conn, self.sql, params, self._queue_settings).run()
+
+    def _next_due_row(self, params: dict[str, Any]) -> Row | None:
+        # As PostgreSQL's everystep_next_due: one probe per served queue.
+        with self.connection() as conn:
+            queues = SQLiteClaim(conn, self.sql, params, self._queue_settings).served()
+            waits = [row["wait"] for queue in queues
+                     for row in conn.execute(self.sql["next_due"], {**params, "queue": queue}).fetchall()]
+        return {"wait": min(waits)} if waits else None
 
     @classmethod
     def accepts(cls, conn: Any) -> bool:

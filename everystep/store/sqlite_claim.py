@@ -1,0 +1,132 @@
+"""The SQLite claim with queue limits, as PostgreSQL's claim function does it.
+
+It runs inside the claim's ``BEGIN IMMEDIATE``: every claimer holds the
+database's write lock from its first read to its commit, so the counts it
+reads (running runs, recent claims) cannot change under it and two claimers
+can never pass a limit together. The steps mirror migration 0007 of the
+PostgreSQL schema: the served queues minus the paused ones in a random
+order; a fair share of the batch for each, then what is left for those that
+filled their share; within a queue, one priority at a time along the
+claim index, each scan bounded by the due time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..queues import QueueSettings
+
+Row = Mapping[str, Any]
+
+#: How many candidates a key-limited queue reads per run it may still take:
+#: runs of keys at their limit are skipped by the scan itself, but several
+#: runs of one key may head the queue.
+KEY_WINDOW = 8
+_ABOVE_EVERY_PRIORITY = 2**40
+
+
+class SQLiteClaim:
+    """One claim: ``run()`` returns the claimed rows."""
+
+    def __init__(self, conn: Any, sql: Mapping[str, str], params: dict[str, Any],
+                 settings_of: Callable[[Row], QueueSettings]) -> None:
+        self.conn = conn
+        self.sql = sql
+        self.params = params
+        self.settings_of = settings_of
+
+    def _rows(self, name: str, **extra: Any) -> list[Row]:
+        return self.conn.execute(self.sql[name], {**self.params, **extra}).fetchall()  # type: ignore[no-any-return]
+
+    def served(self) -> list[str]:
+        """The queues to claim from, paused ones left out, shuffled."""
+        if self.params["queues"] is None:
+            queues = [row["queue"] for row in self._rows("claim_all_queues")]
+        else:
+            queues = list(json.loads(self.params["queues"]))
+        settings = self.settings(queues)
+        found = [queue for queue in queues if not settings.get(queue, QueueSettings(queue)).paused]
+        random.shuffle(found)
+        return found
+
+    def settings(self, queues: list[str]) -> dict[str, QueueSettings]:
+        if not queues:
+            return {}
+        rows = self._rows("claim_queue_settings", queues=json.dumps(queues))
+        return {row["name"]: self.settings_of(row) for row in rows}
+
+    def run(self) -> list[Row]:
+        queues = self.served()
+        settings = self.settings(queues)
+        left = int(self.params["limit"])
+        claimed: list[Row] = []
+        for first_round in (True, False):
+            full = []
+            for index, queue in enumerate(queues):
+                if left <= 0:
+                    break
+                share = math.ceil(left / (len(queues) - index)) if first_round else left
+                rows = self.from_queue(settings.get(queue, QueueSettings(queue)), share)
+                claimed += rows
+                left -= len(rows)
+                if len(rows) == share:
+                    full.append(queue)
+            if left <= 0 or not full or len(queues) == 1:
+                break
+            queues = full
+        return claimed
+
+    def allowed(self, queue: QueueSettings, most: int) -> int:
+        """How many runs ``queue``'s limits let this claim take now."""
+        if queue.concurrency is not None:
+            running = int(self._rows("queue_running", queue=queue.name)[0]["n"])
+            most = min(most, queue.concurrency - running)
+        if queue.rate_limit is not None and queue.rate_period is not None:
+            since = dt.datetime.fromisoformat(self.params["now"]) - dt.timedelta(seconds=queue.rate_period)
+            self.conn.execute(self.sql["queue_rate_prune"], {"queue": queue.name, "since": since.isoformat()})
+            used = int(self._rows("queue_rate_used", queue=queue.name)[0]["n"])
+            most = min(most, queue.rate_limit - used)
+        return most
+
+    def from_queue(self, queue: QueueSettings, most: int) -> list[Row]:
+        most = self.allowed(queue, most)
+        claimed: list[Row] = []
+        below = _ABOVE_EVERY_PRIORITY
+        while len(claimed) < most:
+            found = self._rows("next_priority", queue=queue.name, below=below)
+            if not found:
+                break
+            below = int(found[0]["priority"])
+            want = most - len(claimed)
+            if queue.key_concurrency is None:
+                claimed += self._rows("claim", queue=queue.name, priority=below, limit=want)
+            else:
+                claimed += self._by_key(queue, below, want, queue.key_concurrency)
+        if claimed and queue.rate_limit is not None:
+            self.conn.execute(self.sql["queue_rate_log"], {"queue": queue.name, "now": self.params["now"],
+                                                           "ids": json.dumps([str(row["id"]) for row in claimed])})
+        return claimed
+
+    def _by_key(self, queue: QueueSettings, priority: int, want: int, per_key: int) -> list[Row]:
+        running = {row["key"]: int(row["n"]) for row in self._rows("queue_busy_keys", queue=queue.name)}
+        busy = [key for key, count in running.items() if count >= per_key]
+        candidates = self._rows("claim_candidates", queue=queue.name, priority=priority,
+                                busy=json.dumps(busy), limit=want * KEY_WINDOW + 32)
+        chosen: list[str] = []
+        for row in candidates:
+            key = row["key"]
+            if key is not None:
+                if running.get(key, 0) >= per_key:
+                    continue
+                running[key] = running.get(key, 0) + 1
+            chosen.append(str(row["id"]))
+            if len(chosen) == want:
+                break
+        if not chosen:
+            return []
+        return self._rows("claim_ids", ids=json.dumps(chosen))
