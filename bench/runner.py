@@ -1,7 +1,7 @@
 """Run every case against one PostgreSQL server and write the report.
 
 Order: cases 1 and 2 together (their repetitions interleave), then 3 to
-10. Case 9 prunes the history case 7 leaves in the shared scale database. A case that fails is reported as not measured, with its error; the
+11. Case 9 prunes the history case 7 leaves in the shared scale database. A case that fails is reported as not measured, with its error; the
 others still run. The exit status is 1 if an everystep case failed (a peer
 that is missing or fails does not count), 0 otherwise.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
-               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, esdb, pg)
+               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -37,6 +37,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case8", "Case 8 — scale-out", case8_scaleout.run, case8_scaleout.section),
     ("case9", "Case 9 — retention", case9_prune.run, case9_prune.section),
     ("case10", "Case 10 — profile", case10_profile.run, case10_profile.section),
+    ("case11", "Case 11 — queues", case11_queues.run, case11_queues.section),
 ]
 
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx.urls["scale"] = server.create_database("bench_scale")
         server.set_database(ctx.urls["scale"], "track_functions", "pl")
         ctx.urls["profile"] = server.create_database("bench_profile")
-        for key in ("es", "es_async", "scale", "profile"):
+        ctx.urls["queues"] = server.create_database("bench_queues")
+        for key in ("es", "es_async", "scale", "profile", "queues"):
             esdb.migrate(ctx.urls[key])
         server.enable_statement_stats(ctx.urls["profile"])
         settings_seen = server.settings(ctx.urls["es"])
@@ -150,6 +152,7 @@ TARGETS = [
     ("case5", "3-step shape", "Case 5: ≥ 1.5× DBOS runs/s on the 3-step shape"),
     ("case5", "CPU case", "Case 5: ≥ 1.7× DBOS on the CPU case"),
     ("case7", "finished runs, runs/s within 10 %", "Case 7: at the largest history, runs/s within 10 % of the empty database"),
+    ("case11", "flow control present", "Case 11: runs/s with flow control present ≥ 95 % of plain at --procs 2"),
 ]
 _TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
 

@@ -9,6 +9,7 @@ import dataclasses
 import datetime as dt
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +166,9 @@ def test_the_rate_caps_claims_in_any_window_of_its_period(store: Store) -> None:
     for run in got:
         finish(store, run)
     assert claim(store, 10) == []
-    # An older window no longer counts.
-    limit(store, "default", rate_period=0.001)
+    # Claims older than the window no longer count.
+    limit(store, "default", rate_period=0.01)
+    time.sleep(0.05)
     assert len(claim(store, 10)) == 2
 
 
@@ -344,3 +346,30 @@ def test_a_postgres_database_that_recorded_7_as_reserved_gets_the_queues(pg_serv
             store.close()
     finally:
         pg_server.drop_database(url)
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+def test_queue_gauges_are_labelled_by_queue_and_zeroed_when_a_queue_empties(store: Store) -> None:
+    from prometheus_client import REGISTRY
+
+    from everystep import metrics
+
+    def sample(name: str, queue: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"queue": queue})
+
+    limit(store, "heavy", paused=True)
+    schedule(heavy, database=store)
+    for _ in range(2):
+        schedule(job, database=store, queue="gauged")
+    metrics.refresh_queue_gauges(store)
+    assert sample("everystep_queue_pending", "gauged") == 2
+    assert sample("everystep_queue_pending", "heavy") == 1
+    assert sample("everystep_queue_paused", "heavy") == 1
+    assert sample("everystep_queue_paused", "gauged") == 0
+    for run in claim(store, queues=["gauged"]):
+        finish(store, run)
+    metrics.refresh_queue_gauges(store)
+    assert sample("everystep_queue_pending", "gauged") == 0
+    assert sample("everystep_queue_running", "gauged") == 0

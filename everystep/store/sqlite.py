@@ -166,10 +166,11 @@ class SQLiteStore(Store):
     @classmethod
     def _time_param(cls, value: dt.datetime) -> str:
         # Stored times compare as text: always UTC, so every one has the
-        # same offset and text order is time order.
+        # same offset and text order is time order (and always the same
+        # length: isoformat() leaves out a zero microsecond part).
         if value.tzinfo is not None:
             value = value.astimezone(dt.timezone.utc)
-        return value.isoformat()
+        return value.isoformat(timespec="microseconds")
 
     def _recover_locked(self, conn: Any, params: dict[str, Any]) -> list[tuple[str, str]]:
         # No DELETE … RETURNING inside a CTE here: forget each expired runner

@@ -88,7 +88,8 @@ class SQLiteClaim:
             most = min(most, queue.concurrency - running)
         if queue.rate_limit is not None and queue.rate_period is not None:
             since = dt.datetime.fromisoformat(self.params["now"]) - dt.timedelta(seconds=queue.rate_period)
-            self.conn.execute(self.sql["queue_rate_prune"], {"queue": queue.name, "since": since.isoformat()})
+            self.conn.execute(self.sql["queue_rate_prune"], {"queue": queue.name,
+                                                             "since": since.isoformat(timespec="microseconds")})
             used = int(self._rows("queue_rate_used", queue=queue.name)[0]["n"])
             most = min(most, queue.rate_limit - used)
         return most
