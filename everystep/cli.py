@@ -388,6 +388,8 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     print(f"workflow   {run.name}")
     print(f"status     {run.status}" + (f" ({waiting})" if waiting else ""))
     print(f"args       {json.dumps(serde.to_jsonable(run.args))}")
+    print(f"queue      {run.queue} (priority {run.priority}"
+          + (f", concurrency key {run.concurrency_key})" if run.concurrency_key else ")"))
     if run.claimed_by:
         print(f"claimed by {run.claimed_by}")
     if run.result is not None:

@@ -6,6 +6,7 @@ of a database that recorded version 7 as a placeholder."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import datetime as dt
 import sqlite3
 import threading
@@ -373,3 +374,71 @@ def test_queue_gauges_are_labelled_by_queue_and_zeroed_when_a_queue_empties(stor
     metrics.refresh_queue_gauges(store)
     assert sample("everystep_queue_pending", "gauged") == 0
     assert sample("everystep_queue_running", "gauged") == 0
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+
+def run_cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    from everystep.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_queue_commands_set_pause_resume_and_list(store: Store, db_url: str, capsys: Any) -> None:
+    code, out, _ = run_cli(capsys, "queue", "set", "reports", "--concurrency", "4", "--key-concurrency", "1",
+                           "--rate", "100/60s", "--database", db_url)
+    assert code == 0 and "concurrency 4, per key 1, rate 100/60s" in out
+    assert run_cli(capsys, "queue", "--database", db_url, "pause", "reports")[0] == 0
+    code, out, _ = run_cli(capsys, "queue", "set", "reports", "--rate", "none", "--database", db_url)
+    assert code == 0 and "rate unlimited" in out and "paused" in out
+    schedule(job, database=store, queue="reports")
+    code, out, _ = run_cli(capsys, "queues", "--database", db_url, "--json")
+    [reports] = json.loads(out)
+    assert (reports["queue"], reports["scheduled"], reports["concurrency"], reports["rate_limit"],
+            reports["paused"]) == ("reports", 1, 4, None, True)
+    assert run_cli(capsys, "queue", "resume", "reports", "--database", db_url)[0] == 0
+    code, out, _ = run_cli(capsys, "queues", "--database", db_url)
+    assert code == 0 and out.splitlines()[0].split()[:4] == ["QUEUE", "SCHEDULED", "RUNNING", "BLOCKED"]
+    assert out.splitlines()[1].split()[:2] == ["reports", "1"] and " no " in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["queue", "set", "reports"], "needs --concurrency"),
+    (["queue", "set", "reports", "--rate", "5/x"], "is not COUNT/PERIOD"),
+    (["queue", "set", "reports", "--concurrency", "-1"], "out of range"),
+    (["queue", "set", "reports", "--key-concurrency", "0"], "out of range"),
+    (["queue", "pause", ""], "must not be empty"),
+    (["queue", "pause", "a b"], "bad queue name"),
+    (["worker", "--queues", "a,,b"], "empty queue name"),
+    (["schedule", "queues.job", "--queue", ""], "must not be empty"),
+])
+def test_bad_queue_input_is_one_line_and_exit_2(db_url: str, capsys: Any, argv: list[str], message: str) -> None:
+    code, _, err = run_cli(capsys, *argv, "--database", db_url)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_supervisor_refuses_an_empty_queue_name(capsys: Any) -> None:
+    from supervisor.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--queues", "reports,"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "empty queue name" in err and len(err.strip().splitlines()) == 1
+    assert build_parser().parse_args(["--queues", "reports,default"]).queues == ["reports", "default"]
+
+
+def test_schedule_command_places_runs(store: Store, db_url: str, capsys: Any) -> None:
+    code, out, _ = run_cli(capsys, "schedule", "queues.heavy", "--database", db_url, "--priority", "8",
+                           "--concurrency-key", "acct")
+    assert code == 0
+    run = store.get_run(out.strip())
+    assert (run.queue, run.priority, run.concurrency_key) == ("heavy", 8, "acct")
+    code, out, _ = run_cli(capsys, "show", run.id, "--database", db_url)
+    assert "queue      heavy (priority 8, concurrency key acct)" in out

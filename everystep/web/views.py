@@ -125,6 +125,9 @@ def run_summary(run: Run) -> dict[str, Any]:
         "duration": _seconds(run.completed_at, run.created_at),
         "error": error_line(run.error),
         "args_preview": _preview(run.args),
+        "queue": run.queue,
+        "priority": run.priority,
+        "concurrency_key": run.concurrency_key,
     }
 
 
