@@ -99,6 +99,8 @@ class ClaimLoop:
         metrics.runner_started(self.name, pool_size, self.kind, self.names)
         if not self.names:
             self.logger.warning("%s: no workflows registered (did you pass --app?)", self.who)
+        if self.queues is not None:
+            self.logger.info("%s: claiming only from queue(s) %s", self.who, ", ".join(self.queues))
 
     def refresh_names(self) -> None:
         """Workflows were (re)imported: claim what is registered now."""

@@ -575,13 +575,19 @@ SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused
 FROM everystep_queue WHERE name = %(name)s FOR UPDATE
 
 -- name: put_queue
-INSERT INTO everystep_queue (name, concurrency, key_concurrency, rate_limit, rate_period, paused, updated_at)
-VALUES (%(name)s, %(concurrency)s, %(key_concurrency)s, %(rate_limit)s, %(rate_period)s, %(paused)s,
-        clock_timestamp())
-ON CONFLICT (name) DO UPDATE
-SET concurrency = EXCLUDED.concurrency, key_concurrency = EXCLUDED.key_concurrency,
-    rate_limit = EXCLUDED.rate_limit, rate_period = EXCLUDED.rate_period, paused = EXCLUDED.paused,
-    updated_at = EXCLUDED.updated_at
+-- LISTENing runners are woken on commit, as for a new run: a resumed queue
+-- or a raised limit is claimed from at once, not at the next poll.
+WITH put AS (
+    INSERT INTO everystep_queue (name, concurrency, key_concurrency, rate_limit, rate_period, paused, updated_at)
+    VALUES (%(name)s, %(concurrency)s, %(key_concurrency)s, %(rate_limit)s, %(rate_period)s, %(paused)s,
+            clock_timestamp())
+    ON CONFLICT (name) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, key_concurrency = EXCLUDED.key_concurrency,
+        rate_limit = EXCLUDED.rate_limit, rate_period = EXCLUDED.rate_period, paused = EXCLUDED.paused,
+        updated_at = EXCLUDED.updated_at
+    RETURNING name
+)
+SELECT pg_notify('everystep_scheduled', put.name)::text AS notified FROM put
 
 -- name: queue_settings
 SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue ORDER BY name
