@@ -43,7 +43,7 @@ QUEUE_TABLES = "everystep_attempt, everystep_step, everystep_workflow, everystep
 def sizes(ctx: Context) -> dict[str, int]:
     quick = ctx.settings.quick
     return {
-        "runs": 500 if quick else ctx.settings.throughput_runs,
+        "runs": 800 if quick else ctx.settings.throughput_runs,
         "reps": 3 if quick else ctx.settings.reps + 2,
         "backlog": 500 if quick else 5_000,
         "latency_backlog": 20_000 if quick else 100_000,
@@ -98,6 +98,12 @@ def one_burst(ctx: Context, url: str, n: dict[str, int], kind: str) -> float:
     reset(url)
     if kind == "plain":
         return burst(ctx, url, n["runs"], "default", "plain")
+    flow_settings(url, n)
+    return burst(ctx, url, n["runs"], "fast", "flow")
+
+
+def flow_settings(url: str, n: dict[str, int]) -> None:
+    """The queues that make flow control present: settings and backlogs."""
     store = connect(url)
     try:
         settle(store, "limited", concurrency=0)
@@ -108,7 +114,25 @@ def one_burst(ctx: Context, url: str, n: dict[str, int], kind: str) -> float:
     for queue in ("limited", "held"):
         bulk.load_scheduled(url, n["backlog"], noop3.name, queue=queue)
     bulk.vacuum_analyze(url)
-    return burst(ctx, url, n["runs"], "fast", "flow")
+
+
+def claim_cost(ctx: Context, url: str, n: dict[str, int], out: dict[str, list[float]]) -> None:
+    """The claim statement alone, plain against flow control present: one
+    run per claim from a backlog of the measured queue, timed in process."""
+    for kind in ("plain", "flow"):
+        reset(url)
+        queue = "default" if kind == "plain" else "fast"
+        if kind == "flow":
+            flow_settings(url, n)
+        bulk.load_scheduled(url, n["probes"] * 5, noop3.name, queue=queue)
+        bulk.vacuum_analyze(url)
+        store = connect(url)
+        try:
+            time_claims(store, 20, None)
+            out[kind] = time_claims(store, n["probes"] * 4, None)
+        finally:
+            store.close()
+        ctx.log(f"case 11 claim statement, {kind}: p50 {percentile(out[kind], 50):.3f} ms")
 
 
 LATENCY_QUEUES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
@@ -169,6 +193,7 @@ def run(ctx: Context) -> None:
     url = ctx.urls["queues"]
     out = ctx.results.setdefault("case11", {})
     throughput(ctx, url, n, out.setdefault("throughput", {}))
+    claim_cost(ctx, url, n, out.setdefault("claim_cost", {}))
     latency(ctx, url, n, out.setdefault("latency", {}))
     reset(url)
 
@@ -196,6 +221,13 @@ def section(ctx: Context) -> Section:
     table.add("flow / plain (median of paired ratios)",
               fmt_ratio(ratio.median, percent=True) if ratio else "n/a")
     section.tables.append(table)
+    costs: dict[str, list[float]] = out.get("claim_cost", {})
+    cost = Table(["claim of one run, timed in the claiming process", "p50 ms", "p99 ms"],
+                 caption="The claim statement alone, same two setups:")
+    for kind, label in (("plain", "plain"), ("flow", "flow control present")):
+        if costs.get(kind):
+            cost.add(label, fmt(percentile(costs[kind], 50), 3), fmt(percentile(costs[kind], 99), 3))
+    section.tables.append(cost)
     latencies: dict[str, list[float]] = out.get("latency", {})
     lat = Table(["backlog", "p50 ms", "p99 ms", "max ms"],
                 caption="Claim latency (one run per claim). Ten queues: " + ", ".join(

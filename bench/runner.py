@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark everystep against the database's limit, DBOS, Procrastinate and threads.",
     )
     parser.add_argument("--quick", action="store_true",
-                        help="fewer runs and repetitions (under 2 minutes); same cases")
+                        help="fewer runs and repetitions (a few minutes); same cases")
     parser.add_argument("--database", metavar="URL",
                         help="an existing PostgreSQL server (its URL; databases are created on it and dropped); "
                              "default: $EVERYSTEP_BENCH_DATABASE_URL, else a throwaway local cluster")
