@@ -82,6 +82,36 @@ def assert_limits_held(store: Store, detail: Any = lambda: "") -> None:
     assert most_at_once(intervals(runs)) >= 2, "different keys ran side by side"
 
 
+def assert_rate_held(store: Store) -> None:
+    """Queue ``rated`` at 10 claims per 2 s: no closed 2 s window of claim
+    times holds more than 10, and the 25 runs need more than two windows."""
+    limit(store, "rated", rate_limit=10, rate_period=2.0)
+    ids = [schedule(queued.timed, 0.01, database=store, queue="rated").id for _ in range(25)]
+    runs = finish(store, ids)
+    claims = sorted(run.claimed_at for run in runs)
+    window = dt.timedelta(seconds=2)
+    in_window = [sum(1 for other in claims if start <= other <= start + window) for start in claims]
+    assert max(in_window) == 10, in_window
+    assert claims[-1] - claims[0] > 2 * window, "25 claims at 10 per 2 s need more than two windows"
+
+
+def assert_pause_and_priority_held(store: Store, detail: Any = lambda: "") -> None:
+    """Queue ``reports`` is paused: its runs wait while a run of another
+    queue, scheduled after them, completes; once resumed they are claimed
+    by priority, the oldest first within one."""
+    priorities = [1, 9, 0, 5, 9]
+    held = [schedule(queued.timed, 0.0, database=store, priority=p).id for p in priorities]
+    other = schedule(queued.urgent, database=store).id
+    finish(store, [other], detail=detail)
+    assert [store.get_run(run_id).status for run_id in held] == [SCHEDULED] * 5
+    limit(store, "reports", paused=False)
+    runs = finish(store, held, detail=detail)
+    order = [run.priority for run in sorted(runs, key=lambda run: run.claimed_at)]
+    assert order == [9, 9, 5, 1, 0]
+    nines = sorted((run for run in runs if run.priority == 9), key=lambda run: run.claimed_at)
+    assert [run.id for run in nines] == [held[1], held[4]], "the oldest first within one priority"
+
+
 def test_three_supervisors_hold_a_queues_concurrency_and_its_keys(pg_url: str, supervisors: Any) -> None:
     store = connect(pg_url)
     runners = [supervisors(pg_url, procs=3, app=APP) for _ in range(3)]
@@ -96,15 +126,8 @@ def test_a_rate_holds_across_two_supervisors(pg_url: str, supervisors: Any) -> N
     store = connect(pg_url)
     runners = [supervisors(pg_url, procs=3, app=APP) for _ in range(2)]
     try:
-        limit(store, "rated", rate_limit=10, rate_period=2.0)
         start_all(runners)
-        ids = [schedule(queued.timed, 0.01, database=store, queue="rated").id for _ in range(25)]
-        runs = finish(store, ids)
-        claims = sorted(run.claimed_at for run in runs)
-        window = dt.timedelta(seconds=2)
-        in_window = [sum(1 for other in claims if start <= other <= start + window) for start in claims]
-        assert max(in_window) == 10, in_window
-        assert claims[-1] - claims[0] > 2 * window, "25 claims at 10 per 2 s need more than two windows"
+        assert_rate_held(store)
     finally:
         store.close()
 
@@ -115,18 +138,7 @@ def test_pause_holds_runs_resume_releases_them_and_priority_orders_them(pg_url: 
     try:
         limit(store, "reports", paused=True)
         runner.start()
-        priorities = [1, 9, 0, 5, 9]
-        held = [schedule(queued.timed, 0.0, database=store, priority=p).id for p in priorities]
-        # Another queue's run, scheduled after them, is claimed while they wait.
-        other = schedule(queued.urgent, database=store).id
-        finish(store, [other])
-        assert [store.get_run(run_id).status for run_id in held] == [SCHEDULED] * 5
-        limit(store, "reports", paused=False)
-        runs = finish(store, held, detail=runner.log)
-        order = [run.priority for run in sorted(runs, key=lambda run: run.claimed_at)]
-        assert order == [9, 9, 5, 1, 0]
-        nines = sorted((run for run in runs if run.priority == 9), key=lambda run: run.claimed_at)
-        assert [run.id for run in nines] == [held[1], held[4]], "the oldest first within one priority"
+        assert_pause_and_priority_held(store, detail=runner.log)
     finally:
         store.close()
 
@@ -139,14 +151,14 @@ def workers(subprocess_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
     started: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
 
-    def start(url: str) -> None:
+    def start(url: str, pool: int = 3) -> None:
         name = f"worker-{uuid.uuid4().hex[:6]}"
         log = tmp_path / f"{name}.log"
         logs.append(log)
         with open(log, "wb") as out:
             started.append(subprocess.Popen(
                 [sys.executable, "-m", "everystep.cli", "worker", "--app", APP, "--database", url, "--name", name,
-                 "--pool", "3", "--poll", "0.05"],
+                 "--pool", str(pool), "--poll", "0.05"],
                 env=subprocess_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
 
     start.logs = lambda: "\n".join(log.read_text(errors="replace")[-2000:] for log in logs)  # type: ignore[attr-defined]
@@ -171,5 +183,21 @@ def test_two_sqlite_workers_hold_a_queues_concurrency_and_its_keys(tmp_path: Pat
         workers(url)
         wait_until(lambda: len(store.list_runners()) == 2, "both workers to take their names", detail=workers.logs)
         assert_limits_held(store, detail=workers.logs)
+    finally:
+        store.close()
+
+
+def test_two_sqlite_workers_hold_a_rate_a_pause_and_priorities(tmp_path: Path, workers: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'queues.db'}"
+    store = connect(url)
+    try:
+        limit(store, "reports", paused=True)
+        # One thread each: every claim takes one run, so the claim order is
+        # the priority order even with two claimers.
+        workers(url, pool=1)
+        workers(url, pool=1)
+        wait_until(lambda: len(store.list_runners()) == 2, "both workers to take their names", detail=workers.logs)
+        assert_pause_and_priority_held(store, detail=workers.logs)
+        assert_rate_held(store)
     finally:
         store.close()
