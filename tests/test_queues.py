@@ -442,3 +442,61 @@ def test_schedule_command_places_runs(store: Store, db_url: str, capsys: Any) ->
     assert (run.queue, run.priority, run.concurrency_key) == ("heavy", 8, "acct")
     code, out, _ = run_cli(capsys, "show", run.id, "--database", db_url)
     assert "queue      heavy (priority 8, concurrency key acct)" in out
+
+
+# -- an unserved backlog costs a claim nothing ------------------------------------------------
+
+
+def settled(read: Any) -> Any:
+    """The server's statistics once they stop moving: a closed connection
+    reports what it read as its backend exits, a moment later."""
+    previous = read()
+    while True:
+        time.sleep(0.1)
+        current = read()
+        if current == previous:
+            return current
+        previous = current
+
+
+def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_postgres_claim_a_few_index_entries(
+        pg_url: str) -> None:
+    """20,000 due runs wait in a paused queue, a queue at its limit and a
+    queue this claimer does not serve; five due runs of a served queue are
+    claimed reading a handful of index entries (the server's statistics),
+    not the backlog."""
+    store = connect(pg_url)
+    try:
+        limit(store, "paused", paused=True)
+        limit(store, "full", concurrency=0)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for queue in ("paused", "full", "elsewhere"):
+                conn.execute(
+                    "INSERT INTO everystep_workflow (id, name, args, status, created_at, queue) "
+                    "SELECT gen_random_uuid(), %s, '[0]', 'scheduled', clock_timestamp() - interval '1 hour', %s "
+                    "FROM generate_series(1, 20000)", (job.name, queue))
+            conn.execute("ANALYZE everystep_workflow")
+        due = sorted(schedule(job, database=store, queue="served").id for _ in range(5))
+
+        def entries_read() -> dict[str, int]:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_force_next_flush()")
+                return {name: int(read) for name, read in conn.execute(
+                    "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'everystep_workflow'")}
+
+        for queues in (["served", "paused", "full"], None):
+            if queues is None:  # every queue served: the unserved one goes
+                with psycopg.connect(pg_url, autocommit=True) as conn:
+                    conn.execute("DELETE FROM everystep_workflow WHERE queue = 'elsewhere'")
+                    conn.execute("VACUUM everystep_workflow")  # no dead index entries left to step over
+            before = settled(entries_read)
+            claimed = store.claim("tester", 10, NAMES, queues)
+            store.close()
+            assert sorted(run.id for run in claimed) == due
+            read = {name: count - before[name] for name, count in settled(entries_read).items()
+                    if count > before[name]}
+            assert sum(read.values()) <= 40, (queues, read)
+            for run in claimed:
+                store.requeue(run.claim)
+    finally:
+        store.close()

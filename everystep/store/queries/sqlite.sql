@@ -78,10 +78,10 @@ RETURNING {run_columns}
 -- name: claim_all_queues
 -- Every queue holding scheduled runs: one index probe per queue.
 WITH RECURSIVE found(queue) AS (
-    SELECT (SELECT queue FROM everystep_workflow INDEXED BY everystep_workflow_queue_due
+    SELECT (SELECT queue FROM everystep_workflow INDEXED BY everystep_workflow_claimable
             WHERE status = 'scheduled' ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT w.queue FROM everystep_workflow AS w INDEXED BY everystep_workflow_queue_due
+    SELECT (SELECT w.queue FROM everystep_workflow AS w INDEXED BY everystep_workflow_claimable
             WHERE w.status = 'scheduled' AND w.queue > found.queue ORDER BY w.queue LIMIT 1)
     FROM found WHERE found.queue IS NOT NULL
 )
@@ -490,10 +490,10 @@ FROM everystep_attempt WHERE workflow_id = :id ORDER BY step_id, attempt
 -- name: next_due
 -- When the next scheduled run of one queue that is not due yet becomes due
 -- (no row: none); the caller asks for each queue it serves.
-SELECT (julianday(coalesce(not_before, created_at)) - julianday(:now)) * 86400.0 AS wait
-FROM everystep_workflow INDEXED BY everystep_workflow_queue_due
-WHERE status = 'scheduled' AND queue = :queue AND coalesce(not_before, created_at) > :now
-ORDER BY coalesce(not_before, created_at)
+SELECT (julianday(not_before) - julianday(:now)) * 86400.0 AS wait
+FROM everystep_workflow INDEXED BY everystep_workflow_waiting
+WHERE status = 'scheduled' AND not_before IS NOT NULL AND queue = :queue AND not_before > :now
+ORDER BY not_before
 LIMIT 1
 
 -- name: cancel_run

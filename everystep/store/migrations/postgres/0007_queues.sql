@@ -32,15 +32,18 @@ CREATE TABLE everystep_queue_claim (
 
 CREATE INDEX everystep_queue_claim_window ON everystep_queue_claim (queue, claimed_at);
 
--- Claims walk one queue at a time, one priority at a time, in due order.
+-- Claims walk one queue at a time, one priority at a time, in due order;
+-- its first column also lists the queues holding scheduled runs.
 DROP INDEX everystep_workflow_claimable;
 
 CREATE INDEX everystep_workflow_claimable
     ON everystep_workflow (queue, priority DESC, (coalesce(not_before, created_at))) WHERE status = 'scheduled';
 
--- Which queues hold scheduled runs, and when each one's next run is due.
-CREATE INDEX everystep_workflow_queue_due
-    ON everystep_workflow (queue, (coalesce(not_before, created_at))) WHERE status = 'scheduled';
+-- When each queue's next waiting run (delayed, sleeping, retrying) is due:
+-- a run with no not-before time is due at once. Only waiting runs are in
+-- it, and a claim, which reads due runs by priority, never uses it.
+CREATE INDEX everystep_workflow_waiting
+    ON everystep_workflow (queue, not_before) WHERE status = 'scheduled' AND not_before IS NOT NULL;
 
 -- A limited queue's running runs, per concurrency key.
 CREATE INDEX everystep_workflow_queue_running
@@ -262,9 +265,10 @@ BEGIN
         SELECT extract(epoch FROM min(next.due) - v_now)::float8
         FROM everystep_served_queues(p_queues) AS served(q)
         CROSS JOIN LATERAL (
-            SELECT coalesce(w.not_before, w.created_at) AS due FROM everystep_workflow AS w
-            WHERE w.status = 'scheduled' AND w.queue = served.q AND coalesce(w.not_before, w.created_at) > v_now
-            ORDER BY coalesce(w.not_before, w.created_at)
+            SELECT w.not_before AS due FROM everystep_workflow AS w
+            WHERE w.status = 'scheduled' AND w.not_before IS NOT NULL AND w.queue = served.q
+              AND w.not_before > v_now
+            ORDER BY w.not_before
             LIMIT 1
         ) AS next
         WHERE NOT EXISTS (SELECT 1 FROM everystep_queue AS c WHERE c.name = served.q AND c.paused)
