@@ -43,7 +43,7 @@ QUEUE_TABLES = "everystep_attempt, everystep_step, everystep_workflow, everystep
 def sizes(ctx: Context) -> dict[str, int]:
     quick = ctx.settings.quick
     return {
-        "runs": 800 if quick else ctx.settings.throughput_runs,
+        "runs": 600 if quick else ctx.settings.throughput_runs,
         "reps": 3 if quick else ctx.settings.reps + 2,
         "backlog": 500 if quick else 5_000,
         "latency_backlog": 20_000 if quick else 100_000,
