@@ -124,7 +124,7 @@ class SQLiteStore(Store):
         with self.connection() as conn:
             queues = SQLiteClaim(conn, self.sql, params, self._queue_settings).served()
             waits = [row["wait"] for queue in queues
-                     for row in conn.execute(self.sql["next_due"], {**params, "queue": queue}).fetchall()]
+                     for row in conn.execute(self.sql["next_due"], {**params, "queue": queue.name}).fetchall()]
         return {"wait": min(waits)} if waits else None
 
     @classmethod

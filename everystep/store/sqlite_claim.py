@@ -43,14 +43,16 @@ class SQLiteClaim:
     def _rows(self, name: str, **extra: Any) -> list[Row]:
         return self.conn.execute(self.sql[name], {**self.params, **extra}).fetchall()  # type: ignore[no-any-return]
 
-    def served(self) -> list[str]:
-        """The queues to claim from, paused ones left out, shuffled."""
+    def served(self) -> list[QueueSettings]:
+        """The queues to claim from with their settings, paused ones and
+        those limited to 0 left out, shuffled."""
         if self.params["queues"] is None:
-            queues = [row["queue"] for row in self._rows("claim_all_queues")]
+            names = [row["queue"] for row in self._rows("claim_all_queues")]
         else:
-            queues = list(json.loads(self.params["queues"]))
-        settings = self.settings(queues)
-        found = [queue for queue in queues if not settings.get(queue, QueueSettings(queue)).paused]
+            names = list(json.loads(self.params["queues"]))
+        settings = self.settings(names)
+        found = [settings.get(name, QueueSettings(name)) for name in names]
+        found = [queue for queue in found if not queue.paused and queue.concurrency != 0]
         random.shuffle(found)
         return found
 
@@ -62,7 +64,6 @@ class SQLiteClaim:
 
     def run(self) -> list[Row]:
         queues = self.served()
-        settings = self.settings(queues)
         left = int(self.params["limit"])
         claimed: list[Row] = []
         for first_round in (True, False):
@@ -71,7 +72,7 @@ class SQLiteClaim:
                 if left <= 0:
                     break
                 share = math.ceil(left / (len(queues) - index)) if first_round else left
-                rows = self.from_queue(settings.get(queue, QueueSettings(queue)), share)
+                rows = self.from_queue(queue, share)
                 claimed += rows
                 left -= len(rows)
                 if len(rows) == share:
