@@ -63,7 +63,8 @@ def refuse_step_limits() -> None:
 
 
 class Worker:
-    """Claim scheduled runs and execute them on ``pool_size`` threads."""
+    """Claim scheduled runs and execute them on ``pool_size`` threads
+    (from ``queues`` only, when given; see ``everystep.queues``)."""
 
     def __init__(
         self,
