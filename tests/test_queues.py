@@ -500,3 +500,17 @@ def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_postgres_claim_a
                 store.requeue(run.claim)
     finally:
         store.close()
+
+
+def test_a_run_scheduled_in_the_callers_transaction_keeps_its_placement(store: Store, db_url: str) -> None:
+    if store.backend == "sqlite":
+        conn: Any = sqlite3.connect(db_url.removeprefix("sqlite:///"))
+    else:
+        conn = psycopg.connect(db_url)
+    try:
+        run = schedule(heavy, conn=conn, priority=4, concurrency_key="acct-9")
+        conn.commit()
+    finally:
+        conn.close()
+    stored = store.get_run(run.id)
+    assert (stored.queue, stored.priority, stored.concurrency_key) == ("heavy", 4, "acct-9")
