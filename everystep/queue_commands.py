@@ -48,17 +48,17 @@ def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) 
                                  description="Set a queue's limits; 'none' removes one. Options not given keep "
                                              "their value.")
     _common_after(setting)
-    setting.add_argument("queue", metavar="NAME")
+    setting.add_argument("queue", metavar="NAME", help="the queue (it need not have runs yet)")
     setting.add_argument("--concurrency", type=_limit(0), metavar="N|none",
-                         help="at most N of its runs running at once, across every runner")
+                         help="at most N of its runs running at once, across every runner (default: unchanged)")
     setting.add_argument("--key-concurrency", type=_limit(1), metavar="N|none",
-                         help="at most N running at once per concurrency key")
+                         help="at most N running at once per concurrency key (default: unchanged)")
     setting.add_argument("--rate", metavar="COUNT/PERIOD|none",
-                         help="at most COUNT claims in any window of PERIOD (100/60s, 10/s, 5/2m)")
+                         help="at most COUNT claims in any window of PERIOD (100/60s, 10/s, 5/2m) (default: unchanged)")
     for action, summary in (("pause", "claim nothing from it (running runs go on)"),
                             ("resume", "claim from it again")):
         paused = actions.add_parser(action, help=summary, description=summary[0].upper() + summary[1:] + ".")
-        paused.add_argument("queue", metavar="NAME")
+        paused.add_argument("queue", metavar="NAME", help="the queue")
         _common_after(paused)
     sub = command(commands, "queues", "list queues with their counts and limits",
                   "Every queue that has runs scheduled, running or blocked, or limits or a pause flag: counts, "

@@ -514,3 +514,22 @@ def test_a_run_scheduled_in_the_callers_transaction_keeps_its_placement(store: S
         conn.close()
     stored = store.get_run(run.id)
     assert (stored.queue, stored.priority, stored.concurrency_key) == ("heavy", 4, "acct-9")
+
+
+# -- the console -------------------------------------------------------------------------------
+
+
+def test_the_console_filters_runs_by_queue_and_shows_it(store: Store) -> None:
+    from everystep.web.views import BadRequest, Views
+
+    heavy_ids = {schedule(heavy, database=store).id for _ in range(2)}
+    schedule(job, database=store)
+    views = Views(store)
+    data = views.runs({"queue": "heavy"}, with_counts=False)
+    assert {run["id"] for run in data["runs"]} == heavy_ids and data["filter"]["queue"] == "heavy"
+    assert {run["queue"] for run in data["runs"]} == {"heavy"}
+    assert len(views.runs({"queue": "heavy", "status": SCHEDULED}, with_counts=False)["runs"]) == 2
+    assert len(views.runs({}, with_counts=False)["runs"]) == 3
+    assert any(item["name"] == "queue" for item in views.meta()["filters"])
+    with pytest.raises(BadRequest, match="bad queue name"):
+        views.runs({"queue": "no spaces"})

@@ -939,6 +939,7 @@ class Store(abc.ABC):
         *,
         status: str | None = None,
         name: str | None = None,
+        queue: str | None = None,
         id_range: tuple[str, str] = (MIN_UUID, MAX_UUID),
         older_than: tuple[dt.datetime | None, str] | None = None,
         newer_than: tuple[dt.datetime | None, str] | None = None,
@@ -965,7 +966,7 @@ class Store(abc.ABC):
             cursor_at = self._time_param(cursor[0]) if cursor[0] is not None else self._time_bound(newer)
         statement = ("page_runs_status_" if status else "page_runs_") + ("newer" if newer else "older")
         params = {
-            "status": status, "name": name or None, "lo": id_range[0], "hi": id_range[1],
+            "status": status, "name": name or None, "queue": queue or None, "lo": id_range[0], "hi": id_range[1],
             "cursor_id": cursor_id, "cursor_at": cursor_at, "limit": int(limit),
         }
         runs = [self._run(row) for row in self._fetchall(statement, params)]

@@ -396,6 +396,7 @@ SELECT name, instance, detail FROM everystep_runner WHERE detail IS NOT NULL
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= %(lo)s::uuid AND id <= %(hi)s::uuid AND id < %(cursor_id)s::uuid
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -403,6 +404,7 @@ LIMIT %(limit)s
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= %(lo)s::uuid AND id <= %(hi)s::uuid AND id > %(cursor_id)s::uuid
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY id ASC
 LIMIT %(limit)s
 
@@ -415,6 +417,7 @@ WHERE status = %(status)s
   AND (created_at, id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid)
   AND id >= %(lo)s::uuid AND id <= %(hi)s::uuid
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -425,6 +428,7 @@ WHERE status = %(status)s
   AND (created_at, id) > (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid)
   AND id >= %(lo)s::uuid AND id <= %(hi)s::uuid
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY created_at ASC, id ASC
 LIMIT %(limit)s
 

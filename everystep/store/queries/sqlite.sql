@@ -395,6 +395,7 @@ SELECT name, instance, detail FROM everystep_runner WHERE detail IS NOT NULL
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= :lo AND id <= :hi AND id < :cursor_id
   AND (:name IS NULL OR name = :name)
+  AND (:queue IS NULL OR queue = :queue)
 ORDER BY id DESC
 LIMIT :limit
 
@@ -402,6 +403,7 @@ LIMIT :limit
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= :lo AND id <= :hi AND id > :cursor_id
   AND (:name IS NULL OR name = :name)
+  AND (:queue IS NULL OR queue = :queue)
 ORDER BY id ASC
 LIMIT :limit
 
@@ -411,6 +413,7 @@ WHERE status = :status
   AND created_at <= :cursor_at AND (created_at, id) < (:cursor_at, :cursor_id)
   AND id >= :lo AND id <= :hi
   AND (:name IS NULL OR name = :name)
+  AND (:queue IS NULL OR queue = :queue)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
@@ -420,6 +423,7 @@ WHERE status = :status
   AND created_at >= :cursor_at AND (created_at, id) > (:cursor_at, :cursor_id)
   AND id >= :lo AND id <= :hi
   AND (:name IS NULL OR name = :name)
+  AND (:queue IS NULL OR queue = :queue)
 ORDER BY created_at ASC, id ASC
 LIMIT :limit
 
