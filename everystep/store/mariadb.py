@@ -45,7 +45,9 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 from .. import serde
 from ..errors import EverystepError
 from ..models import Run
+from ..queues import Placement
 from .base import Row, RunnerInfo, Store
+from .mariadb_claim import MariaDBClaim
 
 DEFAULT_PORT = 3306
 #: The longest workflow or runner name the schema stores (VARCHAR(255)).
@@ -304,9 +306,18 @@ class MariaDBStore(Store):
             conn.execute(self.sql["commit"])
 
     def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
-        # The claim is a script (lock, update, read back); its transaction
-        # is the script's own.
-        return contextlib.nullcontext(conn)
+        # The claim is several scripts (a queue's lock, then its runs by
+        # priority): one transaction holds them, and the queue locks.
+        return self._transaction(conn)
+
+    def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        return MariaDBClaim(conn, self.sql, params, self._queue_settings).run()
+
+    def _next_due_row(self, params: dict[str, Any]) -> Row | None:
+        # As PostgreSQL's everystep_next_due: one probe per served queue.
+        with self.connection() as conn:
+            wait = MariaDBClaim(conn, self.sql, params, self._queue_settings).next_due()
+        return {"wait": wait} if wait is not None else None
 
     @contextlib.contextmanager
     def _migration_transaction(self, conn: Any) -> Iterator[Any]:
@@ -345,10 +356,11 @@ class MariaDBStore(Store):
 
     @classmethod
     def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
-                          not_before: dt.datetime | None = None) -> Run:
-        # INSERT IGNORE (the idempotent insert) would cut a longer name.
+                          not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+        # INSERT IGNORE (the idempotent insert) would cut a longer name (a
+        # queue name and a concurrency key are checked by Placement).
         _check_length("workflow name", name)
-        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before)
+        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before, placement)
 
     def register_runner(self, name: str, instance: str, kind: str, host: str, pid: int, lease: float,
                         vet: Callable[[RunnerInfo], None]) -> tuple[RunnerInfo | None, list[str]]:
