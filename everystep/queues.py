@@ -16,9 +16,9 @@ supervisor and worker on every host respects them together:
 Sleeping and retry-waiting runs are ``scheduled``, so they count against no
 limit. The claim statement itself enforces all of it, atomically (see the
 claim in ``store/queries/<backend>.sql`` and migration 0007): on PostgreSQL
-under the queue row's lock, taken ``SKIP LOCKED`` so a claimer never waits
-on a busy queue but serves the others; on SQLite under the write lock every
-claim takes. Queues are served fairly: each claim gives every served queue
+and MariaDB under the queue row's lock, taken ``SKIP LOCKED`` so a claimer
+never waits on a busy queue but serves the others; on SQLite under the write
+lock every claim takes. Queues are served fairly: each claim gives every served queue
 a share of its batch, in a random order, so a full queue or one at its limit
 never stalls the others.
 """
