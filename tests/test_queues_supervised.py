@@ -1,6 +1,6 @@
 """Queue limits held by real runners together: three supervisors with three
-children each on one PostgreSQL database, two threaded workers on one
-SQLite file. How many runs executed at once is computed from what each step
+children each on one PostgreSQL database, two on one MariaDB database, two
+threaded workers on one SQLite file. How many runs executed at once is computed from what each step
 saw (its own start and end times), the rate from the claim times, so the
 limits are checked where they matter, not in the claimers' bookkeeping."""
 
@@ -139,6 +139,22 @@ def test_pause_holds_runs_resume_releases_them_and_priority_orders_them(pg_url: 
         limit(store, "reports", paused=True)
         runner.start()
         assert_pause_and_priority_held(store, detail=runner.log)
+    finally:
+        store.close()
+
+
+def test_two_supervisors_on_mariadb_hold_a_queues_concurrency(mariadb_url: str, supervisors: Any) -> None:
+    """Four children between them, the queue at 2: never more than two of
+    its runs executing at once, and two side by side."""
+    store = connect(mariadb_url)
+    runners = [supervisors(mariadb_url, procs=2, app=APP, args=["--poll", "0.05"]) for _ in range(2)]
+    try:
+        limit(store, "reports", concurrency=2)
+        start_all(runners)
+        ids = [schedule(queued.timed, NAP, database=store).id for _ in range(30)]
+        runs = finish(store, ids, detail=lambda: "\n".join(r.log()[-2000:] for r in runners))
+        assert most_at_once(intervals(runs)) == 2, sorted(intervals(runs))
+        assert len({run.claimed_by for run in runs}) == 2, "both supervisors claimed"
     finally:
         store.close()
 
