@@ -534,6 +534,47 @@ def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_postgres_claim_a
         store.close()
 
 
+def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_mariadb_claim_a_few_index_entries(
+        mariadb_url: str) -> None:
+    """The same on MariaDB, counted by the server's handler statistics of
+    the claim's own session: the queues holding scheduled runs are found by
+    a loose scan of the claim index (one probe per queue), each served queue
+    is read one priority at a time."""
+    store = connect(mariadb_url)
+    try:
+        limit(store, "paused", paused=True)
+        limit(store, "full", concurrency=0)
+        with store.connection() as conn:
+            for queue in ("paused", "full", "elsewhere"):
+                conn.execute(
+                    "INSERT INTO everystep_workflow (id, name, args, status, created_at, queue) "
+                    "SELECT UUID(), %(name)s, '[0]', 'scheduled', UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, %(queue)s "
+                    "FROM seq_1_to_20000", {"name": job.name, "queue": queue})
+            conn.execute("ANALYZE TABLE everystep_workflow")
+        due = sorted(schedule(job, database=store, queue="served").id for _ in range(5))
+
+        def index_entries_read() -> int:
+            with store.connection() as conn:
+                rows = conn.execute("SHOW SESSION STATUS LIKE 'Handler_read%%'").fetchall()
+            return sum(int(row["Value"]) for row in rows
+                       if row["Variable_name"] in ("Handler_read_key", "Handler_read_next", "Handler_read_prev",
+                                                   "Handler_read_first", "Handler_read_last"))
+
+        for queues in (["served", "paused", "full"], None):
+            if queues is None:  # every queue served: the unserved one goes
+                with store.connection() as conn:
+                    conn.execute("DELETE FROM everystep_workflow WHERE queue = 'elsewhere'")
+            before = index_entries_read()
+            claimed = store.claim("tester", 10, NAMES, queues)
+            read = index_entries_read() - before
+            assert sorted(run.id for run in claimed) == due
+            assert read <= 60, (queues, read)
+            for run in claimed:
+                store.requeue(run.claim)
+    finally:
+        store.close()
+
+
 def test_a_run_scheduled_in_the_callers_transaction_keeps_its_placement(store: Store, db_url: str) -> None:
     if store.backend == "sqlite":
         conn: Any = sqlite3.connect(db_url.removeprefix("sqlite:///"))

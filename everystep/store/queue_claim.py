@@ -68,14 +68,22 @@ class QueueClaim:
     def served(self) -> list[QueueSettings]:
         """The queues to claim from with their settings, paused ones and
         those limited to 0 left out, shuffled."""
-        names = self.given_queues()
-        if names is None:
-            names = [row["queue"] for row in self._rows("claim_all_queues")]
-        settings = self.settings(names)
-        found = [settings.get(name, QueueSettings(name)) for name in names]
-        found = [queue for queue in found if not queue.paused and queue.concurrency != 0]
+        found = [queue for queue in self.candidates() if not queue.paused and queue.concurrency != 0]
         random.shuffle(found)
         return found
+
+    def candidates(self) -> list[QueueSettings]:
+        """The queues given, or every queue holding scheduled runs, with
+        their settings (``claim_all_queues`` may return them along: then
+        its rows are settings rows, NULL where a queue has none)."""
+        names = self.given_queues()
+        if names is None:
+            rows = self._rows("claim_all_queues")
+            if rows and "concurrency" in rows[0]:
+                return [self.settings_of(row) for row in rows]
+            names = [row["queue"] for row in rows]
+        settings = self.settings(names)
+        return [settings.get(name, QueueSettings(name)) for name in names]
 
     def settings(self, queues: list[str]) -> dict[str, QueueSettings]:
         if not queues:

@@ -549,10 +549,14 @@ ON DUPLICATE KEY UPDATE
 -- The claim's steps (store/queue_claim.py) run in the claim's transaction.
 
 -- name: claim_all_queues
--- Every queue holding scheduled runs, along the claim index (a loose scan:
--- one probe per queue).
-SELECT DISTINCT queue FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled'
+-- Every queue holding scheduled runs, with its settings (NULL: none). The
+-- DISTINCT names the index's first two columns, so it is a loose scan of
+-- the claim index: one probe per queue, however many runs wait in each.
+SELECT served.queue AS name, c.concurrency, c.key_concurrency, c.rate_limit, c.rate_period,
+       coalesce(c.paused, FALSE) AS paused
+FROM (SELECT DISTINCT status, queue FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+      WHERE status = 'scheduled') AS served
+LEFT JOIN everystep_queue AS c ON c.name = served.queue
 
 -- name: claim_queue_settings
 SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
