@@ -19,6 +19,11 @@ What differs from PostgreSQL, and how this module covers it:
 - DDL commits at once: migrations are serialised by ``GET_LOCK`` and written
   to be re-run, since a migration and its version row cannot share a
   transaction.
+- No claim function: a claim with queue limits is several scripts in one
+  transaction (``mariadb_claim.py``), a limited queue claimed from under its
+  row's lock.
+- No partial index: the claim index leads with the status, and ``due_at``
+  is a generated column.
 
 Connections run in autocommit mode, in UTC, at READ COMMITTED, with
 ``CLIENT_FOUND_ROWS`` (an UPDATE counts the rows it matched, as PostgreSQL
