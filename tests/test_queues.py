@@ -538,8 +538,8 @@ def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_mariadb_claim_a_
         mariadb_url: str) -> None:
     """The same on MariaDB, counted by the server's handler statistics of
     the claim's own session: the queues holding scheduled runs are found by
-    a loose scan of the claim index (one probe per queue), each served queue
-    is read one priority at a time."""
+    one probe of the claim index per queue, each served queue is read one
+    priority at a time."""
     store = connect(mariadb_url)
     try:
         limit(store, "paused", paused=True)

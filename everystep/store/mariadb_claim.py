@@ -31,6 +31,16 @@ class MariaDBClaim(QueueClaim):
         queues = self.params["queues"]
         return None if queues is None else [name for name in queues if name]
 
+    def all_queues(self) -> list[str]:
+        # One index probe per queue, each a round trip: a DISTINCT is a
+        # loose index scan only when the server's statistics say so, and
+        # otherwise reads every scheduled run.
+        names: list[str] = []
+        while (row := self.conn.execute(self.sql["claim_next_queue"], {"after": names[-1] if names else ""})
+               .fetchone()) is not None:
+            names.append(row["queue"])
+        return names
+
     def lock(self, queue: QueueSettings) -> QueueSettings | None:
         row = self.conn.execute(self.sql["claim_lock_queue"], {
             "queue": queue.name, "concurrency": queue.concurrency}).fetchone()

@@ -74,16 +74,16 @@ class QueueClaim:
 
     def candidates(self) -> list[QueueSettings]:
         """The queues given, or every queue holding scheduled runs, with
-        their settings (``claim_all_queues`` may return them along: then
-        its rows are settings rows, NULL where a queue has none)."""
+        their settings."""
         names = self.given_queues()
         if names is None:
-            rows = self._rows("claim_all_queues")
-            if rows and "concurrency" in rows[0]:
-                return [self.settings_of(row) for row in rows]
-            names = [row["queue"] for row in rows]
+            names = self.all_queues()
         settings = self.settings(names)
         return [settings.get(name, QueueSettings(name)) for name in names]
+
+    def all_queues(self) -> list[str]:
+        """Every queue holding scheduled runs."""
+        return [row["queue"] for row in self._rows("claim_all_queues")]
 
     def settings(self, queues: list[str]) -> dict[str, QueueSettings]:
         if not queues:

@@ -548,15 +548,14 @@ ON DUPLICATE KEY UPDATE
 -- -- Queues and flow control (migration 0007) ---------------------------------
 -- The claim's steps (store/queue_claim.py) run in the claim's transaction.
 
--- name: claim_all_queues
--- Every queue holding scheduled runs, with its settings (NULL: none). The
--- DISTINCT names the index's first two columns, so it is a loose scan of
--- the claim index: one probe per queue, however many runs wait in each.
-SELECT served.queue AS name, c.concurrency, c.key_concurrency, c.rate_limit, c.rate_period,
-       coalesce(c.paused, FALSE) AS paused
-FROM (SELECT DISTINCT status, queue FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-      WHERE status = 'scheduled') AS served
-LEFT JOIN everystep_queue AS c ON c.name = served.queue
+-- name: claim_next_queue
+-- The first queue after %(after)s holding scheduled runs: one probe of the
+-- claim index, however many runs wait in each queue. The claim asks again
+-- after each one found ("" comes before every queue name).
+SELECT queue FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+WHERE status = 'scheduled' AND queue > %(after)s
+ORDER BY queue
+LIMIT 1
 
 -- name: claim_queue_settings
 SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
