@@ -1,5 +1,5 @@
 """Queue limits held by real runners together: three supervisors with three
-children each on one PostgreSQL database, two on one MariaDB database, two
+children each on one PostgreSQL database, three on one MariaDB database, two
 threaded workers on one SQLite file. How many runs executed at once is computed from what each step
 saw (its own start and end times), the rate from the claim times, so the
 limits are checked where they matter, not in the claimers' bookkeeping."""
@@ -143,18 +143,17 @@ def test_pause_holds_runs_resume_releases_them_and_priority_orders_them(pg_url: 
         store.close()
 
 
-def test_two_supervisors_on_mariadb_hold_a_queues_concurrency(mariadb_url: str, supervisors: Any) -> None:
-    """Four children between them, the queue at 2: never more than two of
-    its runs executing at once, and two side by side."""
+def test_three_supervisors_on_mariadb_hold_a_queues_concurrency(mariadb_url: str, supervisors: Any) -> None:
+    """One child each, the queue at 2: never more than two of its runs
+    executing at once, and two side by side, which takes two supervisors."""
     store = connect(mariadb_url)
-    runners = [supervisors(mariadb_url, procs=2, app=APP, args=["--poll", "0.05"]) for _ in range(2)]
+    runners = [supervisors(mariadb_url, procs=1, app=APP, args=["--poll", "0.05"]) for _ in range(3)]
     try:
         limit(store, "reports", concurrency=2)
         start_all(runners)
         ids = [schedule(queued.timed, NAP, database=store).id for _ in range(30)]
         runs = finish(store, ids, detail=lambda: "\n".join(r.log()[-2000:] for r in runners))
         assert most_at_once(intervals(runs)) == 2, sorted(intervals(runs))
-        assert len({run.claimed_by for run in runs}) == 2, "both supervisors claimed"
     finally:
         store.close()
 
