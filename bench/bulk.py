@@ -80,8 +80,11 @@ def load_history(url: str, runs: int, name: str = "bench.workloads.noop3",
     return time.monotonic() - started
 
 
-def load_scheduled(url: str, runs: int, name: str, first_index: int = 0, notify: bool = False) -> float:
-    """COPY ``runs`` scheduled runs of ``name`` (newest last); returns seconds."""
+def load_scheduled(url: str, runs: int, name: str, first_index: int = 0, notify: bool = False,
+                   queue: str = "default", priority: int = 0, keys: int = 0) -> float:
+    """COPY ``runs`` scheduled runs of ``name`` (newest last) into ``queue``
+    at ``priority``, spread over ``keys`` concurrency keys (0: none);
+    returns seconds."""
     if runs <= 0:
         return 0.0
     started = time.monotonic()
@@ -92,11 +95,14 @@ def load_scheduled(url: str, runs: int, name: str, first_index: int = 0, notify:
             lines = []
             for i in range(first, first + count):
                 created = base + dt.timedelta(microseconds=i)
+                key = f"key-{i % keys}" if keys else "\\N"
                 lines.append("\t".join((_uuid7(int(created.timestamp() * 1000)), name,
-                                        f"[{_payload(first_index + i)}]", "scheduled", _ts(created))))
+                                        f"[{_payload(first_index + i)}]", "scheduled", _ts(created),
+                                        queue, str(priority), key)))
             with conn.transaction():
                 with conn.cursor().copy(
-                    "COPY everystep_workflow (id, name, args, status, created_at) FROM STDIN"
+                    "COPY everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key)"
+                    " FROM STDIN"
                 ) as copy:
                     copy.write("\n".join(lines) + "\n")
         if notify:

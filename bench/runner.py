@@ -1,7 +1,7 @@
 """Run every case against one PostgreSQL server and write the report.
 
 Order: cases 1 and 2 together (their repetitions interleave), then 3 to
-10, then cases 2 and 4 on MariaDB against a MariaDB baseline
+11, then cases 2 and 4 on MariaDB against a MariaDB baseline
 (``bench.case_mariadb``; ``--only mariadb`` runs just those). Case 9 prunes the history case 7 leaves in the shared scale database. A case that fails is reported as not measured, with its error; the
 others still run. The exit status is 1 if an everystep case failed (a peer
 that is missing or fails does not count), 0 otherwise.
@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
-               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case_mariadb, esdb, pg)
+               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues,
+               case_mariadb, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -38,6 +39,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case8", "Case 8 — scale-out", case8_scaleout.run, case8_scaleout.section),
     ("case9", "Case 9 — retention", case9_prune.run, case9_prune.section),
     ("case10", "Case 10 — profile", case10_profile.run, case10_profile.section),
+    ("case11", "Case 11 — queues", case11_queues.run, case11_queues.section),
     ("mariadb", "MariaDB — cases 2 and 4", case_mariadb.run, case_mariadb.section),
 ]
 
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark everystep against the database's limit, DBOS, Procrastinate and threads.",
     )
     parser.add_argument("--quick", action="store_true",
-                        help="fewer runs and repetitions (under 2 minutes); same cases")
+                        help="fewer runs and repetitions (a few minutes); same cases")
     parser.add_argument("--database", metavar="URL",
                         help="an existing PostgreSQL server (its URL; databases are created on it and dropped); "
                              "default: $EVERYSTEP_BENCH_DATABASE_URL, else a throwaway local cluster")
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx.urls["scale"] = server.create_database("bench_scale")
         server.set_database(ctx.urls["scale"], "track_functions", "pl")
         ctx.urls["profile"] = server.create_database("bench_profile")
-        for key in ("es", "es_async", "scale", "profile"):
+        ctx.urls["queues"] = server.create_database("bench_queues")
+        for key in ("es", "es_async", "scale", "profile", "queues"):
             esdb.migrate(ctx.urls[key])
         server.enable_statement_stats(ctx.urls["profile"])
         settings_seen = server.settings(ctx.urls["es"])
@@ -153,6 +156,7 @@ TARGETS = [
     ("case5", "3-step shape", "Case 5: ≥ 1.5× DBOS runs/s on the 3-step shape"),
     ("case5", "CPU case", "Case 5: ≥ 1.7× DBOS on the CPU case"),
     ("case7", "finished runs, runs/s within 10 %", "Case 7: at the largest history, runs/s within 10 % of the empty database"),
+    ("case11", "flow control present", "Case 11: runs/s with flow control present ≥ 95 % of plain at --procs 2"),
 ]
 _TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
 

@@ -19,6 +19,7 @@ from .cron import CronSchedule
 from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord
 from .provider import ConnectionProvider, connection_provider
+from .queues import Placement
 from .retry import RetryPolicy
 from .store import Store, default_store, utcnow
 
@@ -29,12 +30,15 @@ class WorkflowFunction:
     """A registered workflow. Calling it directly runs the body as a plain
     function (steps inside are plain calls too)."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, cron: CronSchedule | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str, cron: CronSchedule | None = None,
+                 placement: Placement | None = None) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         #: Periodic workflows: runners enqueue a run per tick (see ``everystep.cron``).
         self.cron = cron
+        #: The queue and priority its runs get unless ``schedule()`` says otherwise.
+        self.placement = placement or Placement()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -96,13 +100,18 @@ class StepFunction:
 def workflow(fn: F) -> WorkflowFunction: ...
 @overload
 def workflow(
-    *, name: str | None = None, cron: str | None = None, timezone: str | None = None
+    *, name: str | None = None, cron: str | None = None, timezone: str | None = None,
+    queue: str | None = None, priority: int | None = None,
 ) -> Callable[[F], WorkflowFunction]: ...
 
 
 def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None, cron: str | None = None,
-             timezone: str | None = None) -> Any:
+             timezone: str | None = None, queue: str | None = None, priority: int | None = None) -> Any:
     """Register a workflow under ``module.qualname`` (or ``name``).
+
+    ``queue`` (default ``default``) and ``priority`` (default 0; larger is
+    claimed first within the queue) are where its runs go unless
+    ``schedule()`` says otherwise (see ``everystep.queues``).
 
     ``cron`` makes it periodic: every runner with it loaded enqueues one run
     per tick of the cron expression, evaluated in ``timezone`` (an IANA
@@ -111,9 +120,10 @@ def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None, c
     if timezone is not None and cron is None:
         raise EverystepError("timezone= applies to a cron schedule: give cron= too")
     schedule = CronSchedule.parse(cron, timezone) if cron is not None else None
+    placement = Placement.of(queue, priority)
 
     def decorate(fn: Callable[..., Any]) -> WorkflowFunction:
-        wf = WorkflowFunction(fn, name or registry.qualified_name(fn), schedule)
+        wf = WorkflowFunction(fn, name or registry.qualified_name(fn), schedule, placement)
         registry.register_workflow(wf.name, wf)
         return wf
 
@@ -266,11 +276,18 @@ def schedule(
     database: str | Store | None = None,
     run_at: dt.datetime | None = None,
     delay: float | dt.timedelta | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
 ) -> Run:
     """Schedule a run of ``wf`` with positional ``args``; returns the ``Run``.
 
     ``run_at`` (an aware datetime) or ``delay`` (seconds, or a timedelta):
     the run is not claimable before then.
+
+    ``queue`` and ``priority`` override the workflow's own (see
+    ``@workflow``); ``concurrency_key`` groups runs that a queue's
+    key concurrency limits (``everystep queue set NAME --key-concurrency N``).
 
     The arguments are validated before anything is written. Without ``conn``
     the run is committed at once. With ``conn`` (a psycopg, sqlite3 or pymysql
@@ -289,13 +306,21 @@ def schedule(
     if idempotency_key is not None and not isinstance(idempotency_key, str):
         raise EverystepError("idempotency_key must be a string")
     not_before = _not_before(run_at, delay)
+    placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
     if conn is not None:
-        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before)
+        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement)
     provider = _provided(database)
     if provider is not None:
         with provider() as provided:
-            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before)
-    return _store(database).schedule(name, args_json, idempotency_key, not_before)
+            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement)
+    return _store(database).schedule(name, args_json, idempotency_key, not_before, placement)
+
+
+def workflow_placement(name: str) -> Placement:
+    """The queue and priority a registered workflow declares (the default
+    queue for a name not registered here)."""
+    wf = registry.get_workflow(name)
+    return wf.placement if isinstance(wf, WorkflowFunction) else Placement()
 
 
 def get_run(run_id: str, database: str | Store | None = None) -> Run:

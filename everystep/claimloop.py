@@ -23,6 +23,8 @@ decides where the runs come from, in this order:
    and a timer is set for then: a delayed run starts on time without
    anyone polling faster. On PostgreSQL a newly scheduled or released run
    notifies, which wakes the loop: its claim re-reads that time.
+   Claims take only from ``queues`` (None: all), within each queue's limits
+   (``everystep.queues``): the claim statement itself enforces them.
 3. **Periodic runs**: the ``cron.Ticker`` enqueues the ticks of the
    periodic workflows loaded here when they are due, whatever the free
    capacity (``keep_lease``).
@@ -34,7 +36,7 @@ and logs a database outage once when it starts and once when it ends.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from . import metrics, outcomes, registry
 from .cron import Ticker
@@ -61,8 +63,11 @@ class ClaimLoop:
         takeover: bool = False,
         logger: logging.Logger | None = None,
         who: str | None = None,
+        queues: Sequence[str] | None = None,
     ) -> None:
         self.store = store
+        #: The queues claimed from (None: every queue).
+        self.queues = list(queues) if queues is not None else None
         self.name = name
         self.kind = kind
         self.poll = poll
@@ -94,6 +99,8 @@ class ClaimLoop:
         metrics.runner_started(self.name, pool_size, self.kind, self.names)
         if not self.names:
             self.logger.warning("%s: no workflows registered (did you pass --app?)", self.who)
+        if self.queues is not None:
+            self.logger.info("%s: claiming only from queue(s) %s", self.who, ", ".join(self.queues))
 
     def refresh_names(self) -> None:
         """Workflows were (re)imported: claim what is registered now."""
@@ -178,7 +185,7 @@ class ClaimLoop:
 
     def _claim(self, now: float, capacity: int) -> list[Run]:
         try:
-            runs = self.store.claim(self.name, capacity, self.names)
+            runs = self.store.claim(self.name, capacity, self.names, self.queues)
         except EverystepError as exc:
             self.outage.failed(exc, "claiming")
             self._due = False
@@ -200,7 +207,7 @@ class ClaimLoop:
         that is not due yet. A run due already but not claimed (locked by
         another claimer) is left to the poll, so racing claimers never spin."""
         try:
-            wait = self.store.next_due(self.names)
+            wait = self.store.next_due(self.names, self.queues)
         except EverystepError as exc:
             self.outage.failed(exc, "timing the next due run")
             self._due_timer = None

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, registry, relay, resources, retention, serde
+from . import admin, dryrun, queue_commands, registry, relay, resources, retention, serde
+from .api import workflow_placement
+from .queues import Placement
 from .cliutil import (
     EXIT_UNAVAILABLE,
     LOG_LEVELS,
@@ -24,6 +26,7 @@ from .cliutil import (
     OneLineParser,
     add_logging_arguments,
     count,
+    queue_list,
     fail,
     format_table,
     print_json,
@@ -85,11 +88,18 @@ def build_parser() -> OneLineParser:
     sub.add_argument("--count", type=count(1, MAX_COUNT), default=1, metavar="N",
                      help=f"schedule N identical runs, 1 to {MAX_COUNT:,} (default 1)")
     sub.add_argument("--json", action="store_true", help="print the ids as a JSON array (default: one line)")
+    sub.add_argument("--queue", metavar="NAME", help="the queue to put the runs in (default: the workflow's)")
+    sub.add_argument("--priority", type=int, metavar="N",
+                     help="larger is claimed first within the queue (default: the workflow's, else 0)")
+    sub.add_argument("--concurrency-key", metavar="KEY",
+                     help="the key its queue's --key-concurrency limits (default: none)")
     when = sub.add_mutually_exclusive_group()
     when.add_argument("--at", metavar="ISO8601",
                       help="not before this time, with its offset: 2030-01-01T09:00+01:00 (default: now)")
     when.add_argument("--in", dest="in_", metavar="DURATION",
                       help="not before this long from now: 90s, 10m, 2h, 30d (default: now)")
+
+    queue_commands.add_parsers(commands, _command)
 
     sub = _command(commands, "runs", "list runs, newest first",
                    "List runs, newest first; says how many more match when the list is cut at --limit.")
@@ -209,6 +219,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--name", metavar="NAME",
                         help="runner name, stable across restarts; refused while a live runner holds it "
                              "(default: the hostname)")
+    parser.add_argument("--queues", type=queue_list, default=None, metavar="NAME[,NAME]",
+                        help="claim only from these queues (default: every queue)")
     parser.add_argument("--takeover", action="store_true",
                         help="take the runner name even though its holder looks alive (it is gone for good, "
                              "e.g. a frozen VM); its runs are fenced (default: off)")
@@ -266,6 +278,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         "check-deploy": cmd_check_deploy,
         "remote": cmd_remote,
         "ui": cmd_ui,
+        "queue": queue_commands.cmd_queue,
+        "queues": queue_commands.cmd_queues,
     }[args.command]
     return handler(store, args)
 
@@ -302,7 +316,10 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
             raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
     args_json = serde.dumps(positional, "ARGS_JSON")
     not_before = _not_before(args.at, args.in_)
-    runs = [store.schedule(args.workflow, args_json, args.idempotency_key, not_before) for _ in range(args.count)]
+    placement = Placement.of(args.queue, args.priority, args.concurrency_key,
+                             defaults=workflow_placement(args.workflow))
+    runs = [store.schedule(args.workflow, args_json, args.idempotency_key, not_before, placement)
+            for _ in range(args.count)]
     if args.json:
         print_json([run.id for run in runs])
     elif len(runs) == 1:
@@ -371,6 +388,8 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     print(f"workflow   {run.name}")
     print(f"status     {run.status}" + (f" ({waiting})" if waiting else ""))
     print(f"args       {json.dumps(serde.to_jsonable(run.args))}")
+    print(f"queue      {run.queue} (priority {run.priority}"
+          + (f", concurrency key {run.concurrency_key})" if run.concurrency_key else ")"))
     if run.claimed_by:
         print(f"claimed by {run.claimed_by}")
     if run.result is not None:
@@ -523,7 +542,7 @@ def cmd_worker(store: Store, args: argparse.Namespace, observer: Observer | None
     refuse_step_limits()
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
                     metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease,
-                    takeover=args.takeover, observer=observer)
+                    takeover=args.takeover, observer=observer, queues=args.queues)
     # Touch the database once before working: a wrong URL or an unmigrated
     # database is a bad command line (one line, exit 2), whereas the claim
     # loop would log and retry it forever as if it were a passing outage.

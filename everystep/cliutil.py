@@ -86,6 +86,20 @@ def count(minimum: int = 0, maximum: int = 1_000_000) -> Callable[[str], Any]:
 PORT = number(int, 0, 65535, "a TCP port")
 
 
+def queue_list(text: str) -> list[str]:
+    """An argparse type for ``--queues NAME[,NAME]`` (one-line refusal)."""
+    from .errors import EverystepError
+    from .queues import parse_queue_list
+
+    try:
+        return parse_queue_list(text)
+    except EverystepError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--queues ")) from None
+
+
+queue_list.__name__ = "a list of queue names"
+
+
 def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-l", "--log-level", default="info", choices=LOG_LEVELS, metavar="LEVEL",
                         help=f"one of {', '.join(LOG_LEVELS)} (default info)")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import serde
+from . import registry, serde
 from .errors import EverystepError
 from .outage import OutageLog
 
@@ -185,7 +185,9 @@ class Ticker:
         return created
 
     def _enqueue(self, name: str, tick: dt.datetime) -> list[Run]:
-        run, created = self.store.schedule_tick(name, serde.dumps([tick], f"tick of {name}"), tick, tick_key(tick))
+        placement = getattr(registry.get_workflow(name), "placement", None)
+        run, created = self.store.schedule_tick(name, serde.dumps([tick], f"tick of {name}"), tick, tick_key(tick),
+                                                placement)
         self._next[name] = self.schedules[name].next_after(tick)
         if created:
             self.enqueued += 1

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from .models import EXECUTION_ENDS
@@ -68,6 +68,15 @@ class Metrics:
     waiting: Gauge
     step_cpu: Histogram
     step_peak_rss: Histogram
+    queue_pending: Gauge
+    queue_waiting: Gauge
+    queue_running: Gauge
+    queue_blocked: Gauge
+    queue_oldest_pending_age: Gauge
+    queue_paused: Gauge
+    #: The queues this process has set gauges for: one that no longer has
+    #: runs or settings is set to zero rather than left at its last value.
+    queues_seen: set[str] = field(default_factory=set)
 
 
 _create_lock = threading.Lock()
@@ -135,6 +144,16 @@ def _create() -> Metrics | None:
         step_peak_rss=Histogram("everystep_step_peak_rss_bytes",
                                 "How far a step raised its process's peak RSS, where measured",
                                 ["workflow", "step"], buckets=RSS_BUCKETS),
+        queue_pending=Gauge("everystep_queue_pending", "Scheduled runs due now, by queue", ["queue"],
+                            multiprocess_mode=latest),
+        queue_waiting=Gauge("everystep_queue_waiting", "Scheduled runs not yet due, by queue", ["queue"],
+                            multiprocess_mode=latest),
+        queue_running=Gauge("everystep_queue_running", "Claimed runs, by queue", ["queue"], multiprocess_mode=latest),
+        queue_blocked=Gauge("everystep_queue_blocked", "Blocked runs, by queue", ["queue"], multiprocess_mode=latest),
+        queue_oldest_pending_age=Gauge("everystep_queue_oldest_pending_age_seconds",
+                                       "Age of the oldest due run, by queue", ["queue"], multiprocess_mode=latest),
+        queue_paused=Gauge("everystep_queue_paused", "1 while the queue is paused", ["queue"],
+                           multiprocess_mode=latest),
     )
 
 
@@ -166,6 +185,20 @@ def refresh_queue_gauges(store: Store) -> None:
     metrics.running.set(stats["running"])
     metrics.blocked.set(stats["blocked"])
     metrics.oldest_pending_age.set(stats["oldest_pending_age_seconds"])
+    queues = store.queues()
+    gone = metrics.queues_seen - {queue.name for queue in queues}
+    for queue in queues:
+        metrics.queue_pending.labels(queue.name).set(queue.pending)
+        metrics.queue_waiting.labels(queue.name).set(queue.waiting)
+        metrics.queue_running.labels(queue.name).set(queue.running)
+        metrics.queue_blocked.labels(queue.name).set(queue.blocked)
+        metrics.queue_oldest_pending_age.labels(queue.name).set(queue.oldest_pending_age_seconds)
+        metrics.queue_paused.labels(queue.name).set(1 if queue.settings.paused else 0)
+        metrics.queues_seen.add(queue.name)
+    for name in gone:
+        for gauge in (metrics.queue_pending, metrics.queue_waiting, metrics.queue_running, metrics.queue_blocked,
+                      metrics.queue_oldest_pending_age, metrics.queue_paused):
+            gauge.labels(name).set(0)
 
 
 def control_command_label(command: object) -> str:

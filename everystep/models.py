@@ -94,6 +94,11 @@ class Run:
     #: A scheduled run is not claimable before this time (a delayed start,
     #: a durable sleep, a retry's backoff); ``None``: at once.
     not_before: dt.datetime | None = None
+    #: The queue it is claimed from, its priority there (larger first) and
+    #: its concurrency key (see ``everystep.queues``).
+    queue: str = "default"
+    priority: int = 0
+    concurrency_key: str | None = None
     #: Whether the run had recorded steps when it was claimed (``None``:
     #: unknown). A run with none is on its first execution, so the runner
     #: skips reading its steps.
@@ -130,6 +135,9 @@ class Run:
             "completed_at": _iso(self.completed_at),
             "claim_epoch": self.claim_epoch,
             "not_before": _iso(self.not_before),
+            "queue": self.queue,
+            "priority": self.priority,
+            "concurrency_key": self.concurrency_key,
         }
 
 

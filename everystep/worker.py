@@ -30,7 +30,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
@@ -63,7 +63,8 @@ def refuse_step_limits() -> None:
 
 
 class Worker:
-    """Claim scheduled runs and execute them on ``pool_size`` threads."""
+    """Claim scheduled runs and execute them on ``pool_size`` threads
+    (from ``queues`` only, when given; see ``everystep.queues``)."""
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class Worker:
         metrics_bind: str = "0.0.0.0",
         lease: float = DEFAULT_LEASE,
         takeover: bool = False,
+        queues: Sequence[str] | None = None,
     ) -> None:
         if pool_size < 1:
             raise EverystepError("pool_size must be at least 1")
@@ -91,7 +93,7 @@ class Worker:
         self.metrics_port = metrics_port
         self.metrics_bind = metrics_bind
         self.loop = ClaimLoop(self.store, self.name, "worker", lease=lease, poll=poll, takeover=takeover,
-                              logger=logger)
+                              logger=logger, queues=queues)
         self.metrics_server: ThreadedMetricsServer | None = None
         self._stopping = SignalFlag()
         self._draining = SignalFlag()

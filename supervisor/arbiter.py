@@ -89,7 +89,7 @@ class Arbiter:
         self.started = time.monotonic()
         self.signals = SignalQueue()
         self.loop = ClaimLoop(store, config.name, "supervisor", lease=config.lease, poll=config.poll,
-                              takeover=config.takeover, logger=logger, who=self.who)
+                              takeover=config.takeover, logger=logger, who=self.who, queues=config.queues)
         self.ledger = Ledger(store, config.name, self.who, self.loop, lambda: bool(self.stopping))
         handle_request = functools.partial(commands.handle, self)
         self.control = ControlServer(config.socket, handle_request, self.selector, idle_timeout=config.control_timeout,

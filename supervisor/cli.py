@@ -20,6 +20,7 @@ from everystep.cliutil import (
     OneLineParser,
     add_logging_arguments,
     count,
+    queue_list,
     fail,
     seconds,
     setup_logging,
@@ -71,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--name", default=defaults.name, metavar="NAME",
                         help="runner name, stable across restarts: runs are claimed under it; refused while a "
                              f"live runner holds it (default: the hostname, {defaults.name} here)")
+    parser.add_argument("--queues", type=queue_list, default=None, metavar="NAME[,NAME]",
+                        help="claim only from these queues (default: every queue)")
     parser.add_argument("--takeover", action="store_true",
                         help="take the runner name even though its holder looks alive (it is gone for good, "
                              "e.g. a frozen VM); the runs it held are fenced (default: off)")
@@ -198,6 +201,7 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         db_timeout=args.db_timeout,
         control_timeout=args.control_timeout,
         stall_timeout=args.stall_timeout,
+        queues=args.queues,
     )
     _check_socket_path(config.socket)
     return config

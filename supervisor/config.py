@@ -53,6 +53,8 @@ class Config:
     #: its own connections: a host closes whatever a child must not inherit
     #: (Django's ``connections.close_all``). A failing hook is logged.
     before_fork: list[Callable[[], None]] = field(default_factory=list)
+    #: Claim only from these queues (None: every queue).
+    queues: list[str] | None = None
 
     @property
     def show_progress(self) -> bool:

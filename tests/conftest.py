@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 BACKENDS = ("sqlite", "postgres", "mariadb")
 MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_workflow", "everystep_runner",
-                  "everystep_request", "everystep_cron")
+                  "everystep_request", "everystep_cron", "everystep_queue", "everystep_queue_claim")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,7 +145,7 @@ def pg_session_url(pg_server: PgServer) -> Iterator[str]:
 def _truncate(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE everystep_attempt, everystep_step, everystep_workflow, everystep_runner, "
-                     "everystep_request, everystep_cron")
+                     "everystep_request, everystep_cron, everystep_queue, everystep_queue_claim")
 
 
 @pytest.fixture(scope="session")

@@ -494,7 +494,8 @@ def test_sqlite_file_that_is_not_a_database_is_refused_and_left_alone(cli, tmp_p
     [
         ("sqlite://relative.db", "bad SQLite URL"),
         ("sqlite:///:memory:", "in-memory"),
-        ("mysql://localhost/db", "unsupported database URL"),
+        ("oracle://localhost/db", "unsupported database URL"),
+        ("mysql://localhost", "name one database"),
     ],
 )
 def test_malformed_database_url_is_refused(cli, url, fragment):

@@ -3,18 +3,22 @@
 A workflow whose last act is a step (``return step(...)``, or
 ``x = step(...); return x``) commits that step's record together with its
 ``completed`` status. These tests pin down when the fold applies (the
-bytecode check, then whole runs on both backends), that it is one
+bytecode check, then whole runs on every backend), that it is one
 transaction (on PostgreSQL the step row and the run row carry the same
-``xmin``; on SQLite the statement trace shows them inside one
-``BEGIN … COMMIT``), and that every window it opens ends as before: a
-process that dies before the commit replays the step, a stale executor
-writes nothing, a cancel records the step it cut off.
+``xmin``; on SQLite and MariaDB a trace of the statements the store's
+connections send shows them inside one ``BEGIN … COMMIT``), and that every
+window it opens ends as before: a process that dies before the commit
+replays the step, a stale executor writes nothing, a cancel records the
+step it cut off, a claim that moves on between the two writes leaves
+neither.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -244,29 +248,55 @@ def fold_retried(start: int) -> int:
 
 
 class StatementTrace:
-    """Every statement SQLite runs on the store's connections (its own trace
-    callback on each connection the store opens from now on)."""
+    """Every statement the store's connections send, from now on: SQLite's
+    own trace callback on each connection the store opens; on MariaDB, each
+    query the PyMySQL connection sends, with its ``begin()``, ``commit()``
+    and ``rollback()`` calls (statements as sent, parameters in place)."""
 
     def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
         self.statements: list[str] = []
         store.close()
         opened = store._open
+        trace = self._trace_sqlite if store.backend == "sqlite" else self._trace_mariadb
 
         def traced_open() -> Any:
             conn = opened()
-            conn.set_trace_callback(self.statements.append)
+            trace(conn)
             return conn
 
         monkeypatch.setattr(store, "_open", traced_open)
 
+    def _trace_sqlite(self, conn: Any) -> None:
+        conn.set_trace_callback(self.statements.append)
+
+    def _trace_mariadb(self, conn: Any) -> None:
+        raw = conn.raw
+        query = raw.query
+
+        def traced_query(sql: Any, *args: Any, **kwargs: Any) -> Any:
+            self.statements.append(sql.decode() if isinstance(sql, bytes) else str(sql))
+            return query(sql, *args, **kwargs)
+
+        def traced(verb: str, call: Any) -> Any:
+            def sent() -> Any:
+                self.statements.append(verb)
+                return call()
+            return sent
+
+        raw.query = traced_query
+        raw.begin = traced("BEGIN", raw.begin)
+        raw.commit = traced("COMMIT", raw.commit)
+        raw.rollback = traced("ROLLBACK", raw.rollback)
+
     def write_transactions(self) -> list[list[str]]:
         """The writes made, grouped by the transaction that committed them:
-        a ``BEGIN … COMMIT`` block, or one autocommitted statement."""
+        a ``BEGIN`` (or ``START TRANSACTION``) … ``COMMIT`` block, or one
+        autocommitted statement."""
         transactions: list[list[str]] = []
         block: list[str] | None = None
         for statement in (" ".join(text.split()) for text in self.statements):
             verb = statement.split(" ", 1)[0].upper()
-            if verb == "BEGIN":
+            if verb in ("BEGIN", "START"):
                 block = []
             elif verb in ("COMMIT", "ROLLBACK"):
                 if block and verb == "COMMIT":
@@ -294,7 +324,7 @@ STEP_WRITE = re.compile(r"^INSERT INTO everystep_step .*? SELECT '[^']*', '([^']
 
 
 def run_writes(trace: StatementTrace) -> list[list[str]]:
-    """SQLite: each transaction that wrote a step or a terminal status, as
+    """SQLite, MariaDB: each transaction that wrote a step or a terminal status, as
     the step ids it wrote and ``"status"``."""
     transactions = []
     for writes in trace.write_transactions():
@@ -321,7 +351,7 @@ def folded_steps(store: Store, run_id: str, trace: StatementTrace | None) -> lis
 
 @pytest.fixture
 def trace(store: Store, monkeypatch: pytest.MonkeyPatch) -> StatementTrace | None:
-    return StatementTrace(store, monkeypatch) if store.backend == "sqlite" else None
+    return StatementTrace(store, monkeypatch) if store.backend in ("sqlite", "mariadb") else None
 
 
 # -- the fold ------------------------------------------------------------------------------
@@ -451,6 +481,54 @@ def test_a_step_that_already_has_an_outcome_keeps_the_run_running(store: Store) 
     assert store.record_step(claim, entry).ours
     assert store.finish_run_with_step(claim, entry, COMPLETED, "2") is None
     assert store.get_run(run.id).status == RUNNING
+
+
+def _lock_waits(url: str) -> list[str]:
+    """MariaDB: what each transaction waiting for a row lock is running."""
+    import pymysql
+
+    from everystep.store.mariadb import connect_args
+
+    with pymysql.connect(**connect_args(url), autocommit=True) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT trx_query FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
+        return [str(query) for (query,) in cursor.fetchall()]
+
+
+@pytest.mark.backends("mariadb")
+def test_a_claim_taken_over_while_the_fold_waits_leaves_neither_write(store: Store) -> None:
+    """MariaDB folds in a transaction of two statements, each conditional on
+    the claim. Another transaction takes the run over (bumps its epoch) and
+    holds the row: the fold waits for it (InnoDB reads the run row of the
+    step write's claim check with a shared lock; a server that reads it
+    without one waits at the status update instead), then finds the claim
+    gone once the takeover commits, and writes neither the step nor the
+    status."""
+    import pymysql
+
+    from everystep.store.mariadb import connect_args
+
+    run = schedule(fold_tail, 1, database=store)
+    claim = claim_run(store, run.id, "A").claim
+    entry = NewStep("1", fold_add.name, "[1, 1]", "{}", utcnow(), STEP_DONE, "2")
+    written: list[Any] = []
+    with pymysql.connect(**connect_args(store.url)) as taker, taker.cursor() as cursor:
+        taker.begin()
+        cursor.execute("UPDATE everystep_workflow SET claim_epoch = claim_epoch + 1 WHERE id = %s", (run.id,))
+        folding = threading.Thread(target=lambda: written.append(
+            store.finish_run_with_step(claim, entry, COMPLETED, "2")))
+        folding.start()
+        deadline = time.monotonic() + 60
+        fold_writes = ("INSERT INTO everystep_step", "UPDATE everystep_workflow")
+        while not any(query.startswith(fold_writes) for query in _lock_waits(store.url)):
+            assert folding.is_alive() and time.monotonic() < deadline, f"the fold did not wait: {written}"
+            time.sleep(0.05)
+        assert store.get_steps(run.id) == []  # not committed yet
+        taker.commit()
+        folding.join(timeout=60)
+    assert written == [None]
+    assert store.get_steps(run.id) == []
+    after = store.get_run(run.id)
+    assert (after.status, after.claim_epoch) == (RUNNING, claim.epoch + 1)
 
 
 @step

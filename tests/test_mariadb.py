@@ -244,10 +244,12 @@ def test_a_migration_cut_off_half_way_is_finished_by_the_next(fresh_url: str) ->
 def test_every_statement_the_other_backends_name_exists_here() -> None:
     """The base Store calls statements by name: MariaDB's file answers every
     name PostgreSQL's does, save PostgreSQL's own (LISTEN, NOTIFY, its
-    advisory lock, its expired-runner CTE)."""
+    advisory lock, its expired-runner CTE, its one-statement fold: here the
+    last step and the status are record_step and finish_run in one
+    transaction, as on SQLite)."""
     from everystep.store import queries
 
-    own = {"listen", "notify_fenced", "recover_expired"}
+    own = {"listen", "notify_fenced", "recover_expired", "finish_run_with_step"}
     missing = set(queries.load("postgres")) - set(queries.load("mariadb")) - own
     assert not missing
 

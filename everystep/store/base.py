@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .. import serde
 from ..errors import EverystepError, RunNotFound, SchemaMissing, StoreUnavailable
 from ..models import STEP_STARTED, Attempt, Claim, Run, RunStatus, StepRecord
+from ..queues import Placement, QueueInfo, QueueSettings
 from ..resources import StepCost
 from . import migrations, queries
 
@@ -367,6 +368,9 @@ class Store(abc.ABC):
             completed_at=cls._time(row["completed_at"]),
             claim_epoch=int(row["claim_epoch"]),
             not_before=cls._time(row["not_before"]),
+            queue=row["queue"],
+            priority=int(row["priority"]),
+            concurrency_key=row["concurrency_key"],
             has_steps=bool(row["has_steps"]) if "has_steps" in row.keys() else None,
         )
 
@@ -410,15 +414,19 @@ class Store(abc.ABC):
     def _migrate_through(self, conn: Any) -> list[str]:
         with self._migration_transaction(conn):
             conn.execute(self.sql["create_migration_table"])
-            applied = {int(row["version"]) for row in conn.execute(self.sql["applied_migrations"]).fetchall()}
+            applied = {int(row["version"]): row["name"]
+                       for row in conn.execute(self.sql["applied_migrations"]).fetchall()}
             done = []
             for migration in migrations.available(self.backend):
-                if migration.version in applied:
+                # A version recorded as the placeholder of a migration that
+                # did not exist yet is applied now that it does.
+                placeholder = applied.get(migration.version) == migrations.PLACEHOLDER != migration.name
+                if migration.version in applied and not placeholder:
                     continue
                 for statement in migration.statements():
                     conn.execute(statement)
-                conn.execute(self.sql["insert_migration"], self._params(version=migration.version,
-                                                                         name=migration.name))
+                record = "rename_migration" if placeholder else "insert_migration"
+                conn.execute(self.sql[record], self._params(version=migration.version, name=migration.name))
                 done.append(f"{migration.version:04d}_{migration.name}")
             return done
 
@@ -432,29 +440,31 @@ class Store(abc.ABC):
     # -- scheduling and reading ----------------------------------------------
 
     def schedule(self, name: str, args_json: str, idempotency_key: str | None = None,
-                 not_before: dt.datetime | None = None) -> Run:
+                 not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
         """Insert a scheduled run and commit it (claimable from ``not_before``
-        on, if given).
+        on, if given), in ``placement``'s queue (default: the default queue).
 
         With an idempotency key, an existing run of the same workflow and key
         is returned instead of inserting a second one.
         """
         with self.connection() as conn:
-            return self._schedule_through(conn, name, args_json, idempotency_key, not_before)
+            return self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement)
 
     @classmethod
     def schedule_on(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
-                    not_before: dt.datetime | None = None) -> Run:
+                    not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
         """Insert a run through a caller's own connection of this backend,
         inside whatever transaction it has open."""
         with cls._caller_cursor(conn) as cursor:
-            return cls._schedule_through(cursor, name, args_json, idempotency_key, not_before)
+            return cls._schedule_through(cursor, name, args_json, idempotency_key, not_before, placement)
 
     @classmethod
     def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
-                          not_before: dt.datetime | None = None) -> Run:
+                          not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+        place = placement or Placement()
         params = cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key,
-                             not_before=cls._time_param(not_before) if not_before is not None else None)
+                             not_before=cls._time_param(not_before) if not_before is not None else None,
+                             queue=place.queue, priority=place.priority, concurrency_key=place.concurrency_key)
         sql = cls.statements()
         row = conn.execute(sql["schedule"], params).fetchone()
         if row is None:
@@ -524,6 +534,50 @@ class Store(abc.ABC):
         """Round-trip to the database (health checks); raises if unreachable."""
         self._fetchone("ping", {})
 
+    # -- queues (migration 0007) -----------------------------------------------
+
+    @classmethod
+    def _queue_settings(cls, row: Row) -> QueueSettings:
+        return QueueSettings(
+            name=row["name"], concurrency=_int_or_none(row["concurrency"]),
+            key_concurrency=_int_or_none(row["key_concurrency"]), rate_limit=_int_or_none(row["rate_limit"]),
+            rate_period=_float_or_none(row["rate_period"]), paused=bool(row["paused"]),
+        )
+
+    def update_queue(self, name: str, change: Callable[[QueueSettings], QueueSettings]) -> QueueSettings:
+        """Change a queue's settings under its row lock: ``change`` gets the
+        current ones (defaults for a queue without a row) and returns the new."""
+        with self.connection() as conn, self._transaction(conn):
+            row = conn.execute(self.sql["lock_queue"], {"name": name}).fetchone()
+            current = self._queue_settings(row) if row is not None else QueueSettings(name)
+            new = change(current)
+            conn.execute(self.sql["put_queue"], self._params(
+                name=name, concurrency=new.concurrency, key_concurrency=new.key_concurrency,
+                rate_limit=new.rate_limit, rate_period=new.rate_period, paused=new.paused))
+        return new
+
+    def queue_settings(self) -> dict[str, QueueSettings]:
+        """The queues that have a row (limits or a pause flag), by name."""
+        return {row["name"]: self._queue_settings(row) for row in self._fetchall("queue_settings", {})}
+
+    def queues(self) -> list[QueueInfo]:
+        """Every queue that has settings or runs scheduled, running or
+        blocked, with its counts (a scan of those runs: for operators and
+        metrics, not for claims)."""
+        settings = self.queue_settings()
+        found: dict[str, QueueInfo] = {}
+        for row in self._fetchall("queue_counts", self._params()):
+            name = row["queue"]
+            found[name] = QueueInfo(
+                settings=settings.get(name, QueueSettings(name)), pending=int(row["pending"] or 0),
+                waiting=int(row["waiting"] or 0), running=int(row["running"] or 0),
+                blocked=int(row["blocked"] or 0),
+                oldest_pending_age_seconds=max(float(row["oldest_age"] or 0.0), 0.0),
+            )
+        for name, queue in settings.items():
+            found.setdefault(name, QueueInfo(settings=queue))
+        return [found[name] for name in sorted(found)]
+
     def count_scheduled(self, names: Sequence[str]) -> int:
         row = self._fetchone("count_scheduled", {"names": self._names(names)})
         assert row is not None
@@ -531,18 +585,28 @@ class Store(abc.ABC):
 
     # -- claiming ------------------------------------------------------------
 
-    def claim(self, claimer: str, limit: int, names: Sequence[str]) -> list[Run]:
-        """Claim up to ``limit`` scheduled runs of the given workflows, oldest
-        first, bumping each one's claim epoch. Concurrent claimers get
-        disjoint sets."""
-        if limit <= 0 or not names:
+    def claim(self, claimer: str, limit: int, names: Sequence[str],
+              queues: Sequence[str] | None = None) -> list[Run]:
+        """Claim up to ``limit`` due runs of the given workflows from
+        ``queues`` (None: every queue), bumping each one's claim epoch.
+        Paused queues are skipped and each queue's limits are enforced by the
+        claim itself (see ``everystep.queues``); within a queue the highest
+        priority goes first, then the earliest due. Concurrent claimers get
+        disjoint sets. Returned highest priority first, then oldest."""
+        if limit <= 0 or not names or (queues is not None and not queues):
             return []
-        params = self._params(claimer=claimer, limit=limit, names=self._names(names))
+        params = self._params(claimer=claimer, limit=limit, names=self._names(names),
+                              queues=self._names(queues) if queues is not None else None)
         with self.connection() as conn, self._claim_transaction(conn):
-            rows = conn.execute(self.sql["claim"], params).fetchall()
+            rows = self._claim_rows(conn, params)
         runs = [self._run(row) for row in rows]
-        runs.sort(key=lambda run: (run.created_at or utcnow(), run.id))
+        runs.sort(key=lambda run: (-run.priority, run.created_at or utcnow(), run.id))
         return runs
+
+    def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        """The claim, inside ``_claim_transaction``: one statement where the
+        backend enforces the queue limits in it (PostgreSQL's function)."""
+        return conn.execute(self.sql["claim"], params).fetchall()  # type: ignore[no-any-return]
 
     def claim_own(
         self, claimer: str, limit: int, names: Sequence[str], exclude: Sequence[str] = ()
@@ -913,6 +977,7 @@ class Store(abc.ABC):
         *,
         status: str | None = None,
         name: str | None = None,
+        queue: str | None = None,
         id_range: tuple[str, str] = (MIN_UUID, MAX_UUID),
         older_than: tuple[dt.datetime | None, str] | None = None,
         newer_than: tuple[dt.datetime | None, str] | None = None,
@@ -939,7 +1004,7 @@ class Store(abc.ABC):
             cursor_at = self._time_param(cursor[0]) if cursor[0] is not None else self._time_bound(newer)
         statement = ("page_runs_status_" if status else "page_runs_") + ("newer" if newer else "older")
         params = {
-            "status": status, "name": name or None, "lo": id_range[0], "hi": id_range[1],
+            "status": status, "name": name or None, "queue": queue or None, "lo": id_range[0], "hi": id_range[1],
             "cursor_id": cursor_id, "cursor_at": cursor_at, "limit": int(limit),
         }
         runs = [self._run(row) for row in self._fetchall(statement, params)]
@@ -1037,16 +1102,22 @@ class Store(abc.ABC):
         the step already has an outcome."""
         return self._fetchone("record_cancelled_step", self._step_params(claim, step)) is not None
 
-    def next_due(self, names: Sequence[str]) -> float | None:
-        """Seconds until the earliest scheduled run of ``names`` is due (0 or
-        less: due now); None when none is scheduled. One step along the
-        claim's index, by the database's clock."""
-        if not names:
+    def next_due(self, names: Sequence[str], queues: Sequence[str] | None = None) -> float | None:
+        """Seconds until the next scheduled run of ``queues`` (None: every
+        queue; paused ones left out) that is not due yet becomes due; None
+        when there is none. One index probe per queue, by the database's
+        clock. (``names`` only says whether there is anything to time: a
+        timer that fires for a run of a workflow this runner does not know
+        costs one empty claim.)"""
+        if not names or (queues is not None and not queues):
             return None
-        row = self._fetchone("next_due", self._params(names=self._names(names)))
+        row = self._next_due_row(self._params(queues=self._names(queues) if queues is not None else None))
         if row is None or row["wait"] is None:
             return None
         return float(row["wait"])
+
+    def _next_due_row(self, params: dict[str, Any]) -> Row | None:
+        return self._fetchone("next_due", params)
 
     def attempts(self, run_id: str) -> dict[str, list[Attempt]]:
         """The failed attempts of a run's retried steps, by step id, oldest first."""
@@ -1081,14 +1152,17 @@ class Store(abc.ABC):
             found[row["name"]] = (tick, str(row["last_run"]) if row["last_run"] else None, row["last_status"])
         return found
 
-    def schedule_tick(self, name: str, args_json: str, tick: dt.datetime, key: str) -> tuple[Run, bool]:
+    def schedule_tick(self, name: str, args_json: str, tick: dt.datetime, key: str,
+                      placement: Placement | None = None) -> tuple[Run, bool]:
         """Enqueue the run of periodic workflow ``name`` for ``tick``, once
         however many runners try: the idempotency ``key`` names the tick.
         Returns the run and whether this call created it; the tick is
         remembered as the workflow's last either way."""
         with self.connection() as conn, self._transaction(conn):
+            place = placement or Placement()
             params = self._params(id=new_run_id(), name=name, args=args_json, idempotency_key=key,
-                                  not_before=None)
+                                  not_before=None, queue=place.queue, priority=place.priority,
+                                  concurrency_key=place.concurrency_key)
             row = conn.execute(self.sql["schedule"], params).fetchone()
             created = row is not None
             if row is None:

@@ -19,6 +19,11 @@ What differs from PostgreSQL, and how this module covers it:
 - DDL commits at once: migrations are serialised by ``GET_LOCK`` and written
   to be re-run, since a migration and its version row cannot share a
   transaction.
+- No claim function: a claim with queue limits is several scripts in one
+  transaction (``mariadb_claim.py``), a limited queue claimed from under its
+  row's lock.
+- No partial index: the claim index leads with the status, and ``due_at``
+  is a generated column.
 
 Connections run in autocommit mode, in UTC, at READ COMMITTED, with
 ``CLIENT_FOUND_ROWS`` (an UPDATE counts the rows it matched, as PostgreSQL
@@ -45,7 +50,9 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 from .. import serde
 from ..errors import EverystepError
 from ..models import Run
+from ..queues import Placement
 from .base import Row, RunnerInfo, Store
+from .mariadb_claim import MariaDBClaim
 
 DEFAULT_PORT = 3306
 #: The longest workflow or runner name the schema stores (VARCHAR(255)).
@@ -304,9 +311,18 @@ class MariaDBStore(Store):
             conn.execute(self.sql["commit"])
 
     def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
-        # The claim is a script (lock, update, read back); its transaction
-        # is the script's own.
-        return contextlib.nullcontext(conn)
+        # The claim is several scripts (a queue's lock, then its runs by
+        # priority): one transaction holds them, and the queue locks.
+        return self._transaction(conn)
+
+    def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        return MariaDBClaim(conn, self.sql, params, self._queue_settings).run()
+
+    def _next_due_row(self, params: dict[str, Any]) -> Row | None:
+        # As PostgreSQL's everystep_next_due: one probe per served queue.
+        with self.connection() as conn:
+            wait = MariaDBClaim(conn, self.sql, params, self._queue_settings).next_due()
+        return {"wait": wait} if wait is not None else None
 
     @contextlib.contextmanager
     def _migration_transaction(self, conn: Any) -> Iterator[Any]:
@@ -345,10 +361,11 @@ class MariaDBStore(Store):
 
     @classmethod
     def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
-                          not_before: dt.datetime | None = None) -> Run:
-        # INSERT IGNORE (the idempotent insert) would cut a longer name.
+                          not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+        # INSERT IGNORE (the idempotent insert) would cut a longer name (a
+        # queue name and a concurrency key are checked by Placement).
         _check_length("workflow name", name)
-        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before)
+        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before, placement)
 
     def register_runner(self, name: str, instance: str, kind: str, host: str, pid: int, lease: float,
                         vet: Callable[[RunnerInfo], None]) -> tuple[RunnerInfo | None, list[str]]:

@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 
 from .. import serde
 from ..errors import EverystepError
-from .base import Store
+from .base import Row, Store, utcnow
+from .sqlite_claim import SQLiteClaim
 
 BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -111,6 +112,19 @@ class SQLiteStore(Store):
     def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         return self._transaction(conn)  # BEGIN IMMEDIATE: the write lock first
 
+    def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        # The clock is read under the write lock, so claim times (and the
+        # rate windows they fill) follow the order claims commit in.
+        now = utcnow()
+        params = {**params, "now": self._time_param(now), "now_epoch": now.timestamp()}
+        return SQLiteClaim(conn, self.sql, params, self._queue_settings).run()
+
+    def _next_due_row(self, params: dict[str, Any]) -> Row | None:
+        # As PostgreSQL's everystep_next_due: one probe per served queue.
+        with self.connection() as conn:
+            wait = SQLiteClaim(conn, self.sql, params, self._queue_settings).next_due()
+        return {"wait": wait} if wait is not None else None
+
     @classmethod
     def accepts(cls, conn: Any) -> bool:
         return isinstance(conn, sqlite3.Connection)
@@ -150,8 +164,9 @@ class SQLiteStore(Store):
     @classmethod
     def _time_param(cls, value: dt.datetime) -> str:
         # Stored times compare as text: always UTC, so every one has the
-        # same offset and text order is time order.
+        # same offset and text order is time order (and always the same
+        # length: isoformat() leaves out a zero microsecond part).
         if value.tzinfo is not None:
             value = value.astimezone(dt.timezone.utc)
-        return value.isoformat()
+        return value.isoformat(timespec="microseconds")
 

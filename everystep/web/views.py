@@ -28,6 +28,7 @@ from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
 from ..graph.plan import Plan
 from ..models import BLOCKED, RUN_STATUSES, RUNNING, SCHEDULED, STEP_STARTED, Run, StepRecord
+from ..queues import queue_name
 from ..waiting import effect_uncertain, waiting_for
 from ..store import Store, utcnow
 from ..store.base import MAX_UUID, MIN_UUID, id_prefix_range
@@ -51,6 +52,7 @@ class BadRequest(EverystepError):
 FILTERS: list[dict[str, Any]] = [
     {"name": "status", "label": "Status", "kind": "select", "options": list(RUN_STATUSES)},
     {"name": "workflow", "label": "Workflow", "kind": "text", "placeholder": "module.workflow"},
+    {"name": "queue", "label": "Queue", "kind": "text", "placeholder": "default"},
     {"name": "q", "label": "Run id", "kind": "text", "placeholder": "id prefix"},
 ]
 
@@ -60,6 +62,7 @@ class RunFilter:
     status: str | None = None
     workflow: str | None = None
     id_prefix: str | None = None
+    queue: str | None = None
 
     @classmethod
     def parse(cls, params: Any) -> RunFilter:
@@ -70,7 +73,13 @@ class RunFilter:
         prefix = (params.get("q") or "").strip().lower() or None
         if prefix is not None and not _PREFIX.match(prefix):
             raise BadRequest(f"{prefix[:40]!r} is not a run id prefix (hexadecimal digits and dashes)")
-        return cls(status, workflow[:300] if workflow else None, prefix)
+        queue = (params.get("queue") or "").strip() or None
+        if queue is not None:
+            try:
+                queue_name(queue)
+            except EverystepError as exc:
+                raise BadRequest(str(exc)) from None
+        return cls(status, workflow[:300] if workflow else None, prefix, queue)
 
     def id_range(self) -> tuple[str, str]:
         """The ids starting with the prefix, as an inclusive range (so the
@@ -125,6 +134,9 @@ def run_summary(run: Run) -> dict[str, Any]:
         "duration": _seconds(run.completed_at, run.created_at),
         "error": error_line(run.error),
         "args_preview": _preview(run.args),
+        "queue": run.queue,
+        "priority": run.priority,
+        "concurrency_key": run.concurrency_key,
     }
 
 
@@ -164,7 +176,7 @@ class Views:
             raise BadRequest("give one of before= and after=, not both")
         older = decode_cursor(before) if before else None
         newer = decode_cursor(after) if after else None
-        runs = self.store.page_runs(status=run_filter.status, name=run_filter.workflow,
+        runs = self.store.page_runs(status=run_filter.status, name=run_filter.workflow, queue=run_filter.queue,
                                     id_range=run_filter.id_range(), older_than=older, newer_than=newer,
                                     limit=limit + 1)
         if newer is not None:
@@ -178,7 +190,8 @@ class Views:
             "counts": [count.to_dict() for count in self.counts.counts()] if with_counts else [],
             "older": encode_cursor(runs[-1]) if runs and more_older else None,
             "newer": encode_cursor(runs[0]) if runs and more_newer else None,
-            "filter": {"status": run_filter.status, "workflow": run_filter.workflow, "q": run_filter.id_prefix},
+            "filter": {"status": run_filter.status, "workflow": run_filter.workflow, "q": run_filter.id_prefix,
+                       "queue": run_filter.queue},
             "limit": limit,
         }
 

@@ -1,7 +1,9 @@
 """Versioned schema, one directory per backend.
 
 Files are named ``NNNN_description.sql`` and applied in order, each once,
-inside one transaction with the version row that records it. The backends
+inside one transaction with the version row that records it. A version
+recorded as ``reserved`` (a placeholder from an older release) is applied
+when a real migration of that number exists. The backends
 serialise concurrent ``migrate`` calls (an advisory lock on PostgreSQL,
 ``BEGIN IMMEDIATE`` on SQLite), so two processes migrating at once apply
 each version exactly once.
@@ -12,6 +14,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import resources
+
+#: The name of a version recorded before its migration existed (a number
+#: kept free so backends stay numbered alike). When the real file arrives,
+#: the migrator applies it over the placeholder and renames the record.
+PLACEHOLDER = "reserved"
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 

@@ -55,8 +55,10 @@ ROLLBACK
 -- ON CONFLICT DO NOTHING; the unique index treats NULL keys as distinct.
 -- (IGNORE would also cut a value too long for its column: the only such
 -- column, the workflow name, is checked before, see mariadb.py.)
-INSERT IGNORE INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before)
-VALUES (%(id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMESTAMP(6), %(not_before)s)
+INSERT IGNORE INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
+                                       queue, priority, concurrency_key)
+VALUES (%(id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMESTAMP(6), %(not_before)s,
+        %(queue)s, %(priority)s, %(concurrency_key)s)
 RETURNING {run_columns}
 
 -- name: get_run_by_key
@@ -87,12 +89,15 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- Runs that are due, earliest due first, along the (status, due_at) index
--- (it stops at the first run not yet due); SKIP LOCKED lets concurrent
--- claimers take disjoint sets without waiting on each other. Each claim
--- bumps the run's epoch: the fencing token its writes carry.
+-- One queue's due runs at one priority, earliest due first, along the
+-- (status, queue, priority, due_at) index (it stops at the first run not yet
+-- due); SKIP LOCKED lets concurrent claimers take disjoint sets without
+-- waiting on each other. Each claim bumps the run's epoch: the fencing
+-- token its writes carry. The queue limits are applied around it, in the
+-- same transaction (store/queue_claim.py, and the claim_* statements below).
 SELECT id FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND due_at <= UTC_TIMESTAMP(6) AND name IN %(names)s
+WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s
+  AND due_at <= UTC_TIMESTAMP(6) AND name IN %(names)s
 ORDER BY due_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -329,7 +334,11 @@ CREATE TABLE IF NOT EXISTS everystep_migration (
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin
 
 -- name: applied_migrations
-SELECT version FROM everystep_migration
+SELECT version, name FROM everystep_migration
+
+-- name: rename_migration
+-- A placeholder version recorded earlier, now applied for real.
+UPDATE everystep_migration SET name = %(name)s, applied_at = %(now)s WHERE version = %(version)s
 
 -- name: insert_migration
 INSERT INTO everystep_migration (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s)
@@ -390,6 +399,7 @@ SELECT name, instance, detail FROM everystep_runner WHERE detail IS NOT NULL
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= %(lo)s AND id <= %(hi)s AND id < %(cursor_id)s
   AND (%(name)s IS NULL OR name = %(name)s)
+  AND (%(queue)s IS NULL OR queue = %(queue)s)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -397,6 +407,7 @@ LIMIT %(limit)s
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= %(lo)s AND id <= %(hi)s AND id > %(cursor_id)s
   AND (%(name)s IS NULL OR name = %(name)s)
+  AND (%(queue)s IS NULL OR queue = %(queue)s)
 ORDER BY id ASC
 LIMIT %(limit)s
 
@@ -406,6 +417,7 @@ WHERE status = %(status)s
   AND created_at <= %(cursor_at)s AND (created_at, id) < (%(cursor_at)s, %(cursor_id)s)
   AND id >= %(lo)s AND id <= %(hi)s
   AND (%(name)s IS NULL OR name = %(name)s)
+  AND (%(queue)s IS NULL OR queue = %(queue)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -415,6 +427,7 @@ WHERE status = %(status)s
   AND created_at >= %(cursor_at)s AND (created_at, id) > (%(cursor_at)s, %(cursor_id)s)
   AND id >= %(lo)s AND id <= %(hi)s
   AND (%(name)s IS NULL OR name = %(name)s)
+  AND (%(queue)s IS NULL OR queue = %(queue)s)
 ORDER BY created_at ASC, id ASC
 LIMIT %(limit)s
 
@@ -479,12 +492,12 @@ SELECT workflow_id, step_id, attempt, error, started_at, failed_at, retry_at
 FROM everystep_attempt WHERE workflow_id = %(id)s ORDER BY step_id, attempt
 
 -- name: next_due
--- Seconds until the earliest scheduled run of these workflows is due
--- (negative: overdue); no row when none is scheduled.
-SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), due_at) / 1000000.0 AS wait
-FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND name IN %(names)s
-ORDER BY due_at
+-- When the next scheduled run of one queue that is not due yet becomes due
+-- (no row: none); the caller asks for each queue it serves.
+SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), not_before) / 1000000.0 AS wait
+FROM everystep_workflow FORCE INDEX (everystep_workflow_waiting)
+WHERE status = 'scheduled' AND queue = %(queue)s AND not_before > UTC_TIMESTAMP(6)
+ORDER BY not_before
 LIMIT 1
 
 -- name: cancel_run
@@ -531,3 +544,118 @@ INSERT INTO everystep_cron (name, last_tick, last_run) VALUES (%(name)s, %(tick)
 ON DUPLICATE KEY UPDATE
     last_run = IF(last_tick < VALUES(last_tick), VALUES(last_run), last_run),
     last_tick = GREATEST(last_tick, VALUES(last_tick))
+
+-- -- Queues and flow control (migration 0007) ---------------------------------
+-- The claim's steps (store/queue_claim.py) run in the claim's transaction.
+
+-- name: claim_next_queue
+-- The first queue after %(after)s holding scheduled runs: one probe of the
+-- claim index, however many runs wait in each queue. The claim asks again
+-- after each one found ("" comes before every queue name).
+SELECT queue FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+WHERE status = 'scheduled' AND queue > %(after)s
+ORDER BY queue
+LIMIT 1
+
+-- name: claim_queue_settings
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
+WHERE name IN %(queues)s
+
+-- name: claim_lock_queue
+-- A limited queue is claimed from under its row's lock, held to the commit:
+-- the running count and the rate window read after it include every claim
+-- committed before, and no other claimer can claim from it meanwhile. SKIP
+-- LOCKED: while another claimer holds it this one serves the other queues,
+-- so a queue busy or at its limit never stalls the rest. A queue visibly at
+-- its concurrency is skipped before locking (a slot freed meanwhile is
+-- taken by the next claim).
+SELECT 1 AS below FROM DUAL
+WHERE %(concurrency)s IS NULL OR %(concurrency)s > (
+    SELECT count(*) FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
+    WHERE status = 'running' AND queue = %(queue)s);
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
+WHERE name = %(queue)s
+FOR UPDATE SKIP LOCKED
+
+-- name: next_priority
+SELECT priority FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+WHERE status = 'scheduled' AND queue = %(queue)s AND priority < %(below)s
+ORDER BY priority DESC
+LIMIT 1
+
+-- name: queue_running
+SELECT count(*) AS n FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
+WHERE status = 'running' AND queue = %(queue)s
+
+-- name: queue_busy_keys
+SELECT concurrency_key AS `key`, count(*) AS n
+FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
+WHERE status = 'running' AND queue = %(queue)s AND concurrency_key IS NOT NULL
+GROUP BY concurrency_key
+
+-- name: claim_candidates
+-- A key-limited queue: due runs at one priority whose key is not at its
+-- limit (%(busy)s), more than the batch, for the caller to pick from.
+SELECT id, concurrency_key AS `key` FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s
+  AND due_at <= UTC_TIMESTAMP(6) AND name IN %(names)s
+  AND (concurrency_key IS NULL OR concurrency_key NOT IN %(busy)s)
+ORDER BY due_at, id
+LIMIT %(limit)s
+
+-- name: claim_ids
+-- The runs picked from the candidates, those still scheduled and not
+-- locked by anyone else (an operator's cancel).
+SELECT id FROM everystep_workflow WHERE id IN %(ids)s AND status = 'scheduled' FOR UPDATE SKIP LOCKED;
+UPDATE everystep_workflow
+SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1
+WHERE id IN %(picked)s;
+SELECT {run_columns_w},
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
+FROM everystep_workflow AS w WHERE w.id IN %(picked)s
+
+-- name: queue_rate_prune
+DELETE FROM everystep_queue_claim
+WHERE queue = %(queue)s AND claimed_at < UTC_TIMESTAMP(6) - INTERVAL %(period_us)s MICROSECOND
+
+-- name: queue_rate_used
+SELECT count(*) AS n FROM everystep_queue_claim WHERE queue = %(queue)s
+
+-- name: queue_rate_log
+-- One row per run just claimed, stamped with the claim time they carry.
+INSERT INTO everystep_queue_claim (queue, claimed_at)
+SELECT %(queue)s, claimed_at FROM everystep_workflow WHERE id IN %(ids)s
+
+-- name: lock_queue
+-- An operator's change to a queue, under its row lock (claims from a
+-- limited queue hold it too, so a change lands between two claims).
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused
+FROM everystep_queue WHERE name = %(name)s FOR UPDATE
+
+-- name: put_queue
+INSERT INTO everystep_queue (name, concurrency, key_concurrency, rate_limit, rate_period, paused, updated_at)
+VALUES (%(name)s, %(concurrency)s, %(key_concurrency)s, %(rate_limit)s, %(rate_period)s, %(paused)s,
+        UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE
+    concurrency = VALUES(concurrency), key_concurrency = VALUES(key_concurrency),
+    rate_limit = VALUES(rate_limit), rate_period = VALUES(rate_period), paused = VALUES(paused),
+    updated_at = VALUES(updated_at)
+
+-- name: queue_settings
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue ORDER BY name
+
+-- name: queue_counts
+-- Per queue: due and waiting scheduled runs, running and blocked ones, and
+-- the age of the oldest due run (by the database's clock).
+SELECT queue,
+       sum(status = 'scheduled' AND due_at <= UTC_TIMESTAMP(6)) AS pending,
+       sum(status = 'scheduled' AND due_at > UTC_TIMESTAMP(6)) AS waiting,
+       sum(status = 'running') AS running,
+       sum(status = 'blocked') AS blocked,
+       TIMESTAMPDIFF(MICROSECOND,
+                     min(CASE WHEN status = 'scheduled' AND due_at <= UTC_TIMESTAMP(6) THEN due_at END),
+                     UTC_TIMESTAMP(6)) / 1000000.0 AS oldest_age
+FROM everystep_workflow
+WHERE status IN ('scheduled', 'running', 'blocked')
+GROUP BY queue
+ORDER BY queue

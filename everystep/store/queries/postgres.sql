@@ -8,9 +8,10 @@
 -- delayed run (not_before) notifies too: runners re-read the earliest due
 -- time and set their timer by it.
 WITH inserted AS (
-    INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before)
+    INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
+                                    queue, priority, concurrency_key)
     VALUES (%(id)s, %(name)s, %(args)s::json, %(idempotency_key)s, 'scheduled', clock_timestamp(),
-            %(not_before)s)
+            %(not_before)s, %(queue)s, %(priority)s, %(concurrency_key)s)
     ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {run_columns}
 )
@@ -47,13 +48,15 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- Runs that are due (not_before passed, or none), earliest due first;
--- SKIP LOCKED lets concurrent claimers take disjoint sets without waiting
--- on each other. Only workflows this runner knows. The statement lives in a
--- function (migrations 0003, 0006) that pins its plan to the partial index
--- of scheduled runs ordered by due time, stops at the first run not yet
--- due, and commits asynchronously; see there why each is needed.
-SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s)
+-- Runs that are due (not_before passed, or none), from the queues this
+-- runner serves (NULL: all) that are not paused, each queue within its
+-- limits, highest priority first, then earliest due; SKIP LOCKED lets
+-- concurrent claimers take disjoint sets without waiting on each other.
+-- Only workflows this runner knows. The statement lives in functions
+-- (migrations 0003, 0006, 0007) that pin the plan to the partial index of
+-- scheduled runs, stop at the first run not yet due, enforce the queue
+-- limits under the queue's row lock, and commit asynchronously; see there.
+SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s, %(queues)s::text[])
 
 -- name: claim_own
 -- Catch-up: re-claim runs left running under this name by a process that
@@ -343,7 +346,11 @@ CREATE TABLE IF NOT EXISTS everystep_migration (
     version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL)
 
 -- name: applied_migrations
-SELECT version FROM everystep_migration
+SELECT version, name FROM everystep_migration
+
+-- name: rename_migration
+-- A placeholder version recorded earlier, now applied for real.
+UPDATE everystep_migration SET name = %(name)s, applied_at = %(now)s WHERE version = %(version)s
 
 -- name: insert_migration
 INSERT INTO everystep_migration (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s)
@@ -426,6 +433,7 @@ SELECT name, instance, detail FROM everystep_runner WHERE detail IS NOT NULL
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= %(lo)s::uuid AND id <= %(hi)s::uuid AND id < %(cursor_id)s::uuid
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -433,6 +441,7 @@ LIMIT %(limit)s
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= %(lo)s::uuid AND id <= %(hi)s::uuid AND id > %(cursor_id)s::uuid
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY id ASC
 LIMIT %(limit)s
 
@@ -445,6 +454,7 @@ WHERE status = %(status)s
   AND (created_at, id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid)
   AND id >= %(lo)s::uuid AND id <= %(hi)s::uuid
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -455,6 +465,7 @@ WHERE status = %(status)s
   AND (created_at, id) > (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid)
   AND id >= %(lo)s::uuid AND id <= %(hi)s::uuid
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY created_at ASC, id ASC
 LIMIT %(limit)s
 
@@ -544,9 +555,9 @@ SELECT workflow_id, step_id, attempt, error, started_at, failed_at, retry_at
 FROM everystep_attempt WHERE workflow_id = %(id)s ORDER BY step_id, attempt
 
 -- name: next_due
--- Seconds until the earliest scheduled run of these workflows is due; see
--- the function (migration 0006).
-SELECT everystep_next_due(%(names)s) AS wait
+-- Seconds until the next scheduled run of the served queues that is not
+-- due yet becomes due; see the function (migration 0007).
+SELECT everystep_next_due(%(queues)s::text[]) AS wait
 
 -- name: cancel_run
 -- An operator's cancel, under the run's row lock, guarded on the status
@@ -595,3 +606,45 @@ WHERE c.name = ANY(%(names)s)
 INSERT INTO everystep_cron (name, last_tick, last_run) VALUES (%(name)s, %(tick)s, %(run_id)s)
 ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick, last_run = EXCLUDED.last_run
 WHERE everystep_cron.last_tick < EXCLUDED.last_tick
+
+-- -- Queues and flow control (migration 0007) ---------------------------------
+
+-- name: lock_queue
+-- An operator's change to a queue, under its row lock (claims from a
+-- limited queue hold it too, so a change lands between two claims).
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused
+FROM everystep_queue WHERE name = %(name)s FOR UPDATE
+
+-- name: put_queue
+-- LISTENing runners are woken on commit, as for a new run: a resumed queue
+-- or a raised limit is claimed from at once, not at the next poll.
+WITH put AS (
+    INSERT INTO everystep_queue (name, concurrency, key_concurrency, rate_limit, rate_period, paused, updated_at)
+    VALUES (%(name)s, %(concurrency)s, %(key_concurrency)s, %(rate_limit)s, %(rate_period)s, %(paused)s,
+            clock_timestamp())
+    ON CONFLICT (name) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, key_concurrency = EXCLUDED.key_concurrency,
+        rate_limit = EXCLUDED.rate_limit, rate_period = EXCLUDED.rate_period, paused = EXCLUDED.paused,
+        updated_at = EXCLUDED.updated_at
+    RETURNING name
+)
+SELECT pg_notify('everystep_scheduled', put.name)::text AS notified FROM put
+
+-- name: queue_settings
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue ORDER BY name
+
+-- name: queue_counts
+-- Per queue: due and waiting scheduled runs, running and blocked ones, and
+-- the age of the oldest due run (by the database's clock).
+SELECT queue,
+       count(*) FILTER (WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= now()) AS pending,
+       count(*) FILTER (WHERE status = 'scheduled' AND coalesce(not_before, created_at) > now()) AS waiting,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'blocked') AS blocked,
+       extract(epoch FROM clock_timestamp() - min(coalesce(not_before, created_at))
+               FILTER (WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= now()))::float8
+           AS oldest_age
+FROM everystep_workflow
+WHERE status IN ('scheduled', 'running', 'blocked')
+GROUP BY queue
+ORDER BY queue

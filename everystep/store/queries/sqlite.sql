@@ -4,8 +4,10 @@
 -- single write lock; claims take it up front with BEGIN IMMEDIATE.
 
 -- name: schedule
-INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before)
-VALUES (:id, :name, :args, :idempotency_key, 'scheduled', :now, :not_before)
+INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
+                                queue, priority, concurrency_key)
+VALUES (:id, :name, :args, :idempotency_key, 'scheduled', :now, :not_before,
+        :queue, :priority, :concurrency_key)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {run_columns}
 
@@ -36,22 +38,82 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = :id ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- Runs that are due, earliest due first, along the partial index of
--- scheduled runs ordered by due time (it stops at the first run not yet
--- due). INDEXED BY pins that plan, as PostgreSQL's claim function does:
--- left to itself, SQLite reads every scheduled run through the status
--- index and sorts them, sleeping ones included. Each claim bumps the run's
--- epoch: the fencing token its writes carry.
+-- One queue's due runs at one priority, earliest due first, along the
+-- partial index of scheduled runs by (queue, priority, due time): it stops at
+-- the first run not yet due. INDEXED BY pins that plan, as PostgreSQL's
+-- claim function does: left to itself, SQLite reads every scheduled run
+-- through the status index and sorts them, sleeping ones included. Each
+-- claim bumps the run's epoch: the fencing token its writes carry. The
+-- queue limits are applied around it, under the same write lock
+-- (store/sqlite_claim.py).
 UPDATE everystep_workflow
 SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1
 WHERE id IN (
     SELECT id FROM everystep_workflow INDEXED BY everystep_workflow_claimable
-    WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= :now
+    WHERE status = 'scheduled' AND queue = :queue AND priority = :priority
+      AND coalesce(not_before, created_at) <= :now
       AND name IN (SELECT value FROM json_each(:names))
     ORDER BY coalesce(not_before, created_at)
     LIMIT :limit
 )
 RETURNING {run_columns}
+
+-- name: claim_candidates
+-- A key-limited queue: due runs at one priority whose key is not at its
+-- limit (``busy``), more than the batch, for the caller to pick from.
+SELECT id, concurrency_key AS key FROM everystep_workflow INDEXED BY everystep_workflow_claimable
+WHERE status = 'scheduled' AND queue = :queue AND priority = :priority
+  AND coalesce(not_before, created_at) <= :now
+  AND name IN (SELECT value FROM json_each(:names))
+  AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:busy)))
+ORDER BY coalesce(not_before, created_at), id
+LIMIT :limit
+
+-- name: claim_ids
+UPDATE everystep_workflow
+SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'scheduled'
+RETURNING {run_columns}
+
+-- name: claim_all_queues
+-- Every queue holding scheduled runs: one index probe per queue.
+WITH RECURSIVE found(queue) AS (
+    SELECT (SELECT queue FROM everystep_workflow INDEXED BY everystep_workflow_claimable
+            WHERE status = 'scheduled' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM everystep_workflow AS w INDEXED BY everystep_workflow_claimable
+            WHERE w.status = 'scheduled' AND w.queue > found.queue ORDER BY w.queue LIMIT 1)
+    FROM found WHERE found.queue IS NOT NULL
+)
+SELECT queue FROM found WHERE queue IS NOT NULL
+
+-- name: claim_queue_settings
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
+WHERE name IN (SELECT value FROM json_each(:queues))
+
+-- name: next_priority
+SELECT priority FROM everystep_workflow INDEXED BY everystep_workflow_claimable
+WHERE status = 'scheduled' AND queue = :queue AND priority < :below
+ORDER BY priority DESC
+LIMIT 1
+
+-- name: queue_running
+SELECT count(*) AS n FROM everystep_workflow INDEXED BY everystep_workflow_queue_running
+WHERE status = 'running' AND queue = :queue
+
+-- name: queue_busy_keys
+SELECT concurrency_key AS key, count(*) AS n FROM everystep_workflow INDEXED BY everystep_workflow_queue_running
+WHERE status = 'running' AND queue = :queue AND concurrency_key IS NOT NULL
+GROUP BY concurrency_key
+
+-- name: queue_rate_prune
+DELETE FROM everystep_queue_claim WHERE queue = :queue AND claimed_at < :since
+
+-- name: queue_rate_used
+SELECT count(*) AS n FROM everystep_queue_claim WHERE queue = :queue
+
+-- name: queue_rate_log
+INSERT INTO everystep_queue_claim (queue, claimed_at) SELECT :queue, :now FROM json_each(:ids)
 
 -- name: claim_own
 -- Catch-up: re-claim (bumping the epoch, which fences any stale execution)
@@ -251,7 +313,10 @@ CREATE TABLE IF NOT EXISTS everystep_migration (
     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)
 
 -- name: applied_migrations
-SELECT version FROM everystep_migration
+SELECT version, name FROM everystep_migration
+
+-- name: rename_migration
+UPDATE everystep_migration SET name = :name, applied_at = :now WHERE version = :version
 
 -- name: insert_migration
 INSERT INTO everystep_migration (version, name, applied_at) VALUES (:version, :name, :now)
@@ -330,6 +395,7 @@ SELECT name, instance, detail FROM everystep_runner WHERE detail IS NOT NULL
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= :lo AND id <= :hi AND id < :cursor_id
   AND (:name IS NULL OR name = :name)
+  AND (:queue IS NULL OR queue = :queue)
 ORDER BY id DESC
 LIMIT :limit
 
@@ -337,6 +403,7 @@ LIMIT :limit
 SELECT {run_columns} FROM everystep_workflow
 WHERE id >= :lo AND id <= :hi AND id > :cursor_id
   AND (:name IS NULL OR name = :name)
+  AND (:queue IS NULL OR queue = :queue)
 ORDER BY id ASC
 LIMIT :limit
 
@@ -346,6 +413,7 @@ WHERE status = :status
   AND created_at <= :cursor_at AND (created_at, id) < (:cursor_at, :cursor_id)
   AND id >= :lo AND id <= :hi
   AND (:name IS NULL OR name = :name)
+  AND (:queue IS NULL OR queue = :queue)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
@@ -355,6 +423,7 @@ WHERE status = :status
   AND created_at >= :cursor_at AND (created_at, id) > (:cursor_at, :cursor_id)
   AND id >= :lo AND id <= :hi
   AND (:name IS NULL OR name = :name)
+  AND (:queue IS NULL OR queue = :queue)
 ORDER BY created_at ASC, id ASC
 LIMIT :limit
 
@@ -423,12 +492,12 @@ SELECT workflow_id, step_id, attempt, error, started_at, failed_at, retry_at
 FROM everystep_attempt WHERE workflow_id = :id ORDER BY step_id, attempt
 
 -- name: next_due
--- Seconds until the earliest scheduled run of these workflows is due
--- (negative: overdue); no row when none is scheduled.
-SELECT (julianday(coalesce(not_before, created_at)) - julianday(:now)) * 86400.0 AS wait
-FROM everystep_workflow INDEXED BY everystep_workflow_claimable
-WHERE status = 'scheduled' AND name IN (SELECT value FROM json_each(:names))
-ORDER BY coalesce(not_before, created_at)
+-- When the next scheduled run of one queue that is not due yet becomes due
+-- (no row: none); the caller asks for each queue it serves.
+SELECT (julianday(not_before) - julianday(:now)) * 86400.0 AS wait
+FROM everystep_workflow INDEXED BY everystep_workflow_waiting
+WHERE status = 'scheduled' AND not_before IS NOT NULL AND queue = :queue AND not_before > :now
+ORDER BY not_before
 LIMIT 1
 
 -- name: cancel_run
@@ -467,3 +536,37 @@ WHERE c.name IN (SELECT value FROM json_each(:names))
 INSERT INTO everystep_cron (name, last_tick, last_run) VALUES (:name, :tick, :run_id)
 ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick, last_run = excluded.last_run
 WHERE everystep_cron.last_tick < excluded.last_tick
+
+-- -- Queues and flow control (migration 0007) ---------------------------------
+
+-- name: lock_queue
+-- Inside BEGIN IMMEDIATE, which already holds the write lock.
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused
+FROM everystep_queue WHERE name = :name
+
+-- name: put_queue
+INSERT INTO everystep_queue (name, concurrency, key_concurrency, rate_limit, rate_period, paused, updated_at)
+VALUES (:name, :concurrency, :key_concurrency, :rate_limit, :rate_period, :paused, :now)
+ON CONFLICT (name) DO UPDATE
+SET concurrency = excluded.concurrency, key_concurrency = excluded.key_concurrency,
+    rate_limit = excluded.rate_limit, rate_period = excluded.rate_period, paused = excluded.paused,
+    updated_at = excluded.updated_at
+
+-- name: queue_settings
+SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue ORDER BY name
+
+-- name: queue_counts
+SELECT queue,
+       sum(CASE WHEN status = 'scheduled' AND coalesce(not_before, created_at) <= :now THEN 1 ELSE 0 END)
+           AS pending,
+       sum(CASE WHEN status = 'scheduled' AND coalesce(not_before, created_at) > :now THEN 1 ELSE 0 END)
+           AS waiting,
+       sum(CASE WHEN status = 'running' THEN 1 ELSE 0 END) AS running,
+       sum(CASE WHEN status = 'blocked' THEN 1 ELSE 0 END) AS blocked,
+       :now_epoch - (julianday(min(CASE WHEN status = 'scheduled' AND coalesce(not_before, created_at) <= :now
+                                        THEN coalesce(not_before, created_at) END)) - 2440587.5) * 86400.0
+           AS oldest_age
+FROM everystep_workflow
+WHERE status IN ('scheduled', 'running', 'blocked')
+GROUP BY queue
+ORDER BY queue

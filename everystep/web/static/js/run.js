@@ -119,6 +119,8 @@ export function runPage(main, runId) {
     const run = data.run;
     const rows = [
       ["Workflow", h("span", { class: "workflow", text: run.name })],
+      ["Queue", h("span", {}, h("code", { text: run.queue }),
+        h("span", { class: "hint", text: ` priority ${run.priority}${run.concurrency_key ? `, key ${run.concurrency_key}` : ""}` }))],
       ["Created", h("span", {}, timeCell(run.created_at), " ", h("span", { class: "hint", text: when(run.created_at) }))],
       ["Claimed", run.claimed_at ? timeCell(run.claimed_at) : "—"],
       ["Finished", run.completed_at ? timeCell(run.completed_at) : "—"],

@@ -4,7 +4,7 @@
 import { Live, get, href, runHref } from "./api.js";
 import { count, h, replace, seconds, statusBadge, timeCell, toast } from "./dom.js";
 
-const FILTER_KEYS = ["status", "workflow", "q"];
+const FILTER_KEYS = ["status", "workflow", "queue", "q"];
 
 function readState() {
   const params = new URLSearchParams(window.location.search);
@@ -114,7 +114,7 @@ export async function runsPage(main, options = {}) {
 
   function renderRows(data) {
     const head = h("thead", {}, h("tr", {},
-      ["Run", "Workflow", "Status", "Created", "Took", "Runner", view === "blocked" ? "Uncertain step" : "Arguments / error"]
+      ["Run", "Workflow", "Queue", "Status", "Created", "Took", "Runner", view === "blocked" ? "Uncertain step" : "Arguments / error"]
         .map((text) => h("th", { text }))));
     const rows = data.runs.map((run) => {
       const last = view === "blocked"
@@ -127,13 +127,14 @@ export async function runsPage(main, options = {}) {
       return h("tr", { dataset: { run: run.id, status: run.status } },
         h("td", { class: "run-id" }, h("a", { href: runHref(run.id), class: "mono", text: run.id })),
         h("td", { class: "workflow", text: run.name }),
+        h("td", { class: "queue", text: run.queue }),
         h("td", {}, statusBadge(run.status)),
         h("td", {}, timeCell(run.created_at)),
         h("td", { class: "took", text: seconds(run.duration) }),
         h("td", { text: run.claimed_by || "" }),
         last);
     });
-    const empty = data.runs.length ? null : h("tr", {}, h("td", { colspan: 7, class: "empty",
+    const empty = data.runs.length ? null : h("tr", {}, h("td", { colspan: 8, class: "empty",
       text: view === "blocked" ? "No blocked runs." : "No runs match." }));
     replace(table, head, h("tbody", {}, rows, empty));
   }

@@ -1,0 +1,135 @@
+"""``everystep queue set|pause|resume NAME`` and ``everystep queues``.
+
+The settings are rows of ``everystep_queue``: every supervisor and worker
+reads them in its next claim, so a change applies everywhere at once, with
+nobody restarted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from .cliutil import format_table, print_json
+from .errors import EverystepError
+from .queues import QueueSettings, format_rate, parse_rate, queue_name
+from .store import Store
+
+UNLIMITED = "none"
+
+
+def _limit(minimum: int) -> Callable[[str], Any]:
+    """An argparse type: a whole number >= minimum, or ``none`` (no limit)."""
+
+    def parse(text: str) -> Any:
+        if text.strip().lower() == UNLIMITED:
+            return UNLIMITED
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number or 'none'") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: must be at least {minimum} (or 'none')")
+        return value
+
+    parse.__name__ = "a limit"
+    return parse
+
+
+def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
+    sub = command(commands, "queue", "set a queue's limits, pause or resume it",
+                  "Limits and pause flags live in the database: every supervisor and worker obeys them from its "
+                  "next claim on.")
+    actions = sub.add_subparsers(dest="queue_action", metavar="ACTION", parser_class=type(sub))
+    actions.required = True
+    setting = actions.add_parser("set", help="set limits (options not given keep their value)",
+                                 description="Set a queue's limits; 'none' removes one. Options not given keep "
+                                             "their value.")
+    _common_after(setting)
+    setting.add_argument("queue", metavar="NAME", help="the queue (it need not have runs yet)")
+    setting.add_argument("--concurrency", type=_limit(0), metavar="N|none",
+                         help="at most N of its runs running at once, across every runner (default: unchanged)")
+    setting.add_argument("--key-concurrency", type=_limit(1), metavar="N|none",
+                         help="at most N running at once per concurrency key (default: unchanged)")
+    setting.add_argument("--rate", metavar="COUNT/PERIOD|none",
+                         help="at most COUNT claims in any window of PERIOD (100/60s, 10/s, 5/2m) (default: unchanged)")
+    for action, summary in (("pause", "claim nothing from it (running runs go on)"),
+                            ("resume", "claim from it again")):
+        paused = actions.add_parser(action, help=summary, description=summary[0].upper() + summary[1:] + ".")
+        paused.add_argument("queue", metavar="NAME", help="the queue")
+        _common_after(paused)
+    sub = command(commands, "queues", "list queues with their counts and limits",
+                  "Every queue that has runs scheduled, running or blocked, or limits or a pause flag: counts, "
+                  "limits, whether it is paused, and the age of its oldest due run.")
+    sub.add_argument("--json", action="store_true", help="print JSON (default: a table)")
+
+
+def _common_after(parser: argparse.ArgumentParser) -> None:
+    """--database and --app after the action too (``queue set NAME --database URL``);
+    suppressed defaults keep what was given before the action."""
+    parser.add_argument("--database", metavar="URL", default=argparse.SUPPRESS,
+                        help="database URL (default: $EVERYSTEP_DATABASE_URL, else sqlite:///everystep.db)")
+    parser.add_argument("-A", "--app", metavar="MODULE[,MODULE]", default=argparse.SUPPRESS,
+                        help="import these modules to register workflows (default: none)")
+
+
+def cmd_queue(store: Store, args: argparse.Namespace) -> int:
+    name = queue_name(args.queue)
+    if args.queue_action in ("pause", "resume"):
+        paused = args.queue_action == "pause"
+        store.update_queue(name, lambda current: dataclasses.replace(current, paused=paused))
+        print(f"queue {name} {'paused: nothing is claimed from it' if paused else 'resumed'}")
+        return 0
+    if args.concurrency is None and args.key_concurrency is None and args.rate is None:
+        raise EverystepError("queue set needs --concurrency, --key-concurrency or --rate")
+    rate: tuple[int | None, float | None] | None = None
+    if args.rate is not None:
+        rate = (None, None) if args.rate.strip().lower() == UNLIMITED else parse_rate(args.rate)
+
+    def change(current: QueueSettings) -> QueueSettings:
+        new = current
+        if args.concurrency is not None:
+            new = dataclasses.replace(new, concurrency=None if args.concurrency == UNLIMITED else args.concurrency)
+        if args.key_concurrency is not None:
+            new = dataclasses.replace(new, key_concurrency=None if args.key_concurrency == UNLIMITED
+                                      else args.key_concurrency)
+        if rate is not None:
+            new = dataclasses.replace(new, rate_limit=rate[0], rate_period=rate[1])
+        return new
+
+    print(f"queue {name}: {describe(store.update_queue(name, change))}")
+    return 0
+
+
+def describe(queue: QueueSettings) -> str:
+    parts = [f"concurrency {queue.concurrency if queue.concurrency is not None else 'unlimited'}",
+             f"per key {queue.key_concurrency if queue.key_concurrency is not None else 'unlimited'}",
+             f"rate {format_rate(queue.rate_limit, queue.rate_period) or 'unlimited'}"]
+    if queue.paused:
+        parts.append("paused")
+    return ", ".join(parts)
+
+
+def cmd_queues(store: Store, args: argparse.Namespace) -> int:
+    queues = store.queues()
+    if args.json:
+        print_json([queue.to_dict() for queue in queues])
+        return 0
+    if not queues:
+        print("no queues: nothing scheduled, running or blocked, and no limits set")
+        return 0
+    rows = [
+        (q.name, q.scheduled, q.running, q.blocked, _cell(q.settings.concurrency), _cell(q.settings.key_concurrency),
+         format_rate(q.settings.rate_limit, q.settings.rate_period) or "-", "yes" if q.settings.paused else "no",
+         f"{q.oldest_pending_age_seconds:.1f}s" if q.pending else "-")
+        for q in queues
+    ]
+    print(format_table(("QUEUE", "SCHEDULED", "RUNNING", "BLOCKED", "CONCURRENCY", "PER KEY", "RATE", "PAUSED",
+                        "OLDEST DUE"), rows))
+    return 0
+
+
+def _cell(value: int | None) -> str:
+    return "-" if value is None else str(value)

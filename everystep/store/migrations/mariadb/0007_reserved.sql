@@ -1,1 +1,0 @@
--- Nothing to do: this version number is reserved.

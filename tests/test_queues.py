@@ -1,0 +1,614 @@
+"""Queues and flow control, claim by claim, on every backend: placement,
+priorities, the limits the claim enforces (concurrency, per key, rate),
+pause, the queues a runner serves, fairness between queues, and the upgrade
+of a database that recorded version 7 as a placeholder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import datetime as dt
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from everystep import schedule, workflow
+from everystep.errors import EverystepError
+from everystep.models import COMPLETED, RUNNING, SCHEDULED
+from everystep.queues import Placement, QueueSettings, parse_queue_list, parse_rate
+from everystep.store import Store, connect, migrations, utcnow
+from tests.apps import queued
+
+
+@workflow(name="queues.job")
+def job(n: int = 0) -> int:
+    return n
+
+
+@workflow(name="queues.heavy", queue="heavy", priority=3)
+def heavy() -> str:
+    return "ok"
+
+
+NAMES = [job.name, heavy.name]
+
+
+def limit(store: Store, queue: str, **settings: Any) -> None:
+    store.update_queue(queue, lambda current: dataclasses.replace(current, **settings))
+
+
+def claim(store: Store, n: int = 100, queues: list[str] | None = None, claimer: str = "tester") -> list[Any]:
+    return store.claim(claimer, n, NAMES, queues)
+
+
+def finish(store: Store, run: Any) -> None:
+    assert store.finish_run(run.claim, COMPLETED, "null")
+
+
+# -- placement -------------------------------------------------------------------------------
+
+
+def test_runs_go_to_the_workflows_queue_unless_schedule_says_otherwise(store: Store) -> None:
+    plain = schedule(job, database=store)
+    declared = schedule(heavy, database=store)
+    moved = schedule(heavy, database=store, queue="other", priority=-2, concurrency_key="acct-1")
+    by_name = schedule("queues.heavy", database=store)
+    assert (plain.queue, plain.priority, plain.concurrency_key) == ("default", 0, None)
+    assert (declared.queue, declared.priority) == ("heavy", 3)
+    assert (moved.queue, moved.priority, moved.concurrency_key) == ("other", -2, "acct-1")
+    assert (by_name.queue, by_name.priority) == ("heavy", 3)
+    assert store.get_run(moved.id).to_dict()["concurrency_key"] == "acct-1"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"queue": ""}, "must not be empty"),
+    ({"queue": "a b"}, "bad queue name"),
+    ({"priority": 1.5}, "priority must be an integer"),
+    ({"priority": 2**40}, "priority must be an integer"),
+    ({"concurrency_key": ""}, "concurrency_key must be"),
+])
+def test_bad_placements_are_refused_before_anything_is_written(store: Store, options: dict[str, Any],
+                                                                message: str) -> None:
+    with pytest.raises(EverystepError, match=message):
+        schedule(job, database=store, **options)
+    assert store.list_runs() == []
+
+
+def test_rates_and_queue_lists_parse_or_say_why_not() -> None:
+    assert parse_rate("100/60s") == (100, 60.0)
+    assert parse_rate("10/s") == (10, 1.0)
+    assert parse_rate("5/2m") == (5, 120.0)
+    assert parse_rate("1/500ms") == (1, 0.5)
+    for bad in ("", "10", "0/s", "x/s", "10/0s", "10/3d"):
+        with pytest.raises(EverystepError):
+            parse_rate(bad)
+    assert parse_queue_list("reports, default,reports") == ["reports", "default"]
+    for bad in ("", "a,,b", ",", "a b"):
+        with pytest.raises(EverystepError):
+            parse_queue_list(bad)
+
+
+# -- order -----------------------------------------------------------------------------------
+
+
+def test_a_larger_priority_is_claimed_first_then_the_oldest(store: Store) -> None:
+    low = [schedule(job, i, database=store, priority=1).id for i in range(2)]
+    high = [schedule(job, i, database=store, priority=9).id for i in range(2)]
+    middle = schedule(job, database=store).id
+    order = [claim(store, 1)[0].id for _ in range(5)]
+    assert order == high + low + [middle]
+    assert claim(store, 1) == []
+
+
+def test_a_batch_comes_back_highest_priority_first(store: Store) -> None:
+    first = schedule(job, database=store).id
+    urgent = schedule(job, database=store, priority=7).id
+    assert [run.id for run in claim(store, 10)] == [urgent, first]
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+def test_concurrency_counts_running_runs_and_frees_a_slot_when_one_ends(store: Store) -> None:
+    limit(store, "default", concurrency=2)
+    ids = [schedule(job, i, database=store).id for i in range(5)]
+    first = claim(store)
+    assert [run.id for run in first] == ids[:2]
+    assert claim(store) == []
+    finish(store, first[0])
+    assert [run.id for run in claim(store)] == [ids[2]]
+    assert claim(store) == []
+
+
+def test_a_released_run_waiting_to_wake_counts_against_no_limit(store: Store) -> None:
+    limit(store, "default", concurrency=1)
+    sleeper = schedule(job, database=store).id
+    other = schedule(job, database=store).id
+    [running] = claim(store)
+    assert running.id == sleeper
+    assert store.release(running.claim, utcnow() + dt.timedelta(hours=1))
+    assert [run.id for run in claim(store)] == [other]
+
+
+def test_key_concurrency_allows_one_run_per_key_and_keyless_runs_freely(store: Store) -> None:
+    limit(store, "default", key_concurrency=1)
+    keyed = {key: [schedule(job, database=store, concurrency_key=key).id for _ in range(4)]
+             for key in ("a", "b", "c")}
+    keyless = schedule(job, database=store).id
+    got = claim(store)
+    assert sorted(run.id for run in got) == sorted([keyed["a"][0], keyed["b"][0], keyed["c"][0], keyless])
+    assert claim(store) == []
+    finish(store, next(run for run in got if run.concurrency_key == "b"))
+    assert [run.id for run in claim(store)] == [keyed["b"][1]]
+
+
+def test_key_concurrency_and_concurrency_together(store: Store) -> None:
+    limit(store, "default", concurrency=2, key_concurrency=2)
+    for key in ("a", "b"):
+        for _ in range(3):
+            schedule(job, database=store, concurrency_key=key)
+    assert len(claim(store)) == 2
+    assert claim(store) == []
+
+
+def test_the_rate_caps_claims_in_any_window_of_its_period(store: Store) -> None:
+    limit(store, "default", rate_limit=3, rate_period=3600.0)
+    for i in range(5):
+        schedule(job, i, database=store)
+    got = claim(store, 2)
+    assert len(got) == 2
+    assert len(claim(store, 10)) == 1
+    # Ending runs frees no claims: the window still holds three.
+    for run in got:
+        finish(store, run)
+    assert claim(store, 10) == []
+    # Claims older than the window no longer count.
+    limit(store, "default", rate_period=0.01)
+    time.sleep(0.05)
+    assert len(claim(store, 10)) == 2
+
+
+def test_a_paused_queue_is_skipped_and_resumes(store: Store) -> None:
+    held = [schedule(heavy, database=store).id for _ in range(3)]
+    free = schedule(job, database=store).id
+    limit(store, "heavy", paused=True)
+    assert [run.id for run in claim(store)] == [free]
+    assert claim(store) == []
+    assert store.next_due(NAMES) is None
+    limit(store, "heavy", paused=False)
+    assert sorted(run.id for run in claim(store)) == sorted(held)
+
+
+def test_pausing_leaves_running_runs_running(store: Store) -> None:
+    schedule(heavy, database=store)
+    [run] = claim(store)
+    limit(store, "heavy", paused=True)
+    assert store.get_run(run.id).status == RUNNING
+    finish(store, run)
+    assert store.get_run(run.id).status == COMPLETED
+
+
+# -- which queues, and fairness ----------------------------------------------------------------
+
+
+def test_a_runner_claims_only_from_the_queues_it_serves(store: Store) -> None:
+    in_default = schedule(job, database=store).id
+    in_heavy = schedule(heavy, database=store).id
+    assert [run.id for run in claim(store, queues=["heavy"])] == [in_heavy]
+    assert claim(store, queues=["heavy", "nothing-here"]) == []
+    assert claim(store, queues=[]) == []
+    assert [run.id for run in claim(store, queues=["default"])] == [in_default]
+
+
+def test_a_full_or_limited_queue_never_stalls_the_others(store: Store) -> None:
+    limit(store, "blocked-by-limit", concurrency=0)
+    limit(store, "paused", paused=True)
+    for queue in ("blocked-by-limit", "paused"):
+        for _ in range(200):
+            schedule(job, database=store, queue=queue, priority=9)
+    for _ in range(200):
+        schedule(heavy, database=store)  # a busy queue of higher priority
+    lone = schedule(job, database=store).id
+    # A claim of two gives each queue with due runs its share.
+    got = claim(store, 2)
+    assert sorted(run.queue for run in got) == ["default", "heavy"]
+    assert lone in [run.id for run in got]
+    claimed_from = {row.queue for row in store.list_runs(status=RUNNING, limit=1000)}
+    assert claimed_from == {"heavy", "default"}
+
+
+def test_a_lone_slot_goes_to_every_queue_in_turn(store: Store) -> None:
+    for queue in ("a", "b", "c"):
+        for _ in range(30):
+            schedule(job, database=store, queue=queue)
+    seen = {claim(store, 1)[0].queue for _ in range(30)}
+    assert seen == {"a", "b", "c"}
+
+
+def test_a_short_queue_leaves_its_share_to_the_others(store: Store) -> None:
+    schedule(job, database=store, queue="short")
+    for _ in range(10):
+        schedule(job, database=store, queue="long")
+    assert len(claim(store, 6)) == 6
+
+
+def test_next_due_times_only_the_served_queues(store: Store) -> None:
+    schedule(job, database=store, queue="soon", delay=30)
+    schedule(job, database=store, queue="later", delay=3000)
+    assert 25 < (store.next_due(NAMES) or 0) <= 30.1
+    assert 2900 < (store.next_due(NAMES, ["later"]) or 0) <= 3000.1
+    assert store.next_due(NAMES, ["elsewhere"]) is None
+
+
+def test_queues_lists_counts_limits_and_pause(store: Store) -> None:
+    limit(store, "heavy", concurrency=4, key_concurrency=1, rate_limit=100, rate_period=60.0, paused=True)
+    for _ in range(2):
+        schedule(job, database=store)
+    schedule(job, database=store, delay=3600)
+    [run] = claim(store, 1, queues=["default"])
+    found = {queue.name: queue for queue in store.queues()}
+    assert set(found) == {"default", "heavy"}
+    assert (found["default"].pending, found["default"].waiting, found["default"].running) == (1, 1, 1)
+    assert found["default"].scheduled == 2 and found["default"].oldest_pending_age_seconds >= 0
+    assert found["heavy"].settings == QueueSettings("heavy", 4, 1, 100, 60.0, True)
+    assert found["heavy"].to_dict()["paused"] is True
+
+
+# -- concurrent claimers (threads, each with its own connection) --------------------------------
+
+
+def test_concurrent_claimers_never_pass_the_limit_together(store: Store, db_url: str) -> None:
+    limit(store, "default", concurrency=3, key_concurrency=2)
+    for i in range(60):
+        schedule(job, i, database=store, concurrency_key=f"k{i % 2}")
+    peak = []
+    errors: list[BaseException] = []
+
+    def claimer(index: int) -> None:
+        own = connect(db_url)
+        try:
+            for _ in range(30):
+                for run in own.claim(f"c{index}", 2, NAMES):
+                    running = own.list_runs(status=RUNNING, limit=100)
+                    peak.append((len(running), max(sum(1 for r in running if r.concurrency_key == key)
+                                                   for key in ("k0", "k1"))))
+                    own.finish_run(run.claim, COMPLETED, "null")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert peak and max(total for total, _ in peak) <= 3 and max(per_key for _, per_key in peak) <= 2
+
+
+# -- the upgrade over the placeholder ------------------------------------------------------------
+
+
+def _apply_as_of_the_placeholder(execute: Any, backend: str, record: Any) -> None:
+    for migration in migrations.available(backend):
+        if migration.version == 7:
+            record(7, migrations.PLACEHOLDER)
+            continue
+        for statement in migration.statements():
+            execute(statement)
+        record(migration.version, migration.name)
+
+
+def test_a_sqlite_database_that_recorded_7_as_reserved_gets_the_queues(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE everystep_migration (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                 "applied_at TEXT NOT NULL)")
+    _apply_as_of_the_placeholder(conn.execute, "sqlite", lambda version, name: conn.execute(
+        "INSERT INTO everystep_migration VALUES (?, ?, '2024-01-01')", (version, name)))
+    conn.execute("INSERT INTO everystep_workflow (id, name, args, status, created_at) VALUES "
+                 "('01a2aaaa-0000-7000-8000-000000000001', 'queues.job', '[]', 'scheduled', "
+                 "'2024-01-01T00:00:00+00:00')")
+    conn.close()
+    store = connect(f"sqlite:///{path}")  # migrates itself
+    try:
+        assert store.migrate() == []
+        assert store.get_run("01a2aaaa-0000-7000-8000-000000000001").queue == "default"
+        limit(store, "default", concurrency=1)
+        assert len(claim(store)) == 1
+    finally:
+        store.close()
+    with sqlite3.connect(path) as check:
+        assert check.execute("SELECT name FROM everystep_migration WHERE version = 7").fetchone()[0] == "queues"
+
+
+def test_a_postgres_database_that_recorded_7_as_reserved_gets_the_queues(pg_server: Any) -> None:
+    url = pg_server.create_database()
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE everystep_migration (version integer PRIMARY KEY, name text NOT NULL, "
+                         "applied_at timestamptz NOT NULL)")
+            _apply_as_of_the_placeholder(conn.execute, "postgres", lambda version, name: conn.execute(
+                "INSERT INTO everystep_migration VALUES (%s, %s, now())", (version, name)))
+        store = connect(url)
+        try:
+            assert store.migrate() == ["0007_queues"]
+            assert store.migrate() == []
+            schedule(job, database=store)
+            limit(store, "default", concurrency=1)
+            assert len(claim(store)) == 1
+        finally:
+            store.close()
+    finally:
+        pg_server.drop_database(url)
+
+
+def test_a_mariadb_database_that_recorded_7_as_reserved_gets_the_queues(mariadb_server: Any) -> None:
+    import pymysql
+
+    from everystep.store.mariadb import connect_args
+
+    url = mariadb_server.create_database()
+    try:
+        with pymysql.connect(**connect_args(url), autocommit=True) as conn, conn.cursor() as cursor:
+            cursor.execute("CREATE TABLE everystep_migration (version INT PRIMARY KEY, name VARCHAR(255) NOT NULL, "
+                           "applied_at DATETIME(6) NOT NULL)")
+            _apply_as_of_the_placeholder(cursor.execute, "mariadb", lambda version, name: cursor.execute(
+                "INSERT INTO everystep_migration VALUES (%s, %s, UTC_TIMESTAMP(6))", (version, name)))
+            cursor.execute("INSERT INTO everystep_workflow (id, name, args, status, created_at) VALUES "
+                           "('01a2aaaa-0000-7000-8000-000000000001', 'queues.job', '[]', 'scheduled', "
+                           "UTC_TIMESTAMP(6))")
+        store = connect(url)
+        try:
+            assert store.migrate() == ["0007_queues"]
+            assert store.migrate() == []
+            assert store.get_run("01a2aaaa-0000-7000-8000-000000000001").queue == "default"
+            schedule(job, database=store)
+            limit(store, "default", concurrency=1)
+            assert len(claim(store)) == 1
+        finally:
+            store.close()
+        with pymysql.connect(**connect_args(url)) as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT name FROM everystep_migration WHERE version = 7")
+            assert cursor.fetchone() == ("queues",)
+    finally:
+        mariadb_server.drop_database(url)
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+def test_queue_gauges_are_labelled_by_queue_and_zeroed_when_a_queue_empties(store: Store) -> None:
+    from prometheus_client import REGISTRY
+
+    from everystep import metrics
+
+    def sample(name: str, queue: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"queue": queue})
+
+    limit(store, "heavy", paused=True)
+    schedule(heavy, database=store)
+    for _ in range(2):
+        schedule(job, database=store, queue="gauged")
+    metrics.refresh_queue_gauges(store)
+    assert sample("everystep_queue_pending", "gauged") == 2
+    assert sample("everystep_queue_pending", "heavy") == 1
+    assert sample("everystep_queue_paused", "heavy") == 1
+    assert sample("everystep_queue_paused", "gauged") == 0
+    for run in claim(store, queues=["gauged"]):
+        finish(store, run)
+    metrics.refresh_queue_gauges(store)
+    assert sample("everystep_queue_pending", "gauged") == 0
+    assert sample("everystep_queue_running", "gauged") == 0
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+
+def run_cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    from everystep.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_queue_commands_set_pause_resume_and_list(store: Store, db_url: str, capsys: Any) -> None:
+    code, out, _ = run_cli(capsys, "queue", "set", "reports", "--concurrency", "4", "--key-concurrency", "1",
+                           "--rate", "100/60s", "--database", db_url)
+    assert code == 0 and "concurrency 4, per key 1, rate 100/60s" in out
+    assert run_cli(capsys, "queue", "--database", db_url, "pause", "reports")[0] == 0
+    code, out, _ = run_cli(capsys, "queue", "set", "reports", "--rate", "none", "--database", db_url)
+    assert code == 0 and "rate unlimited" in out and "paused" in out
+    schedule(job, database=store, queue="reports")
+    code, out, _ = run_cli(capsys, "queues", "--database", db_url, "--json")
+    [reports] = json.loads(out)
+    assert (reports["queue"], reports["scheduled"], reports["concurrency"], reports["rate_limit"],
+            reports["paused"]) == ("reports", 1, 4, None, True)
+    assert run_cli(capsys, "queue", "resume", "reports", "--database", db_url)[0] == 0
+    code, out, _ = run_cli(capsys, "queues", "--database", db_url)
+    assert code == 0 and out.splitlines()[0].split()[:4] == ["QUEUE", "SCHEDULED", "RUNNING", "BLOCKED"]
+    assert out.splitlines()[1].split()[:2] == ["reports", "1"] and " no " in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["queue", "set", "reports"], "needs --concurrency"),
+    (["queue", "set", "reports", "--rate", "5/x"], "is not COUNT/PERIOD"),
+    (["queue", "set", "reports", "--concurrency", "-1"], "out of range"),
+    (["queue", "set", "reports", "--key-concurrency", "0"], "out of range"),
+    (["queue", "pause", ""], "must not be empty"),
+    (["queue", "pause", "a b"], "bad queue name"),
+    (["worker", "--queues", "a,,b"], "empty queue name"),
+    (["schedule", "queues.job", "--queue", ""], "must not be empty"),
+])
+def test_bad_queue_input_is_one_line_and_exit_2(db_url: str, capsys: Any, argv: list[str], message: str) -> None:
+    code, _, err = run_cli(capsys, *argv, "--database", db_url)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_supervisor_refuses_an_empty_queue_name(capsys: Any) -> None:
+    from supervisor.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--queues", "reports,"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "empty queue name" in err and len(err.strip().splitlines()) == 1
+    assert build_parser().parse_args(["--queues", "reports,default"]).queues == ["reports", "default"]
+
+
+def test_schedule_command_places_runs(store: Store, db_url: str, capsys: Any) -> None:
+    code, out, _ = run_cli(capsys, "schedule", "queues.heavy", "--database", db_url, "--priority", "8",
+                           "--concurrency-key", "acct")
+    assert code == 0
+    run = store.get_run(out.strip())
+    assert (run.queue, run.priority, run.concurrency_key) == ("heavy", 8, "acct")
+    code, out, _ = run_cli(capsys, "show", run.id, "--database", db_url)
+    assert "queue      heavy (priority 8, concurrency key acct)" in out
+
+
+# -- an unserved backlog costs a claim nothing ------------------------------------------------
+
+
+def settled(read: Any) -> Any:
+    """The server's statistics once they stop moving: a closed connection
+    reports what it read as its backend exits, a moment later."""
+    previous = read()
+    while True:
+        time.sleep(0.1)
+        current = read()
+        if current == previous:
+            return current
+        previous = current
+
+
+def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_postgres_claim_a_few_index_entries(
+        pg_url: str) -> None:
+    """20,000 due runs wait in a paused queue, a queue at its limit and a
+    queue this claimer does not serve; five due runs of a served queue are
+    claimed reading a handful of index entries (the server's statistics),
+    not the backlog."""
+    store = connect(pg_url)
+    try:
+        limit(store, "paused", paused=True)
+        limit(store, "full", concurrency=0)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for queue in ("paused", "full", "elsewhere"):
+                conn.execute(
+                    "INSERT INTO everystep_workflow (id, name, args, status, created_at, queue) "
+                    "SELECT gen_random_uuid(), %s, '[0]', 'scheduled', clock_timestamp() - interval '1 hour', %s "
+                    "FROM generate_series(1, 20000)", (job.name, queue))
+            conn.execute("ANALYZE everystep_workflow")
+        due = sorted(schedule(job, database=store, queue="served").id for _ in range(5))
+
+        def entries_read() -> dict[str, int]:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_force_next_flush()")
+                return {name: int(read) for name, read in conn.execute(
+                    "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'everystep_workflow'")}
+
+        for queues in (["served", "paused", "full"], None):
+            if queues is None:  # every queue served: the unserved one goes
+                with psycopg.connect(pg_url, autocommit=True) as conn:
+                    conn.execute("DELETE FROM everystep_workflow WHERE queue = 'elsewhere'")
+                    conn.execute("VACUUM everystep_workflow")  # no dead index entries left to step over
+            before = settled(entries_read)
+            claimed = store.claim("tester", 10, NAMES, queues)
+            store.close()
+            assert sorted(run.id for run in claimed) == due
+            read = {name: count - before[name] for name, count in settled(entries_read).items()
+                    if count > before[name]}
+            assert sum(read.values()) <= 40, (queues, read)
+            for run in claimed:
+                store.requeue(run.claim)
+    finally:
+        store.close()
+
+
+def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_mariadb_claim_a_few_index_entries(
+        mariadb_url: str) -> None:
+    """The same on MariaDB, counted by the server's handler statistics of
+    the claim's own session: the queues holding scheduled runs are found by
+    one probe of the claim index per queue, each served queue is read one
+    priority at a time."""
+    store = connect(mariadb_url)
+    try:
+        limit(store, "paused", paused=True)
+        limit(store, "full", concurrency=0)
+        with store.connection() as conn:
+            for queue in ("paused", "full", "elsewhere"):
+                conn.execute(
+                    "INSERT INTO everystep_workflow (id, name, args, status, created_at, queue) "
+                    "SELECT UUID(), %(name)s, '[0]', 'scheduled', UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, %(queue)s "
+                    "FROM seq_1_to_20000", {"name": job.name, "queue": queue})
+            conn.execute("ANALYZE TABLE everystep_workflow")
+        due = sorted(schedule(job, database=store, queue="served").id for _ in range(5))
+
+        def index_entries_read() -> int:
+            with store.connection() as conn:
+                rows = conn.execute("SHOW SESSION STATUS LIKE 'Handler_read%%'").fetchall()
+            return sum(int(row["Value"]) for row in rows
+                       if row["Variable_name"] in ("Handler_read_key", "Handler_read_next", "Handler_read_prev",
+                                                   "Handler_read_first", "Handler_read_last"))
+
+        for queues in (["served", "paused", "full"], None):
+            if queues is None:  # every queue served: the unserved one goes
+                with store.connection() as conn:
+                    conn.execute("DELETE FROM everystep_workflow WHERE queue = 'elsewhere'")
+            before = index_entries_read()
+            claimed = store.claim("tester", 10, NAMES, queues)
+            read = index_entries_read() - before
+            assert sorted(run.id for run in claimed) == due
+            assert read <= 60, (queues, read)
+            for run in claimed:
+                store.requeue(run.claim)
+    finally:
+        store.close()
+
+
+def test_a_run_scheduled_in_the_callers_transaction_keeps_its_placement(store: Store, db_url: str) -> None:
+    if store.backend == "sqlite":
+        conn: Any = sqlite3.connect(db_url.removeprefix("sqlite:///"))
+    elif store.backend == "mariadb":
+        import pymysql
+
+        from everystep.store.mariadb import connect_args
+
+        conn = pymysql.connect(**connect_args(db_url))
+    else:
+        conn = psycopg.connect(db_url)
+    try:
+        run = schedule(heavy, conn=conn, priority=4, concurrency_key="acct-9")
+        conn.commit()
+    finally:
+        conn.close()
+    stored = store.get_run(run.id)
+    assert (stored.queue, stored.priority, stored.concurrency_key) == ("heavy", 4, "acct-9")
+
+
+# -- the console -------------------------------------------------------------------------------
+
+
+def test_the_console_filters_runs_by_queue_and_shows_it(store: Store) -> None:
+    from everystep.web.views import BadRequest, Views
+
+    heavy_ids = {schedule(heavy, database=store).id for _ in range(2)}
+    schedule(job, database=store)
+    views = Views(store)
+    data = views.runs({"queue": "heavy"}, with_counts=False)
+    assert {run["id"] for run in data["runs"]} == heavy_ids and data["filter"]["queue"] == "heavy"
+    assert {run["queue"] for run in data["runs"]} == {"heavy"}
+    assert len(views.runs({"queue": "heavy", "status": SCHEDULED}, with_counts=False)["runs"]) == 2
+    assert len(views.runs({}, with_counts=False)["runs"]) == 3
+    assert any(item["name"] == "queue" for item in views.meta()["filters"])
+    with pytest.raises(BadRequest, match="bad queue name"):
+        views.runs({"queue": "no spaces"})
