@@ -20,6 +20,7 @@ reported rather than waited for (its thread is abandoned, as a daemon).
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import threading
 from collections.abc import Iterator
@@ -35,6 +36,15 @@ from .store import Store
 
 UNFINISHED = (SCHEDULED, RUNNING, BLOCKED)
 DEFAULT_TIMEOUT = 5.0
+#: How long an abandoned replay's thread gets to unwind once told to stop.
+STOP_GRACE = 1.0
+
+
+class ReplayAbandoned(BaseException):
+    """Raised inside a dry replay that ran past its time, to end its thread:
+    a body looping between steps would otherwise spin on for the life of the
+    process (``check-deploy`` exits, but the console asks again on every
+    page view)."""
 BATCH = 500
 
 
@@ -117,9 +127,19 @@ def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
+        _abandon(thread)
         return _verdict(run, Outcome.TIMEOUT, f"the replay had not stopped after {timeout:g}s "
                                               "(code between steps that waits or loops?)")
     return _judge(run, ex.interrupt or box.get("error"))
+
+
+def _abandon(thread: threading.Thread) -> None:
+    """Raise ``ReplayAbandoned`` in the replay's thread at its next bytecode
+    and give it ``STOP_GRACE`` to unwind. Code blocked inside C (a sleep, a
+    socket) only sees it when it returns; the thread is a daemon either way."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(ReplayAbandoned))
+        thread.join(STOP_GRACE)
 
 
 def _judge(run: Run, outcome: BaseException | None) -> Verdict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import types
 from typing import Any
 
@@ -110,6 +111,9 @@ def test_a_replay_that_never_reaches_a_step_is_reported(store: Store) -> None:
     run = schedule(spins, database=store)
     verdict = dryrun.replay(store.get_run(run.id), [], timeout=0.2)
     assert verdict.outcome == Outcome.TIMEOUT and verdict.problem
+    # The abandoned replay is stopped, not left spinning for the life of
+    # the process (the console replays on every page view).
+    assert not [t for t in threading.enumerate() if t.name == f"everystep-dryrun-{run.id}"]
 
 
 def test_a_completed_replay_and_a_recorded_terminal(store: Store) -> None:
