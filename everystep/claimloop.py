@@ -36,6 +36,7 @@ and logs a database outage once when it starts and once when it ends.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Sequence
 
 from . import metrics, outcomes, registry
@@ -47,6 +48,11 @@ from .outage import OutageLog
 from .store import Store
 
 RECONCILE_EVERY = 5.0
+#: How soon to claim again when the earliest waiting run is due already but
+#: was not claimed: it became due between the claim and the timing query,
+#: another claimer holds it locked, or its queue is at its limit. Soon
+#: enough for the first, slow enough never to spin on the others.
+DUE_RETRY = 1.0
 """Seconds between checks for runs held under our name that nothing here
 executes (see the module docstring)."""
 
@@ -204,15 +210,20 @@ class ClaimLoop:
 
     def _set_due_timer(self, now: float) -> None:
         """Nothing more is due now: time the next claim by the earliest run
-        that is not due yet. A run due already but not claimed (locked by
-        another claimer) is left to the poll, so racing claimers never spin."""
+        that is not due yet, from the moment the database answered (``now``
+        was read before the claim: a timer from it would fire early). A run
+        due already but not claimed is tried again within ``DUE_RETRY``."""
         try:
             wait = self.store.next_due(self.names, self.queues)
         except EverystepError as exc:
             self.outage.failed(exc, "timing the next due run")
             self._due_timer = None
             return
-        self._due_timer = now + wait if wait is not None and wait > 0 else None
+        if wait is None:
+            self._due_timer = None
+            return
+        answered = max(now, time.monotonic())
+        self._due_timer = answered + (wait if wait > 0 else min(self.poll, DUE_RETRY))
 
     def _count(self, runs: list[Run]) -> None:
         if runs:
@@ -232,4 +243,4 @@ class ClaimLoop:
             return False
 
 
-__all__ = ["RECONCILE_EVERY", "ClaimLoop"]
+__all__ = ["DUE_RETRY", "RECONCILE_EVERY", "ClaimLoop"]
