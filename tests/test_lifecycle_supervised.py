@@ -235,14 +235,17 @@ def test_cancel_kills_a_run_spinning_in_pure_python(db_url, store, supervisors, 
     assert cancelled.status == CANCELLED
     assert cancelled.error["type"] == "everystep.errors.Cancelled"
     assert cancelled.error["message"] == "no longer needed"
-    step = steps_by_id(store, run.id)["2"]
     if unsafe:
+        # The started row was written before the effect began.
+        step = steps_by_id(store, run.id)["2"]
         assert step.status == STEP_STARTED
         shown = everystep(subprocess_env, db_url, "show", run.id)
         assert "started (effect uncertain)" in shown.stdout
     else:
-        step = wait_until(lambda: (lambda s: s if s.status == STEP_FAILED else None)(
-            steps_by_id(store, run.id)["2"]), "the cut-off step to be recorded")
+        # A safe step has no row until the supervisor, having killed the
+        # child, records it: the run's cancelled status may be read first.
+        step = wait_until(lambda: (lambda s: s if s is not None and s.status == STEP_FAILED else None)(
+            steps_by_id(store, run.id).get("2")), "the cut-off step to be recorded")
         assert error_type(step.error) == "everystep.errors.Cancelled"
         # Within 1 s of the cancel (read from the recorded times; a generous
         # bound for a loaded machine), and never before it.
