@@ -6,7 +6,6 @@ SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,27 +18,12 @@ from django.urls import reverse  # noqa: E402
 import everystep  # noqa: E402
 from everystep.errors import SimulatedCrash  # noqa: E402
 from everystep.models import BLOCKED, COMPLETED, SCHEDULED  # noqa: E402
-from everystep.store import Store, connect  # noqa: E402
-from tests.support.django_project import Project, django_project, empty_tables  # noqa: E402,F401
+from everystep.store import Store  # noqa: E402
+from tests.support.django_project import Project, django_project, project, project_store  # noqa: E402,F401
 from tests.support.runs import crash_at, execute_run, resume  # noqa: E402
 
 # The Django integration supports PostgreSQL and SQLite, not MariaDB.
 pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
-
-
-@pytest.fixture
-def project(django_project: Project) -> Project:
-    empty_tables(django_project)
-    return django_project
-
-
-@pytest.fixture
-def store(project: Project) -> Iterator[Store]:
-    store = connect(project.url)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 @pytest.fixture

@@ -27,19 +27,13 @@ import everystep  # noqa: E402
 from everystep.errors import SimulatedCrash  # noqa: E402
 from everystep.models import BLOCKED, COMPLETED, SCHEDULED  # noqa: E402
 from everystep.store import connect  # noqa: E402
-from tests.support.django_project import MANAGE, Project, django_project, empty_tables  # noqa: E402,F401
+from tests.support.django_project import MANAGE, Project, django_project, project  # noqa: E402,F401
 from tests.support.runs import crash_at, execute_run, resume  # noqa: E402
 from tests.support.supervisor import short_socket_dir  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
 
 # The Django integration supports PostgreSQL and SQLite, not MariaDB.
 pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
-
-
-@pytest.fixture
-def project(django_project: Project) -> Project:
-    empty_tables(django_project)
-    return django_project
 
 
 def place_order(sku: str) -> tuple[Any, Any]:

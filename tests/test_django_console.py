@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,28 +20,13 @@ from django.test import Client, override_settings  # noqa: E402
 import everystep  # noqa: E402
 from everystep.errors import SimulatedCrash  # noqa: E402
 from everystep.models import BLOCKED, CANCELLED, COMPLETED, SCHEDULED  # noqa: E402
-from everystep.store import Store, connect  # noqa: E402
-from tests.support.django_project import EVERYSTEP_SETTINGS, Project, django_project, empty_tables  # noqa: E402,F401
+from everystep.store import Store  # noqa: E402
+from tests.support.django_project import EVERYSTEP_SETTINGS, Project, django_project, project, project_store  # noqa: E402,F401
 from tests.support.runs import crash_at, execute_run, resume  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
 PREFIX = "/everystep"
-
-
-@pytest.fixture
-def project(django_project: Project) -> Project:
-    empty_tables(django_project)
-    return django_project
-
-
-@pytest.fixture
-def store(project: Project) -> Iterator[Store]:
-    store = connect(project.url)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def user(name: str, *codenames: str, superuser: bool = False) -> Any:

@@ -28,16 +28,10 @@ import everystep  # noqa: E402
 from everystep.errors import RunNotFound  # noqa: E402
 from everystep.models import SCHEDULED  # noqa: E402
 from everystep.store import connect  # noqa: E402
-from tests.support.django_project import Project, django_project, empty_tables  # noqa: E402,F401
+from tests.support.django_project import Project, django_project, project  # noqa: E402,F401
 from tests.support.pgserver import PgServer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def project(django_project: Project) -> Project:
-    empty_tables(django_project)
-    return django_project
 
 
 def runs_seen_by_everystep(project: Project) -> list[tuple[str, Any]]:

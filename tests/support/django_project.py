@@ -33,6 +33,8 @@ from typing import Any
 
 import psycopg
 import pytest
+
+from everystep.store import Store, connect
 from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -192,6 +194,24 @@ def django_project(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     pg_server = request.getfixturevalue("pg_server") if request.param == "postgres" else None
     with project_for(request.param, directory, pg_server) as project:
         yield project
+
+
+@pytest.fixture
+def project(django_project: Project) -> Project:
+    """The module's project, its tables emptied for this test."""
+    empty_tables(django_project)
+    return django_project
+
+
+@pytest.fixture(name="store")
+def project_store(project: Project) -> Iterator[Store]:
+    """``store`` in a Django test module: everystep's own store on the
+    project's database (import ``project_store`` to use it)."""
+    store = connect(project.url)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def empty_tables(project: Project) -> None:
