@@ -77,7 +77,8 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 
 _GUARDED_LIMITS = ("RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_AS")
-_GUARDED_SIGNALS = ("SIGALRM", "SIGXCPU", "SIGTERM", "SIGINT", "SIGCHLD")
+# SIGALRM is pytest-timeout's own: it sets and restores its handler itself.
+_GUARDED_SIGNALS = ("SIGXCPU", "SIGTERM", "SIGINT", "SIGCHLD")
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +97,7 @@ def _process_state_is_left_as_found() -> Iterator[None]:
             changed.append(name)
             resource.setrlimit(getattr(resource, name), value)
     for name, handler in handlers.items():
-        if name != "SIGALRM" and signal.getsignal(getattr(signal, name)) != handler:
+        if signal.getsignal(getattr(signal, name)) != handler:
             changed.append(name)
             signal.signal(getattr(signal, name), handler)
     if signal.pthread_sigmask(signal.SIG_BLOCK, []) != mask:
