@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import dataclasses
 import logging
 import os
 import signal
@@ -53,9 +52,10 @@ from .protocol import (
     StepEnded,
     StepInFlight,
     StepStarted,
+    plain,
 )
 from .states import ByeReason
-from .stepboard import StepBoard
+from .stepboard import StepBoard, encode_step
 
 logger = logging.getLogger("everystep.supervisor")
 
@@ -174,7 +174,8 @@ class Reporter(Observer):
         #: announced for leaving after it (None: we said we stay).
         self.settled = False
         self.announced: ByeReason | None = None
-        self._inflight: dict[str, StepInFlight] = {}
+        #: Steps in flight, each with its board entry (encoded once).
+        self._inflight: dict[str, tuple[StepInFlight, bytes]] = {}
         self._lock = threading.Lock()
 
     def send(self, message: Message) -> None:
@@ -186,8 +187,8 @@ class Reporter(Observer):
 
     def _publish(self) -> None:
         if self.board is not None:
-            steps = sorted(self._inflight.values(), key=lambda step: step.started)
-            self.board.publish([dataclasses.asdict(step) for step in steps])
+            steps = sorted(self._inflight.values(), key=lambda entry: entry[0].started)
+            self.board.publish_encoded([encoded for _, encoded in steps])
 
     def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
         titles.child_busy(self.slot, ctx.workflow_name, ctx.workflow_id, step_id)
@@ -202,7 +203,7 @@ class Reporter(Observer):
                             cpu_start=budget.cpu_start if budget else None,
                             memory_start=budget.memory_start if budget else None)
         with self._lock:
-            self._inflight[step_id] = step
+            self._inflight[step_id] = (step, encode_step(plain(step)) if self.board is not None else b"")
             self._publish()
         announced = bool(step.timeout) or budget is not None
         if announced:
@@ -219,8 +220,9 @@ class Reporter(Observer):
 
     def run_ended(self) -> None:
         with self._lock:
-            self._inflight.clear()
-            self._publish()
+            if self._inflight:  # else the board says so already
+                self._inflight.clear()
+                self._publish()
 
     def run_settling(self, run: Run, status: str) -> None:
         reason = self.leaving()

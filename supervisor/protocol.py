@@ -90,6 +90,33 @@ class LineReader:
         return lines
 
 
+def plain(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, nested dataclasses (alone or in a
+    list) as dicts too; every other value as it is. Not
+    ``dataclasses.asdict``, which deep-copies every value: the dict is
+    serialized at once, and a ``Dispatch`` carries a run's arguments, so
+    the copy cost every run (and every step's board update) for nothing."""
+    return {name: _plain_value(getattr(obj, name)) for name in _field_names(type(obj))}
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain_value(item) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(value)
+    return value
+
+
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Any]) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(spec.name for spec in dataclasses.fields(cls))
+    return names
+
+
 # -- messages ----------------------------------------------------------------------------
 
 
@@ -101,7 +128,7 @@ class Message:
     TAG: ClassVar[str] = ""
 
     def wire(self) -> dict[str, Any]:
-        return {self.KEY: self.TAG, **dataclasses.asdict(self)}
+        return {self.KEY: self.TAG, **plain(self)}
 
 
 @dataclass(frozen=True)
@@ -252,7 +279,7 @@ class Reply:
     ok: ClassVar[bool] = True
 
     def wire(self) -> dict[str, Any]:
-        return {"ok": self.ok, **dataclasses.asdict(self)}
+        return {"ok": self.ok, **plain(self)}
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,15 @@ class StepBoard:
 
     def publish(self, steps: list[dict[str, Any]]) -> None:
         """Child side: replace the steps in flight (one writer per board)."""
-        data = json.dumps(steps, separators=(",", ":")).encode()
+        self.publish_encoded([encode_step(step) for step in steps])
+
+    def publish_encoded(self, steps: list[bytes]) -> None:
+        """``publish`` for steps already encoded (``encode_step``): a child
+        encodes a step once as it starts, not on every change of the board."""
+        data = b"[" + b",".join(steps) + b"]"
         while len(data) > SIZE - _HEADER.size and steps:
             steps = steps[:-1]  # keep the oldest steps; the board is a view, not a log
-            data = json.dumps(steps, separators=(",", ":")).encode()
+            data = b"[" + b",".join(steps) + b"]"
         sequence = _HEADER.unpack_from(self._map, 0)[0]
         _HEADER.pack_into(self._map, 0, sequence + 1, len(data))  # odd: being written
         self._map[_HEADER.size:_HEADER.size + len(data)] = data
@@ -59,3 +64,7 @@ class StepBoard:
 
     def close(self) -> None:
         self._map.close()
+
+
+def encode_step(step: dict[str, Any]) -> bytes:
+    return json.dumps(step, separators=(",", ":")).encode()

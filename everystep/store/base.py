@@ -26,6 +26,7 @@ import abc
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import os
 import re
 import threading
@@ -1198,9 +1199,16 @@ def id_prefix_range(prefix: str) -> tuple[str, str]:
 def _run_id(run_id: str) -> str:
     """Normalise a run id, refusing anything that is not a UUID."""
     try:
-        return str(uuid.UUID(str(run_id)))
+        return _canonical_uuid(str(run_id))
     except ValueError:
         raise RunNotFound(f"no run with id {run_id!r} (run ids are UUIDs)") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical_uuid(text: str) -> str:
+    """Every write under a claim names its run: parse each id once, not on
+    every step record."""
+    return str(uuid.UUID(text))
 
 
 def _float_or_none(value: Any) -> float | None:
