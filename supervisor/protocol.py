@@ -100,6 +100,8 @@ def plain(obj: Any) -> dict[str, Any]:
 
 
 def _plain_value(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float)):
+        return value
     if isinstance(value, list):
         return [_plain_value(item) for item in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
