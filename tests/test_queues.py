@@ -611,6 +611,50 @@ def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_postgres_claim_a
         store.close()
 
 
+def test_sleeping_runs_of_a_higher_priority_cost_a_postgres_claim_a_few_index_entries(
+        pg_url: str) -> None:
+    """20,000 runs of a higher priority sleeping in the served queues cost a
+    claim a few index entries (the priority walk steps over them), in a
+    claim of a few runs and in a claim of one, in one queue or in several,
+    with the queues given or found, on the fast path for queues without
+    limits and, once the queue has a limit, on the general one. Each shape
+    is claimed more often than a session plans a statement afresh."""
+    store = connect(pg_url)
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for queue in ("served", "other"):
+                conn.execute(
+                    "INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, not_before) "
+                    "SELECT gen_random_uuid(), %s, '[0]', 'scheduled', clock_timestamp() - interval '1 hour', %s, 9, "
+                    "clock_timestamp() + interval '1 hour' FROM generate_series(1, 10000)", (job.name, queue))
+            conn.execute("VACUUM ANALYZE everystep_workflow")
+        due = [schedule(job, database=store, queue="served", priority=p).id for p in (1, 0, 0)]
+
+        def entries_read() -> dict[str, int]:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_force_next_flush()")
+                return {name: int(read) for name, read in conn.execute(
+                    "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'everystep_workflow'")}
+
+        shapes = [(["served"], 10), (None, 10), (["served", "other"], 1), (None, 1)]
+        for limited in (False, True):
+            if limited:
+                limit(store, "served", concurrency=1000)
+            for queues, batch in shapes:
+                before = settled(entries_read)
+                for _ in range(8):  # on one connection, as a runner's claims
+                    claimed = store.claim("tester", batch, NAMES, queues)
+                    assert [run.id for run in claimed] == due[:batch]
+                    for run in claimed:
+                        store.requeue(run.claim)
+                store.close()
+                read = {name: count - before[name] for name, count in settled(entries_read).items()
+                        if count > before[name]}
+                assert sum(read.values()) <= 8 * 40, (limited, queues, batch, read)
+    finally:
+        store.close()
+
+
 def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_mariadb_claim_a_few_index_entries(
         mariadb_url: str) -> None:
     """The same on MariaDB, counted by the server's handler statistics of
