@@ -184,6 +184,75 @@ def test_a_paused_queue_is_skipped_and_resumes(store: Store) -> None:
     assert sorted(run.id for run in claim(store)) == sorted(held)
 
 
+def test_limits_set_while_runs_wait_apply_from_the_next_claim(store: Store) -> None:
+    """Claims from queues without limits take PostgreSQL's fast path; a
+    limit or a pause set after runs were scheduled and claimed that way
+    holds from the very next claim, whether the claimer serves every queue,
+    several or one."""
+    ids = [schedule(job, i, database=store).id for i in range(8)]
+    for served in (None, ["default", "other"], ["default"]):
+        assert claim(store, 1, queues=served)[0].id == ids.pop(0)
+    # Three running: a concurrency of 4 leaves one slot.
+    limit(store, "default", concurrency=4)
+    assert [run.id for run in claim(store, 10)] == [ids.pop(0)]
+    for served in (None, ["default", "other"], ["default"]):
+        assert claim(store, 10, queues=served) == []
+    limit(store, "default", concurrency=None, paused=True)
+    for served in (None, ["default", "other"], ["default"]):
+        assert claim(store, 10, queues=served) == []
+    limit(store, "default", paused=False, rate_limit=1, rate_period=3600.0)
+    assert [run.id for run in claim(store, 10, queues=["default"])] == [ids.pop(0)]
+    assert claim(store, 10) == []
+    # A row left with no limit and no pause is a queue without limits again.
+    limit(store, "default", rate_limit=None, rate_period=None)
+    assert [run.id for run in claim(store, 10)] == ids
+
+
+def test_a_key_limit_set_while_keyed_runs_wait_applies_from_the_next_claim(store: Store) -> None:
+    for key in ("a", "b"):
+        for _ in range(3):
+            schedule(job, database=store, concurrency_key=key)
+    assert [run.concurrency_key for run in claim(store, 1)] == ["a"]
+    limit(store, "default", key_concurrency=1)
+    assert [run.concurrency_key for run in claim(store, 10)] == ["b"]
+    assert claim(store, 10) == []
+
+
+def test_a_paused_queue_among_queues_without_limits_is_never_claimed(store: Store) -> None:
+    for queue in ("a", "b", "c"):
+        for i in range(20):
+            schedule(job, i, database=store, queue=queue)
+    assert len(claim(store, 3)) == 3
+    limit(store, "b", paused=True)
+    for served in (None, ["a", "b", "c"], ["b", "c"]):
+        got = [claim(store, 1, queues=served)[0].queue for _ in range(4)]
+        assert "b" not in got and got
+    assert claim(store, 10, queues=["b"]) == []
+    rest = claim(store, 100)
+    assert {run.queue for run in rest} == {"a", "c"} and len(rest) == 40 - 2 - 12
+    limit(store, "b", paused=False)
+    assert len(claim(store, 100)) == 19
+
+
+def test_a_batch_across_queues_without_limits_keeps_shares_and_priorities(store: Store) -> None:
+    """The fast path's shares and second round: a batch of ten over four
+    queues gives each about a quarter, the short queue's unused share goes
+    to the others, and each queue's runs come highest priority first, its
+    sleeping run of a higher priority skipped."""
+    for queue in ("a", "b", "c"):
+        schedule(job, database=store, queue=queue, priority=5, delay=3600)
+        for i in range(4):
+            schedule(job, i, database=store, queue=queue, priority=i % 2)
+    schedule(job, database=store, queue="short")
+    got = claim(store, 10)
+    assert len(got) == 10
+    assert [run.queue for run in got].count("short") == 1
+    for queue in ("a", "b", "c"):
+        priorities = [run.priority for run in got if run.queue == queue]
+        assert priorities == [1, 1, 0, 0][:len(priorities)] and len(priorities) >= 2
+    assert sorted(run.priority for run in claim(store, 10)) == [0, 0, 0]
+
+
 def test_pausing_leaves_running_runs_running(store: Store) -> None:
     schedule(heavy, database=store)
     [run] = claim(store)
@@ -295,8 +364,16 @@ def test_concurrent_claimers_never_pass_the_limit_together(store: Store, db_url:
 # -- the upgrade over the placeholder ------------------------------------------------------------
 
 
+#: The versions written after the release that recorded 7 as a placeholder.
+LATER = [m for m in migrations.available("postgres") if m.version > 8]
+
+
 def _apply_as_of_the_placeholder(execute: Any, backend: str, record: Any) -> None:
+    """The schema of the release that recorded 7 as its placeholder: every
+    version up to 8 but 7."""
     for migration in migrations.available(backend):
+        if migration.version > 8:
+            break
         if migration.version == 7:
             record(7, migrations.PLACEHOLDER)
             continue
@@ -338,7 +415,7 @@ def test_a_postgres_database_that_recorded_7_as_reserved_gets_the_queues(pg_serv
                 "INSERT INTO everystep_migration VALUES (%s, %s, now())", (version, name)))
         store = connect(url)
         try:
-            assert store.migrate() == ["0007_queues"]
+            assert store.migrate() == ["0007_queues"] + [f"{m.version:04d}_{m.name}" for m in LATER]
             assert store.migrate() == []
             schedule(job, database=store)
             limit(store, "default", concurrency=1)
@@ -366,7 +443,7 @@ def test_a_mariadb_database_that_recorded_7_as_reserved_gets_the_queues(mariadb_
                            "UTC_TIMESTAMP(6))")
         store = connect(url)
         try:
-            assert store.migrate() == ["0007_queues"]
+            assert store.migrate() == ["0007_queues"] + [f"{m.version:04d}_{m.name}" for m in LATER]
             assert store.migrate() == []
             assert store.get_run("01a2aaaa-0000-7000-8000-000000000001").queue == "default"
             schedule(job, database=store)
@@ -530,6 +607,50 @@ def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_postgres_claim_a
             assert sum(read.values()) <= 40, (queues, read)
             for run in claimed:
                 store.requeue(run.claim)
+    finally:
+        store.close()
+
+
+def test_sleeping_runs_of_a_higher_priority_cost_a_postgres_claim_a_few_index_entries(
+        pg_url: str) -> None:
+    """20,000 runs of a higher priority sleeping in the served queues cost a
+    claim a few index entries (the priority walk steps over them), in a
+    claim of a few runs and in a claim of one, in one queue or in several,
+    with the queues given or found, on the fast path for queues without
+    limits and, once the queue has a limit, on the general one. Each shape
+    is claimed more often than a session plans a statement afresh."""
+    store = connect(pg_url)
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for queue in ("served", "other"):
+                conn.execute(
+                    "INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, not_before) "
+                    "SELECT gen_random_uuid(), %s, '[0]', 'scheduled', clock_timestamp() - interval '1 hour', %s, 9, "
+                    "clock_timestamp() + interval '1 hour' FROM generate_series(1, 10000)", (job.name, queue))
+            conn.execute("VACUUM ANALYZE everystep_workflow")
+        due = [schedule(job, database=store, queue="served", priority=p).id for p in (1, 0, 0)]
+
+        def entries_read() -> dict[str, int]:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_force_next_flush()")
+                return {name: int(read) for name, read in conn.execute(
+                    "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'everystep_workflow'")}
+
+        shapes = [(["served"], 10), (None, 10), (["served", "other"], 1), (None, 1)]
+        for limited in (False, True):
+            if limited:
+                limit(store, "served", concurrency=1000)
+            for queues, batch in shapes:
+                before = settled(entries_read)
+                for _ in range(8):  # on one connection, as a runner's claims
+                    claimed = store.claim("tester", batch, NAMES, queues)
+                    assert [run.id for run in claimed] == due[:batch]
+                    for run in claimed:
+                        store.requeue(run.claim)
+                store.close()
+                read = {name: count - before[name] for name, count in settled(entries_read).items()
+                        if count > before[name]}
+                assert sum(read.values()) <= 8 * 40, (limited, queues, batch, read)
     finally:
         store.close()
 

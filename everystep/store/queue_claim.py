@@ -1,6 +1,7 @@
 """A claim with queue limits, step by step, for the backends whose claim is
 not one database function (SQLite, MariaDB): PostgreSQL's ``everystep_claim``
-(migration 0007) in Python, each step a named statement of the backend.
+(migration 0007; 0009 added a fast path for queues without limits, the same
+steps minus the limits) in Python, each step a named statement of the backend.
 
 It runs inside the claim's transaction. The steps: the served queues minus
 the paused ones (and those limited to 0), in a random order; a fair share of

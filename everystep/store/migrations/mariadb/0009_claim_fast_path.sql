@@ -1,0 +1,4 @@
+-- Nothing to do on MariaDB: PostgreSQL's version 9 gave its claim function
+-- a fast path for queues without limits; MariaDB's claim is a SELECT ... FOR
+-- UPDATE SKIP LOCKED and an UPDATE in one transaction. The version exists so
+-- every backend numbers alike.

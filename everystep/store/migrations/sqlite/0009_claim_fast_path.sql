@@ -1,0 +1,3 @@
+-- Nothing to do on SQLite: PostgreSQL's version 9 gave its claim function a
+-- fast path for queues without limits; SQLite's claim is a plain statement
+-- under BEGIN IMMEDIATE. The version exists so every backend numbers alike.
