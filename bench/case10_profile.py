@@ -152,6 +152,8 @@ def run(ctx: Context) -> None:
 def _short(query: str) -> str:
     text = " ".join(query.split())
     for name, needle in (("claim (everystep_claim function)", "everystep_claim("),
+                         ("finish_run_with_step (last step's record and the terminal status, one statement)",
+                          "WITH owned AS"),
                          ("record_step (INSERT … ON CONFLICT, ownership check)", "INSERT INTO everystep_step"),
                          ("finish_run (UPDATE, async commit)", "SET status = $1, result"),
                          ("claim_own (reconciliation every 5 s)", "claimed_by = $1 AND name = ANY"),
