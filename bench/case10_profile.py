@@ -225,12 +225,12 @@ def section(ctx: Context) -> Section:
     lever_results = out.get("levers")
     if lever_results:
         table = Table(["form of the write path (3 step records + terminal status)",
-                       "durable: µs per run, median (p25–p75)", "vs today",
-                       "synchronous_commit = off: µs per run", "vs today"],
+                       "durable: µs per run, median (p25–p75)", "vs the first row",
+                       "synchronous_commit = off: µs per run", "vs the first row"],
                       caption="The write path of one run replayed in the forms the levers would give it "
                               "(`bench/levers.py`: the engine's own statements, each form on its own connection, "
                               f"the forms taking turns run by run, {s.lever_runs} runs each):")
-        today = {key: levers.medians(values).get("today") for key, values in lever_results.items()}
+        first = {key: levers.medians(values).get(levers.BEFORE_FOLD) for key, values in lever_results.items()}
         for form in levers.FORMS:
             cells: list[str] = [form]
             for key in ("durable", "async"):
@@ -239,7 +239,7 @@ def section(ctx: Context) -> Section:
                     cells += ["n/a", "n/a"]
                     continue
                 q1, q2, q3 = levers.quartiles(values)
-                base = today.get(key)
+                base = first.get(key)
                 cells += [f"{q2:,.0f} ({q1:,.0f}–{q3:,.0f})",
                           f"{(q2 / base - 1) * 100:+.0f} %" if base else "n/a"]
             table.add(*cells)

@@ -3,11 +3,13 @@ issue 18 would give it, to ground their estimates in measurements.
 
 This is not the engine: it sends the engine's own named statements
 (``record_step``, ``finish_run`` from ``store/queries/postgres.sql``) over
-one psycopg connection, run after run, the way a child does today and the
-way it could. Each form is timed per run (three step records and the
+one psycopg connection, run after run, the way a child did before the fold
+and the ways it could. Each form is timed per run (three step records and the
 terminal status write; the claim is left out, it is the same in all):
 
-- ``today``: four autocommit statements, three durable step commits and
+- ``3 records, then the status``: the form before the fold (the engine
+  now writes the last record and the status in one statement, the last
+  form below): four autocommit statements, three durable step commits and
   the asynchronously committed status write (``finish_run``), psycopg's
   automatic server-side preparation as configured (after 5 executions);
 - ``never prepared`` / ``always prepared``: the same with ``prepare=False``
@@ -47,7 +49,8 @@ CLAIMER = "bench-levers"
 RUN_NAME = "bench.workloads.noop3"
 PAYLOAD = '{"i": 1, "tag": "bench"}'
 
-FORMS = ("today", "never prepared", "always prepared", "last step + status in one transaction",
+BEFORE_FOLD = "3 records, then the status"
+FORMS = (BEFORE_FOLD, "never prepared", "always prepared", "last step + status in one transaction",
          "last step + status in one transaction, pipelined", "last step + status in one statement")
 
 
@@ -95,7 +98,7 @@ def _forms(sql: dict[str, str]) -> dict[str, Callable[[psycopg.Connection[Any], 
         if conn.execute(combined, params).fetchone() is None:
             raise RuntimeError(f"run {run_id}: the combined write changed nothing")
 
-    def today(conn: psycopg.Connection[Any], run_id: str, prepare: bool | None = None) -> None:
+    def separate(conn: psycopg.Connection[Any], run_id: str, prepare: bool | None = None) -> None:
         for step in ("1", "2", "3"):
             conn.execute(record, _step(run_id, step), prepare=prepare).fetchone()
         conn.execute(finish, _finish(run_id), prepare=prepare).fetchone()
@@ -115,9 +118,9 @@ def _forms(sql: dict[str, str]) -> dict[str, Callable[[psycopg.Connection[Any], 
             conn.execute(finish_in_tx, _finish(run_id))
 
     return {
-        "today": today,
-        "never prepared": lambda conn, run_id: today(conn, run_id, prepare=False),
-        "always prepared": lambda conn, run_id: today(conn, run_id, prepare=True),
+        BEFORE_FOLD: separate,
+        "never prepared": lambda conn, run_id: separate(conn, run_id, prepare=False),
+        "always prepared": lambda conn, run_id: separate(conn, run_id, prepare=True),
         "last step + status in one transaction": folded,
         "last step + status in one transaction, pipelined": pipelined,
         "last step + status in one statement": one_statement,
