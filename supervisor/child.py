@@ -188,7 +188,7 @@ class Reporter(Observer):
     def _publish(self) -> None:
         if self.board is not None:
             steps = sorted(self._inflight.values(), key=lambda entry: entry[0].started)
-            self.board.publish_encoded([encoded for _, encoded in steps])
+            self.board.publish([encoded for _, encoded in steps])
 
     def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
         titles.child_busy(self.slot, ctx.workflow_name, ctx.workflow_id, step_id)

@@ -29,13 +29,10 @@ class StepBoard:
         self._map = mmap.mmap(-1, SIZE)  # anonymous and MAP_SHARED: survives fork()
         _HEADER.pack_into(self._map, 0, 0, 0)
 
-    def publish(self, steps: list[dict[str, Any]]) -> None:
-        """Child side: replace the steps in flight (one writer per board)."""
-        self.publish_encoded([encode_step(step) for step in steps])
-
-    def publish_encoded(self, steps: list[bytes]) -> None:
-        """``publish`` for steps already encoded (``encode_step``): a child
-        encodes a step once as it starts, not on every change of the board."""
+    def publish(self, steps: list[bytes]) -> None:
+        """Child side: replace the steps in flight (one writer per board),
+        each already encoded by ``encode_step``: a child encodes a step once
+        as it starts, not on every change of the board."""
         data = b"[" + b",".join(steps) + b"]"
         while len(data) > SIZE - _HEADER.size and steps:
             steps = steps[:-1]  # keep the oldest steps; the board is a view, not a log
