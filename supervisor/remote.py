@@ -29,7 +29,6 @@ refusal instead of being acted on.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -41,7 +40,7 @@ from everystep.outage import OutageLog
 from everystep.relay import REQUEST_CHANNEL, STALE_AFTER, OperatorRequest
 from everystep.store import Store
 
-from .protocol import ErrorReply, ProtocolError, Reply, Request, StatusReply, StatusRequest, decode, frame
+from .protocol import ErrorReply, ProtocolError, Reply, Request, StatusReply, StatusRequest, decode, frame, plain
 
 logger = logging.getLogger("everystep.supervisor")
 
@@ -143,7 +142,7 @@ class RemoteControl:
         reply = self.handle(StatusRequest(), "status publication")
         if not isinstance(reply, StatusReply):
             return False
-        detail = snapshot(dataclasses.asdict(reply), self.instance, time.time())
+        detail = snapshot(plain(reply), self.instance, time.time())
         key = _structure(detail)
         if key == self._last_key and now < self._last_full + REFRESH_EVERY:
             return False
