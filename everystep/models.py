@@ -203,6 +203,16 @@ class StepRecord:
     def exception(self) -> BaseException | None:
         return serde.decode_exception(self.error)
 
+    def completed(self, at: dt.datetime | None) -> StepRecord:
+        """This record with ``completed_at`` set to ``at``. A copy of the
+        field values as ``dataclasses.replace`` makes, without its walk
+        through every field and the frozen ``__init__``: the store stamps
+        each record it writes, so that walk was in every step's cost."""
+        stamped = object.__new__(type(self))
+        stamped.__dict__.update(self.__dict__)
+        stamped.__dict__["completed_at"] = at
+        return stamped
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "workflow_id": self.workflow_id,

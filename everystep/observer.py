@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,58 +71,71 @@ class Observers(Observer):
             elif observer is not None:
                 flat.append(observer)
         self.observers: list[Observer] = flat
-        self._by_hook = {
-            "run": _overriding(flat, "run_started", "run_finished"),
-            "settling": _overriding(flat, "run_settling"),
-            "step": _overriding(flat, "step_started", "step_finished"),
-            "fork": _overriding(flat, "fork_started", "fork_finished"),
+        groups = {group: _overriding(flat, *methods) for group, methods in _GROUPS.items()}
+        # Bound once: the step hooks run around every step.
+        self._hooks: dict[str, list[tuple[Observer, Any]]] = {
+            method: [(observer, getattr(observer, method)) for observer in groups[group]]
+            for group, methods in _GROUPS.items() for method in methods
         }
 
-    def _each(self, group: str, method: str, *args: Any) -> list[Any]:
+    def _each(self, method: str, *args: Any) -> list[Any]:
         tokens = []
-        for observer in self._by_hook[group]:
+        for observer, hook in self._hooks[method]:
             try:
-                tokens.append(getattr(observer, method)(*args))
+                tokens.append(hook(*args))
             except Exception:
                 logger.exception("everystep: observer %r failed in %s", observer, method)
                 tokens.append(None)
         return tokens
 
-    def _each_finished(self, group: str, method: str, tokens: list[Any] | None, *args: Any) -> None:
-        observers = self._by_hook[group]
-        tokens = tokens or [None] * len(observers)
-        for observer, token in zip(observers, tokens):
+    def _each_finished(self, method: str, tokens: list[Any] | None, *args: Any) -> None:
+        hooks = self._hooks[method]
+        for (observer, hook), token in zip(hooks, tokens or [None] * len(hooks)):
             try:
-                getattr(observer, method)(*args, token)
+                hook(*args, token)
             except Exception:
                 logger.exception("everystep: observer %r failed in %s", observer, method)
 
     def run_started(self, run: Run, ctx: Context) -> list[Any]:
-        return self._each("run", "run_started", run, ctx)
+        return self._each("run_started", run, ctx)
 
     def run_settling(self, run: Run, status: str) -> None:
-        self._each("settling", "run_settling", run, status)
+        self._each("run_settling", run, status)
 
     def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
-        self._each_finished("run", "run_finished", token, run, ctx, status, error)
+        self._each_finished("run_finished", token, run, ctx, status, error)
 
     def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> list[Any]:
-        return self._each("step", "step_started", ctx, step_id, name, timeout, unsafe)
+        return self._each("step_started", ctx, step_id, name, timeout, unsafe)
 
     def step_finished(
         self, ctx: Context, step_id: str, name: str, status: str, error: BaseException | None, token: Any
     ) -> None:
-        self._each_finished("step", "step_finished", token, ctx, step_id, name, status, error)
+        self._each_finished("step_finished", token, ctx, step_id, name, status, error)
 
     def fork_started(self, ctx: Context, fork_id: str, branches: int) -> list[Any]:
-        return self._each("fork", "fork_started", ctx, fork_id, branches)
+        return self._each("fork_started", ctx, fork_id, branches)
 
     def fork_finished(self, ctx: Context, fork_id: str, error: BaseException | None, token: Any) -> None:
-        self._each_finished("fork", "fork_finished", token, ctx, fork_id, error)
+        self._each_finished("fork_finished", token, ctx, fork_id, error)
+
+
+#: Hook groups: a started/finished pair goes to the same observers, so the
+#: tokens of one line up with the other.
+_GROUPS = {
+    "run": ("run_started", "run_finished"),
+    "settling": ("run_settling",),
+    "step": ("step_started", "step_finished"),
+    "fork": ("fork_started", "fork_finished"),
+}
 
 
 def _overriding(observers: list[Observer], *methods: str) -> list[Observer]:
-    return [
-        observer for observer in observers
-        if any(getattr(type(observer), method) is not getattr(Observer, method) for method in methods)
-    ]
+    return [observer for observer in observers if _overrides(type(observer), methods)]
+
+
+@cache
+def _overrides(cls: type[Observer], methods: tuple[str, ...]) -> bool:
+    """Whether ``cls`` overrides any of ``methods``: asked per observer and
+    hook group each time a run starts, answered once per class."""
+    return any(getattr(cls, method) is not getattr(Observer, method) for method in methods)

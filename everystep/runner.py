@@ -71,6 +71,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import sys
 import threading
@@ -263,8 +264,8 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         error=encoded_error, args=list(args), kwargs=dict(kwargs), started_at=started_at, attempt=attempt,
         cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss,
     )
-    finished = dataclasses.replace(entry, status=status, result_json=result_json, error_json=error_json,
-                                   cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss)
+    finished = NewStep(step_id, step.name, args_json, kwargs_json, started_at, status=status, result_json=result_json,
+                       error_json=error_json, attempt=attempt, cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss)
     if error is None and started is None and _is_last_act(ex, ctx):
         # Its record goes with the run's terminal status, in one transaction.
         ex.pending = PendingRecord(ctx, finished, decoded, token)
@@ -631,7 +632,7 @@ def execute(
     should requeue). ``SimulatedCrash`` propagates with nothing written.
     ``meter`` measures and bounds each step executed (``everystep.resources``).
     """
-    observer = Observers([*telemetry.default_observers(), *([observer] if observer else [])])
+    observer = _fan_out(observer)
     workflow = registry.get_workflow(run.name)
     fresh = workflow is None or run.has_steps is False
     outcomes = {} if fresh else store.load_outcomes(run.id)
@@ -667,6 +668,22 @@ def execute(
         raise error
     observer.run_finished(run, ctx, status, error, token)
     return status
+
+
+def _fan_out(observer: Observer | None) -> Observers:
+    """The default observers and the caller's, as one. A runner passes the
+    same observer for every run, so the fan-out is built once for it."""
+    try:
+        return _fan_out_cached(observer)
+    except TypeError:  # an unhashable observer
+        return _fan_out_new(observer)
+
+
+def _fan_out_new(observer: Observer | None) -> Observers:
+    return Observers([*telemetry.default_observers(), *([observer] if observer else [])])
+
+
+_fan_out_cached = functools.lru_cache(maxsize=16)(_fan_out_new)
 
 
 def execute_guarded(

@@ -127,9 +127,14 @@ def to_jsonable(obj: Any, what: str = "value") -> Any:
         raise EverystepError(f"{what} cannot be stored: nested too deeply") from None
 
 
+#: ``json.dumps`` with options builds an encoder per call; a run serializes
+#: each step's arguments and result, so one encoder is kept.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(obj: Any, what: str = "value") -> str:
     """Serialize ``obj`` to tagged JSON text, enforcing depth and size limits."""
-    text = json.dumps(to_jsonable(obj, what), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = _ENCODER.encode(to_jsonable(obj, what))
     try:
         # isascii() is O(1) on CPython: only non-ASCII text pays for encoding.
         size = len(text) if text.isascii() else len(text.encode("utf-8"))

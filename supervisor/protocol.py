@@ -43,6 +43,7 @@ import select
 import socket
 import time
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -59,7 +60,11 @@ class ProtocolError(ValueError):
 
 
 def frame(payload: dict[str, Any]) -> bytes:
-    return (json.dumps(payload, separators=(",", ":"), default=str) + "\n").encode()
+    return (_ENCODER.encode(payload) + "\n").encode()
+
+
+#: One encoder for every frame (``json.dumps`` with options builds one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
 
 class LineReader:
@@ -100,13 +105,18 @@ def plain(obj: Any) -> dict[str, Any]:
 
 
 def _plain_value(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float)):
+    kind = type(value)
+    if kind in _SCALARS:
         return value
-    if isinstance(value, list):
+    if kind is list:
         return [_plain_value(item) for item in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if hasattr(kind, "__dataclass_fields__"):  # an instance: ``kind`` is never a dataclass's metaclass
         return plain(value)
     return value
+
+
+#: Types a message's fields hold most: taken as they are at the cost of one lookup.
+_SCALARS = frozenset({type(None), str, int, float, bool})
 
 
 _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
@@ -404,68 +414,120 @@ def decode_reply(command: str, payload: dict[str, Any]) -> Reply:
 def build(cls: type[M], payload: dict[str, Any]) -> M:
     """Construct dataclass ``cls`` from JSON, checking every field's type
     (nested dataclasses and lists of them included); extra keys are ignored."""
-    hints = _hints(cls)
+    owner, fields = _plan(cls)
     values = {}
-    for spec in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if spec.name not in payload:
-            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f'{_tag_of(cls)} needs "{spec.name}"')
+    for name, required, check in fields:
+        if name not in payload:
+            if required:
+                raise ProtocolError(f'{owner} needs "{name}"')
             continue
-        values[spec.name] = _check(_tag_of(cls), spec.name, hints[spec.name], payload[spec.name])
+        values[name] = check(owner, name, payload[name])
     return cls(**values)
 
 
-_HINTS: dict[type[Any], dict[str, Any]] = {}
+Check = Callable[[str, str, Any], Any]
+"""Checks one field's JSON value against its type hint: returns the value
+(converted where the hint asks, as ints for a float) or raises ``ProtocolError``."""
+
+_PLANS: dict[type[Any], tuple[str, tuple[tuple[str, bool, Check], ...]]] = {}
 
 
-def _hints(cls: type[Any]) -> dict[str, Any]:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
+def _plan(cls: type[Any]) -> tuple[str, tuple[tuple[str, bool, Check], ...]]:
+    """How to build ``cls``: its tag and, per field, whether it is required
+    and its checker. Worked out once per class: a child decodes a message per
+    run and the parent two, so reading type hints per message showed in
+    every run's cost."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = typing.get_type_hints(cls)
+        plan = _PLANS[cls] = (_tag_of(cls), tuple(
+            (spec.name,
+             spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING,
+             _checker(hints[spec.name]))
+            for spec in dataclasses.fields(cls)
+        ))
+    return plan
 
 
 def _tag_of(cls: type[Any]) -> str:
     return getattr(cls, "TAG", "") or cls.__name__
 
 
-def _check(owner: str, name: str, hint: Any, value: Any) -> Any:
+def _checker(hint: Any) -> Check:
+    """The checker of values declared as ``hint``."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, _UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _check(owner, name, option, value)
-            except ProtocolError:
-                continue
-        raise ProtocolError(f'"{name}" of {owner} has the wrong type')
-    if hint is type(None):
-        if value is None:
-            return None
-    elif dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        if isinstance(value, dict):
-            return build(hint, value)
-    elif origin is list:
+        options = [_checker(option) for option in typing.get_args(hint)]
+        optional = type(None) in typing.get_args(hint)
+
+        def check_union(owner: str, name: str, value: Any) -> Any:
+            if value is None and optional:
+                return None  # the usual case, without an option failing first
+            for option in options:
+                try:
+                    return option(owner, name, value)
+                except ProtocolError:
+                    continue
+            raise ProtocolError(f'"{name}" of {owner} has the wrong type')
+        return check_union
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        nested = hint
+
+        def check_dataclass(owner: str, name: str, value: Any) -> Any:
+            if isinstance(value, dict):
+                return build(nested, value)
+            raise _wrong(owner, name, hint)
+        return check_dataclass
+    if origin is list:
         (item,) = typing.get_args(hint)
-        if isinstance(value, list):
-            return [_check(owner, name, item, element) for element in value]
-    elif origin is dict:
-        if isinstance(value, dict):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
-            return float(value)
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif hint is Any:
-        return value
-    raise ProtocolError(f'"{name}" of {owner} must be {_describe(hint)}')
+        check_item = _checker(item)
+
+        def check_list(owner: str, name: str, value: Any) -> Any:
+            if isinstance(value, list):
+                return [check_item(owner, name, element) for element in value]
+            raise _wrong(owner, name, hint)
+        return check_list
+    accepts = _accepts_dict if origin is dict else _SIMPLE.get(hint)
+    if accepts is None:
+        accepts = _accepts_any if hint is Any else _accepts_nothing
+
+    def check(owner: str, name: str, value: Any) -> Any:
+        ok, converted = accepts(value)
+        if ok:
+            return converted
+        raise _wrong(owner, name, hint)
+    return check
+
+
+def _wrong(owner: str, name: str, hint: Any) -> ProtocolError:
+    return ProtocolError(f'"{name}" of {owner} must be {_describe(hint)}')
+
+
+def _accepts_float(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+        return True, float(value)
+    return False, None
+
+
+def _accepts_dict(value: Any) -> tuple[bool, Any]:
+    return isinstance(value, dict), value
+
+
+def _accepts_any(value: Any) -> tuple[bool, Any]:
+    return True, value
+
+
+def _accepts_nothing(value: Any) -> tuple[bool, Any]:
+    return False, None
+
+
+_SIMPLE: dict[Any, Callable[[Any], tuple[bool, Any]]] = {
+    type(None): lambda value: (value is None, None),
+    float: _accepts_float,
+    int: lambda value: (isinstance(value, int) and not isinstance(value, bool), value),
+    bool: lambda value: (isinstance(value, bool), value),
+    str: lambda value: (isinstance(value, str), value),
+}
 
 
 _UnionType = type(int | None)

@@ -64,4 +64,7 @@ class StepBoard:
 
 
 def encode_step(step: dict[str, Any]) -> bytes:
-    return json.dumps(step, separators=(",", ":")).encode()
+    return _ENCODER.encode(step).encode()
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))

@@ -720,7 +720,7 @@ class Store(abc.ABC):
                 started_at=step.started_at, attempt=step.attempt, wake_at=step.wake_at,
                 cpu_seconds=step.cpu_seconds, peak_rss_bytes=step.peak_rss_bytes,
             )
-        return dataclasses.replace(decoded, completed_at=self._time(row["completed_at"]))
+        return decoded.completed(self._time(row["completed_at"]))
 
     def start_step(self, claim: Claim, step: NewStep) -> StepWrite | None:
         """Insert the ``started`` row of an unsafe step: the atomic claim on its
@@ -766,7 +766,7 @@ class Store(abc.ABC):
                 started, status=status, result=serde.loads(result_json), error=serde.loads(error_json),
                 cpu_seconds=params["cpu_seconds"], peak_rss_bytes=params["peak_rss_bytes"],
             )
-        return StepWrite(dataclasses.replace(decoded, completed_at=self._time(row["completed_at"])), ours=True)
+        return StepWrite(decoded.completed(self._time(row["completed_at"])), ours=True)
 
     def _conflict(self, conn: Any, params: Mapping[str, Any]) -> StepWrite | None:
         row = conn.execute(self.sql["step_conflict"], params).fetchone()
