@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -134,8 +133,14 @@ def _overriding(observers: list[Observer], *methods: str) -> list[Observer]:
     return [observer for observer in observers if _overrides(type(observer), methods)]
 
 
-@cache
 def _overrides(cls: type[Observer], methods: tuple[str, ...]) -> bool:
     """Whether ``cls`` overrides any of ``methods``: asked per observer and
     hook group each time a run starts, answered once per class."""
-    return any(getattr(cls, method) is not getattr(Observer, method) for method in methods)
+    key = (cls, methods)
+    found = _OVERRIDES.get(key)
+    if found is None:
+        found = _OVERRIDES[key] = any(getattr(cls, method) is not getattr(Observer, method) for method in methods)
+    return found
+
+
+_OVERRIDES: dict[tuple[type[Observer], tuple[str, ...]], bool] = {}

@@ -607,7 +607,7 @@ class Store(abc.ABC):
     def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
         """The claim, inside ``_claim_transaction``: one statement where the
         backend enforces the queue limits in it (PostgreSQL's function)."""
-        return conn.execute(self.sql["claim"], params).fetchall()  # type: ignore[no-any-return]
+        return self._fetchall("claim", params, conn)
 
     def claim_own(
         self, claimer: str, limit: int, names: Sequence[str], exclude: Sequence[str] = ()
@@ -697,7 +697,7 @@ class Store(abc.ABC):
         store need not parse back what it was just given."""
         params = self._step_params(claim, step)
         with self.connection() as conn:
-            row = conn.execute(self.sql["record_step"], params).fetchone()
+            row = self._fetchone("record_step", params, conn)
             if row is None:
                 return self._conflict(conn, params)
         return StepWrite(self._written(claim, step, decoded, row), ours=True)

@@ -16,7 +16,7 @@ server that stopped answering can never freeze its loop).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import psycopg
@@ -29,9 +29,12 @@ from psycopg.types.string import TextLoader
 
 from .. import serde
 from ..models import Claim, StepRecord
-from .base import LOST, NewStep, Notifications, StepWrite, Store
+from . import postgres_hot
+from .base import LOST, NewStep, Notifications, Row, StepWrite, Store
 
 NOTIFY_CHANNEL = "everystep_scheduled"
+#: What a runner sends for every run: these go through ``postgres_hot``.
+HOT_STATEMENTS = ("claim", "record_step", "finish_run_with_step")
 #: Payload "RUNNER RUN_ID": a run RUNNER holds was taken from it (requeue --force).
 FENCE_CHANNEL = "everystep_fenced"
 
@@ -55,6 +58,8 @@ class PostgresStore(Store):
         # Opening a connection is bounded by the same budget as a statement.
         self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
+        self._hot = {name: postgres_hot.HotStatement(number, self.sql[name])
+                     for number, name in enumerate(HOT_STATEMENTS, 1)}
 
     def _open(self) -> psycopg.Connection[Any]:
         timeout = f"-c statement_timeout={int(self.statement_timeout * 1000)}" if self.statement_timeout else None
@@ -70,7 +75,24 @@ class PostgresStore(Store):
         # Run ids are text everywhere in Python: reading them as text skips
         # building a uuid.UUID per row only to turn it back into a string.
         conn.adapters.register_loader("uuid", TextLoader)
+        conn.hot_prepared = postgres_hot.Prepared(conn)
         return conn
+
+    def _fetchall(self, name: str, params: Mapping[str, Any], conn: Any = None) -> list[Row]:
+        hot = self._hot.get(name)
+        if hot is None:
+            return super()._fetchall(name, params, conn)
+        if conn is None:
+            with self.connection() as own:
+                return self._hot_rows(own, hot, params)
+        return self._hot_rows(conn, hot, params)
+
+    def _hot_rows(self, conn: Any, hot: postgres_hot.HotStatement, params: Mapping[str, Any]) -> list[Row]:
+        prepared = getattr(conn, "hot_prepared", None)  # None: a caller's connection
+        rows = postgres_hot.execute(conn, prepared, hot, params) if prepared is not None else None
+        if rows is None:
+            return conn.execute(hot.sql, params).fetchall()  # type: ignore[no-any-return]
+        return rows
 
     def _healthy(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken
@@ -149,6 +171,8 @@ class _Connection(psycopg.Connection[Any]):
     statement on the connection, which is all that reuse asks."""
 
     _reused: psycopg.Cursor[Any] | None = None
+    #: What this session has prepared for ``postgres_hot`` (set on open).
+    hot_prepared: postgres_hot.Prepared | None = None
 
     def execute(
         self, query: Any, params: Params | None = None, *, prepare: bool | None = None, binary: bool = False
