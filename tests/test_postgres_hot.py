@@ -14,17 +14,28 @@ from typing import Any
 import psycopg
 import pytest
 
-from everystep import schedule, workflow
+from everystep import runner, schedule, step, workflow
 from everystep.errors import EverystepError
 from everystep.models import Claim
 from everystep.store import connect, postgres_hot
 from everystep.store.base import NewStep, utcnow
 from everystep.store.postgres import HOT_STATEMENTS, PostgresStore
+from supervisor.meter import ChildMeter
 
 
 @workflow
 def hot_job(index: int) -> int:
     return index
+
+
+@step
+def hot_step(value: int) -> int:
+    return value + 1
+
+
+@workflow
+def hot_three(value: int) -> int:
+    return hot_step(hot_step(hot_step(value)))
 
 
 @pytest.fixture
@@ -67,6 +78,27 @@ def test_a_runners_statements_go_through_it(pg_store: PostgresStore) -> None:
     assert _prepared_names(pg_store) >= {f"everystep_hot_{n}" for n in range(1, len(HOT_STATEMENTS) + 1)}
     assert pg_store.get_run(claim.run_id).status == "completed"
     assert [record.step_id for record in pg_store.get_steps(claim.run_id)] == ["1", "2"]
+
+
+def test_the_runner_takes_it_for_every_write(pg_store: PostgresStore) -> None:
+    """Runs executed by the runner (whose statuses are str enums): none of
+    their writes went to psycopg's cursor, which would have prepared its own
+    copy of a statement executed this often."""
+    meter = ChildMeter()
+    try:
+        for index in range(8):
+            schedule(hot_three, index, database=pg_store)
+        for run in pg_store.claim("hot", 8, [hot_three.name]):
+            assert runner.execute_guarded(pg_store, run, claimer="hot", meter=meter) == "completed"
+    finally:
+        meter.close()
+    with pg_store.connection() as conn:
+        prepared = conn.execute("SELECT name, statement FROM pg_prepared_statements").fetchall()
+    ours = {row["name"] for row in prepared if row["name"].startswith("everystep_hot_")}
+    assert ours == {f"everystep_hot_{n}" for n in range(1, len(HOT_STATEMENTS) + 1)}
+    assert not [row for row in prepared
+                if row["name"].startswith("_pg3_") and "everystep_step" in row["statement"]]
+    assert [record.status for record in pg_store.get_steps(run.id)] == ["done", "done", "done"]
 
 
 def test_what_it_reads_is_what_psycopg_reads(pg_url: str) -> None:

@@ -177,7 +177,11 @@ def _encode(statement: HotStatement, params: Mapping[str, Any]) -> list[bytes | 
             value = params[name]
             encode = _ENCODERS.get(type(value))
             if encode is None:
-                return None
+                if not isinstance(value, str):
+                    return None
+                # A str subclass (the runner's status enums): its value, as
+                # psycopg's str dumper sends it.
+                encode = str.encode
             values.append(encode(value))
     except _Unsupported:
         return None
