@@ -205,8 +205,8 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         if kwargs else "{}"
     started_at = utcnow()
     started: StepRecord | None = None
-    entry = NewStep(step_id, step.name, args_json, kwargs_json, started_at, attempt=attempt)
     if step.unsafe_to_repeat:
+        entry = NewStep(step_id, step.name, args_json, kwargs_json, started_at, attempt=attempt)
         write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry))
         if not write.ours:
             if write.record.status == STEP_STARTED:
@@ -244,7 +244,8 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     if error is not None and policy is not None:
         delay = policy.delay_after(attempt, error)
         if delay is not None:
-            return _retry_later(ex, ctx, step.name, entry, args, kwargs, error, delay, token)
+            attempted = NewStep(step_id, step.name, args_json, kwargs_json, started_at, attempt=attempt)
+            return _retry_later(ex, ctx, step.name, attempted, args, kwargs, error, delay, token)
     if error is None:
         try:
             result_json = serde.dumps(result, f"result of step {step_id} ({step.name})")
