@@ -5,8 +5,9 @@ transaction, and multi-statement operations (claims, admin changes) open an
 explicit one. json columns (stored verbatim, so key order survives replay)
 are parsed straight into tagged Python values by a per-connection loader,
 and rows are read by column name. psycopg prepares a statement server-side
-after it has been executed a few times on a connection, which suits the
-handful of hot statements a runner repeats.
+after it has been executed a few times on a connection; the three a runner
+sends for every run (``HOT_STATEMENTS``) are prepared at once and sent past
+psycopg's cursor, by ``postgres_hot``.
 
 ``statement_timeout`` bounds every statement on this store's connections,
 and opening one (the supervisor parent sets it, so a stuck lock or a
