@@ -85,10 +85,7 @@ class PostgresStore(Store):
             return super()._fetchall(name, params, conn)
         if conn is None:
             with self.connection() as own:
-                return self._hot_rows(own, hot, params)
-        return self._hot_rows(conn, hot, params)
-
-    def _hot_rows(self, conn: Any, hot: postgres_hot.HotStatement, params: Mapping[str, Any]) -> list[Row]:
+                return self._fetchall(name, params, own)
         prepared = getattr(conn, "hot_prepared", None)  # None: a caller's connection
         rows = postgres_hot.execute(conn, prepared, hot, params) if prepared is not None else None
         if rows is None:

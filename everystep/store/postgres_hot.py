@@ -37,9 +37,9 @@ from psycopg import generators
 from psycopg.pq import DiagnosticField, ExecStatus, Format
 
 from .. import serde
+from .base import Row
 
 Loader = Callable[[bytes], Any]
-Row = Mapping[str, Any]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 
