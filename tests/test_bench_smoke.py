@@ -34,6 +34,7 @@ def test_quick_benchmark_writes_report_and_chart(tmp_path: Path) -> None:
         assert match, f"case {case} missing from RESULTS.md\n{output}"
         assert re.search(r"^\|---", match.group(0), re.M), f"case {case} has no table"
     assert "nproc" in report and "PostgreSQL" in report
+    assert "read as a CPU budget" in report and "could reach at most" in report
 
     assert "## Scaling" in report and "![scaleout.png](scaleout.png)" in report
     for name in ("throughput.png", "scaleout.png", "history.png"):
