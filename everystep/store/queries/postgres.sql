@@ -75,7 +75,8 @@ SET claim_epoch = w.claim_epoch + 1
 FROM picked
 WHERE w.id = picked.id AND w.status = 'running' AND w.claimed_by = %(claimer)s
 RETURNING {run_columns_w},
-    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
+    -- A probe per run, never a hash of the step table (see migration 0010).
+    coalesce((SELECT true FROM everystep_step AS s WHERE s.workflow_id = w.id LIMIT 1), false) AS has_steps
 
 -- name: record_step
 -- Record a finished step, but only while this claim (claimer and epoch) is

@@ -17,15 +17,32 @@
 -- while due runs remain. Only the runs taken are locked, never the other
 -- names' candidates.
 --
+-- Whether a claimed run has steps is now read by a scalar subquery with
+-- LIMIT 1, not EXISTS. PostgreSQL plans an EXISTS both as a probe per run
+-- and as a hash of the subquery's whole result, and picks one when it
+-- plans the statement; the claim's plans are made once per session, and a
+-- session that planned while the step table was small kept the hash: each
+-- claim then read every step row in the table (3,130 buffers and 3.5 ms of
+-- a claim's server time after 3,000 runs, growing with every run). A
+-- scalar subquery is always the probe.
+--
+-- The candidates are locked by primary key, and their status is tested
+-- inside coalesce() so that the test does not match the claimable index's
+-- predicate: a plan made while the table was empty (the plans are made
+-- once per session) would otherwise walk that whole index and filter it
+-- by id, every claim reading every scheduled run.
+--
 -- What a claim pays moves from the runs it skips to the names it serves:
 -- one index probe per served name and priority. A supervisor serving more
 -- than four names first visits the names that hold runs of the queue and
 -- priority (one probe per distinct name, served or not) and probes only
 -- those it serves, so a large application pays for the names that have
--- work, not for every workflow it registers. Everything else is version 9's: fair shares across
--- queues, the second round, highest priority first, due order within it,
--- the limits, key windows and rate bookkeeping of limited queues, the
--- pinned plans, the asynchronous commit and the returned columns.
+-- work, not for every workflow it registers.
+--
+-- Everything else is version 9's: fair shares across queues, the second
+-- round, highest priority first, due order within it, the limits, key
+-- windows and rate bookkeeping of limited queues, the pinned plans, the
+-- asynchronous commit and the returned columns.
 
 DROP INDEX everystep_workflow_claimable;
 
@@ -154,7 +171,7 @@ BEGIN
                         RETURN QUERY
                         WITH picked AS (
                             SELECT w.id FROM everystep_workflow AS w
-                            WHERE w.id = ANY (v_candidates) AND w.status = 'scheduled'
+                            WHERE w.id = ANY (v_candidates) AND coalesce(w.status = 'scheduled', false)
                             FOR UPDATE SKIP LOCKED
                         )
                         UPDATE everystep_workflow AS w
@@ -165,7 +182,7 @@ BEGIN
                         RETURNING w.id, w.name, w.args, w.status, w.idempotency_key, w.claimed_by, w.claimed_at,
                                   w.result, w.error, w.created_at, w.completed_at, w.claim_epoch, w.not_before,
                                   w.queue, w.priority, w.concurrency_key,
-                                  EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id);
+                                  coalesce((SELECT true FROM everystep_step AS s WHERE s.workflow_id = w.id LIMIT 1), false);
                         GET DIAGNOSTICS v_count = ROW_COUNT;
                         v_got := v_got + v_count;
                         EXIT WHEN v_got >= v_allowed OR v_count = cardinality(v_candidates);
@@ -198,7 +215,7 @@ BEGIN
                     ), candidates AS (
                         SELECT w.id, w.concurrency_key AS key, window_ids.due
                         FROM everystep_workflow AS w JOIN window_ids ON w.id = window_ids.id
-                        WHERE w.status = 'scheduled'
+                        WHERE coalesce(w.status = 'scheduled', false)
                         FOR UPDATE OF w SKIP LOCKED
                     ), ranked AS (
                         SELECT c.id, c.key, c.due,
@@ -218,7 +235,7 @@ BEGIN
                     RETURNING w.id, w.name, w.args, w.status, w.idempotency_key, w.claimed_by, w.claimed_at,
                               w.result, w.error, w.created_at, w.completed_at, w.claim_epoch, w.not_before,
                               w.queue, w.priority, w.concurrency_key,
-                              EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id);
+                              coalesce((SELECT true FROM everystep_step AS s WHERE s.workflow_id = w.id LIMIT 1), false);
                     GET DIAGNOSTICS v_count = ROW_COUNT;
                     v_got := v_got + v_count;
                 END IF;
@@ -346,7 +363,7 @@ BEGIN
                         RETURN QUERY
                         WITH picked AS (
                             SELECT w.id FROM everystep_workflow AS w
-                            WHERE w.id = ANY (v_candidates) AND w.status = 'scheduled'
+                            WHERE w.id = ANY (v_candidates) AND coalesce(w.status = 'scheduled', false)
                             FOR UPDATE SKIP LOCKED
                         )
                         UPDATE everystep_workflow AS w
@@ -357,7 +374,7 @@ BEGIN
                         RETURNING w.id, w.name, w.args, w.status, w.idempotency_key, w.claimed_by, w.claimed_at,
                                   w.result, w.error, w.created_at, w.completed_at, w.claim_epoch, w.not_before,
                                   w.queue, w.priority, w.concurrency_key,
-                                  EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id);
+                                  coalesce((SELECT true FROM everystep_step AS s WHERE s.workflow_id = w.id LIMIT 1), false);
                         GET DIAGNOSTICS v_count = ROW_COUNT;
                         v_got := v_got + v_count;
                         -- Short only if another claimer held some candidates:
