@@ -166,12 +166,13 @@ def _pgbench(ctx: Context) -> tuple[float, float]:
     return tps, cpu_us
 
 
-def budget_table(pgbench: list[tuple[float, float]], window: fleet.Window, round_trips: float,
+def budget_table(pgbench: list[tuple[float, float]], window: fleet.Window, round_trips: float | None,
                  cores: int) -> tuple[Table, float]:
     """Case 2's bar read as CPU: at the pgbench rate measured around window
     1, how much CPU per run the cores allow, against what a run took. Returns
     the table and the ceiling (step commits/s with every core busy at the
-    measured CPU per run, as a share of pgbench)."""
+    measured CPU per run, as a share of pgbench). ``round_trips`` per run
+    come from pg_stat_statements; without them that row is left out."""
     tps = statistics.mean(rate for rate, _ in pgbench)
     runs_needed = BAR_SHARE * tps / STEPS_PER_RUN
     allowed = cores * 1e6 / runs_needed
@@ -190,7 +191,8 @@ def budget_table(pgbench: list[tuple[float, float]], window: fleet.Window, round
     table.add("CPU per run measured in window 1, all processes", f"{fmt(total)} µs ({total / allowed * 100:.0f} % of it)")
     table.add("of which PostgreSQL alone", f"{fmt(server)} µs ({server / allowed * 100:.0f} % of it)")
     table.add("server CPU per pgbench transaction (one-row INSERT and its commit)", f"{fmt(pgbench_tx)} µs")
-    table.add(f"a run's {round_trips:.1f} round trips at that price", f"{fmt(pgbench_tx * round_trips)} µs")
+    if round_trips is not None:
+        table.add(f"a run's {round_trips:.1f} round trips at that price", f"{fmt(pgbench_tx * round_trips)} µs")
     table.add("ceiling: step commits/s with every core busy at the measured CPU per run, share of pgbench",
               f"{ceiling * 100:.0f} %")
     return table, ceiling
@@ -243,6 +245,7 @@ def section(ctx: Context) -> Section:
     cpu.add("**all CPU**", fmt(total), f"{total / wall * 100:.0f} % (of 200 % available)")
     section.tables.append(cpu)
     statements = out.get("statements", [])
+    round_trips: float | None = None
     if statements:
         table = Table(["statement", "calls per run", "server µs per call", "server µs per run"],
                       caption="Server time per statement (pg_stat_statements execution time; planning is not tracked, and the commit's "
@@ -264,7 +267,6 @@ def section(ctx: Context) -> Section:
                              f"round trip is shared by the runs it claims).")
     pgbench = out.get("pgbench")
     if pgbench:
-        round_trips = sum(calls for _, calls, _, _ in statements) / runs if statements else 4.0
         table, ceiling = budget_table(pgbench, window, round_trips, os.cpu_count() or 1)
         section.tables.append(table)
         section.notes.append(

@@ -11,6 +11,7 @@ import datetime as dt
 import sqlite3
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -568,6 +569,21 @@ def settled(read: Any) -> Any:
         previous = current
 
 
+def workflow_index_reads(pg_url: str) -> dict[str, int]:
+    """Index entries read so far from each index of the runs table (the
+    server's statistics, this backend's own flushed first)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        return {name: int(read) for name, read in conn.execute(
+            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'everystep_workflow'")}
+
+
+def workflow_index_reads_since(pg_url: str, before: dict[str, int]) -> dict[str, int]:
+    """The entries each index read since ``before``, once the statistics settle."""
+    return {name: count - before[name] for name, count in settled(partial(workflow_index_reads, pg_url)).items()
+            if count > before[name]}
+
+
 def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_postgres_claim_a_few_index_entries(
         pg_url: str) -> None:
     """20,000 due runs wait in a paused queue, a queue at its limit and a
@@ -587,23 +603,16 @@ def test_a_backlog_in_paused_unserved_or_limited_queues_costs_a_postgres_claim_a
             conn.execute("ANALYZE everystep_workflow")
         due = sorted(schedule(job, database=store, queue="served").id for _ in range(5))
 
-        def entries_read() -> dict[str, int]:
-            with psycopg.connect(pg_url, autocommit=True) as conn:
-                conn.execute("SELECT pg_stat_force_next_flush()")
-                return {name: int(read) for name, read in conn.execute(
-                    "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'everystep_workflow'")}
-
         for queues in (["served", "paused", "full"], None):
             if queues is None:  # every queue served: the unserved one goes
                 with psycopg.connect(pg_url, autocommit=True) as conn:
                     conn.execute("DELETE FROM everystep_workflow WHERE queue = 'elsewhere'")
                     conn.execute("VACUUM everystep_workflow")  # no dead index entries left to step over
-            before = settled(entries_read)
+            before = settled(partial(workflow_index_reads, pg_url))
             claimed = store.claim("tester", 10, NAMES, queues)
             store.close()
             assert sorted(run.id for run in claimed) == due
-            read = {name: count - before[name] for name, count in settled(entries_read).items()
-                    if count > before[name]}
+            read = workflow_index_reads_since(pg_url, before)
             # A handful: the probes, and two primary-key reads per run taken (its
             # lock, then its update); the backlog is 60,000 entries.
             assert sum(read.values()) <= 50, (queues, read)
@@ -632,26 +641,19 @@ def test_sleeping_runs_of_a_higher_priority_cost_a_postgres_claim_a_few_index_en
             conn.execute("VACUUM ANALYZE everystep_workflow")
         due = [schedule(job, database=store, queue="served", priority=p).id for p in (1, 0, 0)]
 
-        def entries_read() -> dict[str, int]:
-            with psycopg.connect(pg_url, autocommit=True) as conn:
-                conn.execute("SELECT pg_stat_force_next_flush()")
-                return {name: int(read) for name, read in conn.execute(
-                    "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'everystep_workflow'")}
-
         shapes = [(["served"], 10), (None, 10), (["served", "other"], 1), (None, 1)]
         for limited in (False, True):
             if limited:
                 limit(store, "served", concurrency=1000)
             for queues, batch in shapes:
-                before = settled(entries_read)
+                before = settled(partial(workflow_index_reads, pg_url))
                 for _ in range(8):  # on one connection, as a runner's claims
                     claimed = store.claim("tester", batch, NAMES, queues)
                     assert [run.id for run in claimed] == due[:batch]
                     for run in claimed:
                         store.requeue(run.claim)
                 store.close()
-                read = {name: count - before[name] for name, count in settled(entries_read).items()
-                        if count > before[name]}
+                read = workflow_index_reads_since(pg_url, before)
                 assert sum(read.values()) <= 8 * 40, (limited, queues, batch, read)
     finally:
         store.close()
@@ -675,26 +677,19 @@ def test_runs_nobody_serves_ahead_in_a_served_queue_cost_a_postgres_claim_a_few_
         due = sorted(schedule(job, database=store, queue="served").id for _ in range(3))
         many = NAMES + [f"queues.unused{i}" for i in range(8)]
 
-        def entries_read() -> dict[str, int]:
-            with psycopg.connect(pg_url, autocommit=True) as conn:
-                conn.execute("SELECT pg_stat_force_next_flush()")
-                return {name: int(read) for name, read in conn.execute(
-                    "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'everystep_workflow'")}
-
         for limited in (False, True):
             if limited:
                 limit(store, "served", concurrency=1000)
             for names, queues, batch in ((NAMES, ["served"], 10), (many, ["served"], 10), (NAMES, None, 1),
                                          (many, None, 2)):
-                before = settled(entries_read)
+                before = settled(partial(workflow_index_reads, pg_url))
                 for _ in range(8):  # on one connection, as a runner's claims
                     claimed = store.claim("tester", batch, names, queues)
                     assert len(claimed) == min(batch, 3) and {run.id for run in claimed} <= set(due)
                     for run in claimed:
                         store.requeue(run.claim)
                 store.close()
-                read = {name: count - before[name] for name, count in settled(entries_read).items()
-                        if count > before[name]}
+                read = workflow_index_reads_since(pg_url, before)
                 assert sum(read.values()) <= 8 * 40, (limited, len(names), queues, batch, read)
     finally:
         store.close()
