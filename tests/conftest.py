@@ -21,20 +21,21 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
 
 from everystep import runner
 from everystep.store import Store, close_default_stores, connect
+from tests.support import lanes
 from tests.support.pgserver import PgServer, start_server
 from tests.support.watchdog import Watchdog, grace_from_environment
 
 if TYPE_CHECKING:
     from tests.support.mariadbserver import MariaDBServer
 
-BACKENDS = ("sqlite", "postgres", "mariadb")
+BACKENDS = lanes.BACKENDS
 MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_workflow", "everystep_runner",
                   "everystep_request", "everystep_cron", "everystep_queue", "everystep_queue_claim")
 
@@ -42,10 +43,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` (the chaos session, the benchmark smoke run,
-    the type check) run in CI (``CI`` set) or when asked for with ``-m``;
-    a plain local ``python -m pytest`` leaves them out and says so."""
+    """Lanes. Tests of a backend that ``EVERYSTEP_TEST_BACKENDS`` leaves
+    out, or that a ``backends`` marker leaves out, are deselected; tests
+    that start processes get the ``procs`` marker (``tests/support/lanes.py``).
+    Tests marked ``slow`` (the chaos session, the benchmark smoke run, the
+    type check) run in CI (``CI`` set) or when asked for with ``-m``; a plain
+    local ``python -m pytest`` leaves them out and says so."""
     _keep_marked_backends(config, items)
+    kept, dropped = lanes.split_by_backend(items, lanes.chosen_backends())
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    lanes.mark_process_tests(items)
     if os.environ.get("CI") or config.getoption("markexpr"):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
@@ -54,24 +63,62 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
+_process_guard = lanes.ProcessGuard()
+_outside_procs_lane: pytest.Item | None = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Any:
+    """A fixture of a test outside the ``procs`` lane is watched as the test
+    is (the database servers, started on first use, pause the watch)."""
+    if _outside_procs_lane is None:
+        return (yield)
+    with _process_guard.watching():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """A test outside the ``procs`` lane that starts a process fails, naming
+    it: the lane's marking missed a way of starting one."""
+    if item.get_closest_marker("procs") is not None:
+        return (yield)
+    with _process_guard.watching():
+        result = yield
+    _fail_if_processes_started(item)
+    return result
+
+
+def _fail_if_processes_started(item: pytest.Item) -> None:
+    started, _process_guard.started = _process_guard.started, []
+    if started:
+        pytest.fail(f"{item.nodeid} started a process but is not in the procs lane ({started[0]}); "
+                    "tests/support/lanes.py must learn how it starts one", pytrace=False)
+
+
 _watchdog: Watchdog | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Start the watchdog that ends a run stuck beyond pytest-timeout's reach
-    (see ``tests/support/watchdog.py``)."""
+    (see ``tests/support/watchdog.py``), and the guard of the procs lane."""
     global _watchdog
+    _process_guard.install()
     _watchdog = Watchdog(grace_from_environment(), config.pluginmanager.getplugin("capturemanager"))
     _watchdog.start()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    global _outside_procs_lane
     if _watchdog is not None:
         _watchdog.entering(item.nodeid)
+    _outside_procs_lane = None if item.get_closest_marker("procs") is not None else item
     try:
         yield
     finally:
+        _outside_procs_lane = None
+        _process_guard.started = []
         if _watchdog is not None:
             _watchdog.leaving()
 
@@ -125,7 +172,8 @@ def _keep_marked_backends(config: pytest.Config, items: list[pytest.Item]) -> No
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
-    server = start_server()
+    with _process_guard.paused():  # the postgres lane's server, not the test's process
+        server = start_server()
     try:
         yield server
     finally:
@@ -155,7 +203,8 @@ def mariadb_server() -> Iterator[MariaDBServer]:
         from tests.support.mariadbserver import start_server as start_mariadb
     except ImportError as exc:  # PyMySQL, from the test extra
         pytest.skip(f"MariaDB tests need PyMySQL (pip install -e '.[test]'): {exc}")
-    server, why = start_mariadb()
+    with _process_guard.paused():  # the mariadb lane's server, not the test's process
+        server, why = start_mariadb()
     if server is None:
         pytest.skip(f"MariaDB unavailable: {why}")
     try:

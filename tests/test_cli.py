@@ -1,10 +1,12 @@
-"""The ``everystep`` command, run as a real subprocess on both backends.
+"""The ``everystep`` command on both backends.
 
-Every command is driven the way an operator drives it: a fresh interpreter,
-arguments on the command line, the database named by ``--database``, the
-environment or the default. Success is checked in the database, not only in
-the output; every refusal must exit 2 with exactly one line on stderr and
-leave the database exactly as it was.
+Every command is driven the way an operator drives it: arguments on the
+command line, the database named by ``--database``, the environment or the
+default, in a working directory of its own. Commands run in the test
+process (``tests/support/cli.py``) with their own environment, output and
+exit code; the installed console script runs as a real process. Success is
+checked in the database, not only in the output; every refusal must exit 2
+with exactly one line on stderr and leave the database exactly as it was.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from everystep.models import BLOCKED, COMPLETED, RUNNING, SCHEDULED, STEP_DONE, 
 from everystep.store import Store, connect, migrations
 from tests.apps import workers
 from tests.apps.workers import effects
+from tests.support.cli import run_in_process
 from tests.support.runs import crash_at, execute_run
 
 # Processes and subprocesses: MariaDB runs the engine modules only.
@@ -36,27 +39,20 @@ UNREACHABLE_PG = "postgresql://everystep@127.0.0.1:1/nowhere"
 CLI_TIMEOUT = 90
 
 
-def everystep(
-    *args: str, env: dict[str, str], cwd: Path, script: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in a fresh process (``python -m everystep.cli``, or the
-    installed ``everystep`` console script)."""
-    if script:
-        command = [str(Path(sys.executable).parent / "everystep")]
-    else:
-        command = [sys.executable, "-m", "everystep.cli"]
-    return subprocess.run(
-        [*command, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=CLI_TIMEOUT
-    )
+def console_script(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``everystep`` console script in a fresh process."""
+    command = [str(Path(sys.executable).parent / "everystep"), *args]
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=CLI_TIMEOUT)
 
 
 @pytest.fixture
 def cli(subprocess_env: dict[str, str], tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``everystep ARGS`` in this process, in a working directory of its own."""
     workdir = tmp_path / "cwd"
     workdir.mkdir()
 
-    def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, script: bool = False):
-        return everystep(*args, env=subprocess_env if env is None else env, cwd=cwd or workdir, script=script)
+    def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+        return run_in_process(args, env=subprocess_env if env is None else env, cwd=cwd or workdir)
 
     return run
 
@@ -118,11 +114,11 @@ def applied_line(backend: str) -> str:
     return f"applied {', '.join(names)}; schema at version {migrations.latest(backend)}"
 
 
-def test_migrate_creates_the_schema_of_a_fresh_postgres_database(cli, pg_server):
+def test_migrate_creates_the_schema_of_a_fresh_postgres_database(cli, pg_server, subprocess_env, tmp_path):
     url = pg_server.create_database(prefix="everystep_cli_migrate")
     try:
         assert ok(cli("migrate", "--database", url)).strip() == applied_line("postgres")
-        assert ok(cli("migrate", "--database", url, script=True)).strip() == \
+        assert ok(console_script("migrate", "--database", url, env=subprocess_env, cwd=tmp_path)).strip() == \
             f"schema is up to date (version {migrations.latest('postgres')})"
         fresh = connect(url)
         try:
@@ -401,7 +397,6 @@ REFUSALS: dict[str, tuple[Callable[[Scene], list[str]], tuple[str, ...]]] = {
     "schedule-unknown-workflow": (
         lambda s: ["schedule", f"{APP}.nope", "1", "--app", APP], ("unknown workflow", f"{APP}.nope"),
     ),
-    "schedule-without-app": (lambda s: ["schedule", f"{APP}.add_one", "1"], ("unknown workflow", "--app")),
     "schedule-missing-app-module": (
         lambda s: ["schedule", f"{APP}.add_one", "1", "--app", "tests.apps.no_such_module"],
         ("cannot import", "tests.apps.no_such_module"),
@@ -445,6 +440,14 @@ def test_bad_input_exits_2_with_one_line_and_leaves_the_database_untouched(cli, 
     build, fragments = REFUSALS[case]
     before = snapshot(store)
     refused(cli(*build(scene), "--database", scene.db_url), *fragments)
+    assert snapshot(store) == before
+
+
+def test_schedule_without_app_is_refused_by_a_fresh_process(scene, store, subprocess_env, tmp_path):
+    """Only a process that never imported the app shows what ``--app`` is for."""
+    before = snapshot(store)
+    refused(console_script("schedule", f"{APP}.add_one", "1", "--database", scene.db_url, env=subprocess_env,
+                           cwd=tmp_path), "unknown workflow", "--app")
     assert snapshot(store) == before
 
 
