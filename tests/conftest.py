@@ -55,12 +55,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
     lanes.mark_process_tests(items)
+    for item in items:
+        lanes.label(item)
     if os.environ.get("CI") or config.getoption("markexpr"):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per core. Most of the suite waits on child
+    processes, sockets and the database rather than computing, so a core
+    serves two workers; more would only crowd the timing of process tests."""
+    return 2 * (len(os.sched_getaffinity(0)) or 1)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The lanes' counts and the skip reasons, at the end of every run."""
+    terminalreporter.write_sep("=", "lanes")
+    for line in lanes.summary_lines(terminalreporter.stats):
+        terminalreporter.write_line(line)
 
 
 _process_guard = lanes.ProcessGuard()

@@ -248,3 +248,42 @@ class ProcessGuard:
             yield
         finally:
             self._depth = depth
+
+
+def label(item: pytest.Item) -> None:
+    """Carry the test's lane and backends on its reports (they cross from
+    xdist workers to the controller that writes the summary)."""
+    item.user_properties.append(("lane", "procs" if item.get_closest_marker("procs") is not None else "in-process"))
+    item.user_properties.append(("backends", ",".join(sorted(backends_of(item))) or "none"))
+
+
+def _lane_of(report: pytest.TestReport) -> tuple[str, str]:
+    properties = dict(report.user_properties)
+    return str(properties.get("lane", "?")), str(properties.get("backends", "?"))
+
+
+def summary_lines(stats: dict[str, list[Any]]) -> list[str]:
+    """Counts of passed, failed and skipped tests by lane and backend, the
+    deselected count, and every skip reason with how often it struck: a run
+    that left out a backend or the browsers says so in its last screen."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    reasons: dict[str, int] = {}
+    for outcome in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        for report in stats.get(outcome, []):
+            if not isinstance(report, pytest.TestReport):
+                continue
+            if outcome in ("passed",) and report.when != "call":
+                continue
+            row = counts.setdefault(_lane_of(report), {})
+            row[outcome] = row.get(outcome, 0) + 1
+            if outcome == "skipped" and isinstance(report.longrepr, tuple):
+                reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+                reasons[reason] = reasons.get(reason, 0) + 1
+    lines = [f"{'lane':<11} {'backends':<16} {'passed':>7} {'failed':>7} {'skipped':>8}"]
+    for (lane, backends), row in sorted(counts.items()):
+        lines.append(f"{lane:<11} {backends:<16} {row.get('passed', 0):>7} "
+                     f"{row.get('failed', 0) + row.get('error', 0):>7} {row.get('skipped', 0):>8}")
+    lines.append(f"deselected: {len(stats.get('deselected', []))}")
+    for reason, count in sorted(reasons.items(), key=lambda pair: -pair[1]):
+        lines.append(f"skipped {count}: {reason}")
+    return lines
