@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any
 
 from . import serde
@@ -230,6 +230,57 @@ class StepRecord:
             "attempts": [attempt.to_dict() for attempt in self.attempts],
             "cpu_seconds": self.cpu_seconds,
             "peak_rss_bytes": self.peak_rss_bytes,
+        }
+
+
+class RequestStatus(str, Enum):
+    """Statuses of an operator request (``everystep_request.status``; see
+    ``everystep.relay``): each transition is a compare-and-set on it."""
+
+    PENDING = "pending"
+    TAKEN = "taken"
+    ANSWERED = "answered"
+    EXPIRED = "expired"
+
+
+#: Requests older than this (seconds) are deleted when the next one is submitted.
+REQUEST_KEEP_SECONDS = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class OperatorRequest:
+    """A row of ``everystep_request``: a command for a runner, relayed
+    through the database (``everystep.relay``)."""
+
+    id: int
+    runner: str
+    command: str
+    args: dict[str, Any]
+    status: str
+    reply: dict[str, Any] | None
+    requested_by: str
+    created_at: dt.datetime | None
+    taken_at: dt.datetime | None
+    answered_at: dt.datetime | None
+    #: Seconds since it was submitted, by the database's clock when known.
+    age_seconds: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in (RequestStatus.ANSWERED, RequestStatus.EXPIRED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "runner": self.runner,
+            "command": self.command,
+            "args": self.args,
+            "status": self.status,
+            "reply": self.reply,
+            "requested_by": self.requested_by,
+            "created_at": _iso(self.created_at),
+            "taken_at": _iso(self.taken_at),
+            "answered_at": _iso(self.answered_at),
         }
 
 

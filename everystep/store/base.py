@@ -34,17 +34,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from .. import serde
 from ..errors import EverystepError, RunNotFound, SchemaMissing, StoreUnavailable
-from ..models import STEP_STARTED, Attempt, Claim, Run, RunStatus, StepRecord
+from ..models import (
+    REQUEST_KEEP_SECONDS, STEP_STARTED, Attempt, Claim, OperatorRequest, Run, RunStatus, StepRecord,
+)
 from ..queues import Placement, QueueInfo, QueueSettings
 from ..resources import StepCost
 from . import migrations, queries
-
-if TYPE_CHECKING:
-    from ..relay import OperatorRequest
 
 LOST = None
 """Returned by step writes when this claim is no longer the run's current one."""
@@ -906,13 +905,11 @@ class Store(abc.ABC):
     def submit_request(self, runner: str, command: str, args: dict[str, Any], requested_by: str) -> OperatorRequest:
         """Insert a pending request for ``runner`` (see ``everystep.relay``);
         on PostgreSQL its NOTIFY reaches the runner on commit. Requests older
-        than ``relay.KEEP_SECONDS`` are pruned in the same transaction."""
-        from ..relay import KEEP_SECONDS
-
+        than ``models.REQUEST_KEEP_SECONDS`` are pruned in the same transaction."""
         params = self._params(
             runner=runner, command=command, args=serde.dumps(args, "request arguments"),
-            requested_by=requested_by, keep=KEEP_SECONDS,
-            cutoff=self._time_param(utcnow() - dt.timedelta(seconds=KEEP_SECONDS)),
+            requested_by=requested_by, keep=REQUEST_KEEP_SECONDS,
+            cutoff=self._time_param(utcnow() - dt.timedelta(seconds=REQUEST_KEEP_SECONDS)),
         )
         with self.connection() as conn, self._transaction(conn):
             conn.execute(self.sql["prune_requests"], params)
@@ -942,8 +939,6 @@ class Store(abc.ABC):
 
     @classmethod
     def _request(cls, row: Row) -> OperatorRequest:
-        from ..relay import OperatorRequest
-
         created_at = cls._time(row["created_at"])
         age = row["age"] if "age" in row.keys() else None
         if age is None and created_at is not None:
