@@ -43,12 +43,18 @@ RUN_STATUSES = tuple(RunStatus)
 EXECUTION_ENDS = (COMPLETED, FAILED, STOPPED, BLOCKED)
 #: Where a run rests until an operator acts, if ever: ``wait()`` returns on these.
 TERMINAL_STATUSES = (*EXECUTION_ENDS, CANCELLED)
+#: Where a run is not final yet: it may still be claimed, executed or resolved.
+#: The SQL reads this set as ``{active_statuses}`` (``store/queries``): queue
+#: counts take these runs, retention never deletes them. Every status is
+#: either active or prunable (``tests/test_status_sql.py`` holds it).
+ACTIVE_STATUSES = (SCHEDULED, RUNNING, BLOCKED)
 # Statuses a run never leaves, so retention (`everystep prune`) may delete
 # such runs; blocked is terminal for a supervisor but waits for an operator.
-# The one list of what may be pruned: a new final status goes here.
+# The one list of what may be pruned: a new final status goes here. (Its
+# order is the order ``everystep prune --status`` shows by default.)
 PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED, CANCELLED)
 #: What ``everystep cancel`` accepts: everything not yet final.
-CANCELLABLE_STATUSES = (SCHEDULED, RUNNING, BLOCKED)
+CANCELLABLE_STATUSES = ACTIVE_STATUSES
 
 STEP_STARTED = StepStatus.STARTED
 STEP_DONE = StepStatus.DONE
@@ -57,6 +63,10 @@ STEP_RETRYING = StepStatus.RETRYING
 STEP_SLEEPING = StepStatus.SLEEPING
 #: A step row with this status is waiting for ``wake_at``; its outcome is not final.
 STEP_WAITING = (STEP_RETRYING, STEP_SLEEPING)
+#: A step row with one of these has no final outcome yet, so the step's next
+#: record may overwrite it (``{step_open_statuses}`` in the SQL): an unsafe
+#: step's ``started`` mark, or a wait that ended.
+STEP_OPEN_STATUSES = (STEP_STARTED, *STEP_WAITING)
 
 
 @dataclass(frozen=True)
