@@ -67,6 +67,8 @@ class StoreCore(abc.ABC):
     def statements(cls) -> dict[str, str]:
         return queries.load(cls.backend)
 
+    # -- backend hooks ---------------------------------------------------------
+
     @abc.abstractmethod
     def _open(self) -> Any:
         """A new connection in autocommit mode whose rows read by name."""
@@ -133,6 +135,8 @@ class StoreCore(abc.ABC):
     def describe(self) -> str:
         """The URL without its password, for logs and errors."""
         return _redact(self.url)
+
+    # -- connections -----------------------------------------------------------
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[Any]:
@@ -218,6 +222,8 @@ class StoreCore(abc.ABC):
     @staticmethod
     def _claim_params(claim: Claim) -> dict[str, Any]:
         return {"run_id": checked_run_id(claim.run_id), "claimer": claim.claimer, "claim_epoch": claim.epoch}
+
+    # -- row mapping -----------------------------------------------------------
 
     @classmethod
     def _run(cls, row: Row) -> Run:

@@ -1,9 +1,10 @@
 """Queues: their settings and what they hold (migration 0007).
 
-Settings change under the queue row's lock (``update_queue``), one
-statement's worth of state, so concurrent operators serialise and none
-loses another's change. The counts here are scans for operators and
-metrics; the limits themselves are enforced by the claim (``execution``).
+Settings change in one transaction under the queue row's lock
+(``update_queue``): concurrent operators serialise, none loses another's
+change, and a crash mid-change leaves the settings as they were. The
+counts here are scans for operators and metrics; the limits themselves are
+enforced by the claim (``execution``).
 """
 
 from __future__ import annotations

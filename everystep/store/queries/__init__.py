@@ -13,8 +13,8 @@ follows. ``STATUS_SETS`` lists the placeholders.
 from __future__ import annotations
 
 import re
-from functools import cache
 from collections.abc import Sequence
+from functools import cache
 from importlib import resources
 
 from ... import models
