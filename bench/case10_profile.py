@@ -127,10 +127,13 @@ def run(ctx: Context) -> None:
             f"children {window.per_run_us('python:children'):.0f} µs, PostgreSQL {window.per_run_us('postgres'):.0f} µs")
     # The child's write path in the forms the levers would give it.
     for key, lever_url in (("durable", url), ("async", ctx.urls["es_async"])):
-        out.setdefault("levers", {})[key] = levers.measure(lever_url, s.lever_runs)
-        med = levers.medians(out["levers"][key])
+        measured = out.setdefault("levers", {})[key] = levers.measure(lever_url, s.lever_runs)
+        med = levers.medians(measured["wall"])
         ctx.log(f"case 10: write path per run ({key}): "
                 + ", ".join(f"{form} {value:.0f} µs" for form, value in med.items()))
+        ratio = levers.cpu_ratio(measured["cpu"])
+        if ratio is not None:
+            ctx.log(f"case 10: client CPU per run ({key}), RawCursor against the private path: {ratio * 100:+.0f} %")
     # Window 2: sampling with py-spy.
     spy = shutil.which("py-spy")
     if spy is None:
@@ -286,15 +289,17 @@ def section(ctx: Context) -> Section:
     if lever_results:
         table = Table(["form of the write path (3 step records + terminal status)",
                        "durable: µs per run, median (p25–p75)", "vs the first row",
-                       "synchronous_commit = off: µs per run", "vs the first row"],
+                       "synchronous_commit = off: µs per run", "vs the first row",
+                       "client CPU µs per run (synchronous_commit = off)"],
                       caption="The write path of one run replayed in the forms the levers would give it "
                               "(`bench/levers.py`: the engine's own statements, each form on its own connection, "
                               f"the forms taking turns run by run, {s.lever_runs} runs each):")
-        first = {key: levers.medians(values).get(levers.BEFORE_FOLD) for key, values in lever_results.items()}
+        first = {key: levers.medians(values["wall"]).get(levers.BEFORE_FOLD)
+                 for key, values in lever_results.items()}
         for form in levers.FORMS:
             cells: list[str] = [form]
             for key in ("durable", "async"):
-                values = lever_results.get(key, {}).get(form, [])
+                values = lever_results.get(key, {}).get("wall", {}).get(form, [])
                 if len(values) < 2:
                     cells += ["n/a", "n/a"]
                     continue
@@ -302,8 +307,17 @@ def section(ctx: Context) -> Section:
                 base = first.get(key)
                 cells += [f"{q2:,.0f} ({q1:,.0f}–{q3:,.0f})",
                           f"{(q2 / base - 1) * 100:+.0f} %" if base else "n/a"]
+            cpu = lever_results.get("async", {}).get("cpu", {}).get(form, [])
+            cells.append(f"{statistics.median(cpu):,.0f}" if cpu else "n/a")
             table.add(*cells)
         section.tables.append(table)
+        ratio = levers.cpu_ratio(lever_results.get("async", {}).get("cpu", {}))
+        if ratio is not None:
+            verdict = ("within" if ratio <= levers.KEEP_PRIVATE_ABOVE else "beyond")
+            section.notes.append(
+                f"psycopg's public RawCursor with prepare=True takes {ratio * 100:+.0f} % of the client CPU per "
+                f"run of the engine's own path past the cursor: {verdict} the "
+                f"{levers.KEEP_PRIVATE_ABOVE * 100:.0f} % that would retire the private path.")
     spy = out.get("spy")
     if spy:
         table = Table(["Python component (innermost frame)", "parent µs/run", "children µs/run"],

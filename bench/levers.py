@@ -21,7 +21,16 @@ terminal status write; the claim is left out, it is the same in all):
   two statements and the commit in one network round trip;
 - ``… in one statement``: the third step record in a CTE and the status
   write conditional on it, one statement and one commit (``BEGIN`` and
-  ``COMMIT`` are round trips of their own in the transaction forms).
+  ``COMMIT`` are round trips of their own in the transaction forms);
+- ``always prepared, psycopg's RawCursor``: the first form's statements
+  through psycopg's public ``RawCursor`` (server-side ``$n`` parameters, no
+  query conversion) with ``prepare=True``, one cursor per connection;
+- ``always prepared, past the cursor``: the same statements through
+  ``everystep.store.postgres_hot``, the engine's own path to libpq for its
+  hot statements, which leans on psycopg internals. These two rows decide
+  whether that path earns its keep: their client CPU per run (the thread
+  time of the loop, which a wait for the server does not count) is the
+  measure, and ``cpu_ratio`` compares them.
 
 The forms take turns run by run so a shared machine's drift hits all alike;
 each is measured on a durable database and on one with
@@ -40,7 +49,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from everystep import serde
-from everystep.store import connect
+from everystep.store import connect, postgres_hot
 from everystep.store.queries import load
 
 from .esdb import reset
@@ -50,8 +59,14 @@ RUN_NAME = "bench.workloads.noop3"
 PAYLOAD = '{"i": 1, "tag": "bench"}'
 
 BEFORE_FOLD = "3 records, then the status"
+RAW_CURSOR = "always prepared, psycopg's RawCursor"
+HOT_PATH = "always prepared, past the cursor (everystep's postgres_hot)"
 FORMS = (BEFORE_FOLD, "never prepared", "always prepared", "last step + status in one transaction",
-         "last step + status in one transaction, pipelined", "last step + status in one statement")
+         "last step + status in one transaction, pipelined", "last step + status in one statement",
+         RAW_CURSOR, HOT_PATH)
+#: Whether the engine keeps its own path: it goes if the public RawCursor
+#: comes within this much of its client CPU per run.
+KEEP_PRIVATE_ABOVE = 0.15
 
 
 def _claimed_runs(url: str, count: int) -> list[str]:
@@ -117,6 +132,29 @@ def _forms(sql: dict[str, str]) -> dict[str, Callable[[psycopg.Connection[Any], 
             conn.execute(record, _step(run_id, "3"))
             conn.execute(finish_in_tx, _finish(run_id))
 
+    raw_cursors: dict[int, psycopg.RawCursor[Any]] = {}
+    numbered = {name: postgres_hot.HotStatement(number, sql[name])
+                for number, name in enumerate(("record_step", "finish_run"), 1)}
+
+    def raw(conn: psycopg.Connection[Any], run_id: str) -> None:
+        cursor = raw_cursors.get(id(conn))
+        if cursor is None:
+            cursor = raw_cursors[id(conn)] = psycopg.RawCursor(conn)
+        for name, params in _separate_writes(run_id):
+            statement = numbered[name]
+            cursor.execute(statement.text, [params[key] for key in statement.params], prepare=True)
+            cursor.fetchone()
+
+    prepared: dict[int, postgres_hot.Prepared] = {}
+
+    def hot(conn: psycopg.Connection[Any], run_id: str) -> None:
+        session = prepared.get(id(conn))
+        if session is None:
+            session = prepared[id(conn)] = postgres_hot.Prepared(conn)
+        for name, params in _separate_writes(run_id):
+            if postgres_hot.execute(conn, session, numbered[name], params) is None:
+                raise RuntimeError(f"run {run_id}: postgres_hot left {name} to psycopg's cursor")
+
     return {
         BEFORE_FOLD: separate,
         "never prepared": lambda conn, run_id: separate(conn, run_id, prepare=False),
@@ -124,27 +162,37 @@ def _forms(sql: dict[str, str]) -> dict[str, Callable[[psycopg.Connection[Any], 
         "last step + status in one transaction": folded,
         "last step + status in one transaction, pipelined": pipelined,
         "last step + status in one statement": one_statement,
+        RAW_CURSOR: raw,
+        HOT_PATH: hot,
     }
 
 
-def measure(url: str, runs_per_form: int) -> dict[str, list[float]]:
-    """µs per run for each form, one value per run. The forms take turns
-    run by run, each on its own connection (so preparation state never
-    mixes), so drift on a shared machine hits them all alike."""
+def _separate_writes(run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The first form's four statements, by name, with their parameters."""
+    return [*(("record_step", _step(run_id, step)) for step in ("1", "2", "3")), ("finish_run", _finish(run_id))]
+
+
+def measure(url: str, runs_per_form: int) -> dict[str, dict[str, list[float]]]:
+    """µs per run for each form, one value per run: ``wall`` (elapsed) and
+    ``cpu`` (this thread's CPU time: the client's work alone). The forms
+    take turns run by run, each on its own connection (so preparation state
+    never mixes), so drift on a shared machine hits them all alike."""
     forms = _forms(load("postgres"))
     reset(url)
     run_ids = _claimed_runs(url, (runs_per_form + 1) * len(FORMS))
     results: dict[str, list[float]] = {form: [] for form in FORMS}
+    cpu: dict[str, list[float]] = {form: [] for form in FORMS}
     conns = {form: psycopg.connect(url, autocommit=True) for form in FORMS}
     try:
         for conn in conns.values():
             set_json_loads(serde.loads, conn)
         for index, run_id in enumerate(run_ids):
             form = FORMS[index % len(FORMS)]
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             forms[form](conns[form], run_id)
             if index >= len(FORMS):  # the first run of each form warms its connection
                 results[form].append((time.perf_counter() - started) * 1e6)
+                cpu[form].append((time.thread_time() - started_cpu) * 1e6)
     finally:
         for conn in conns.values():
             conn.close()
@@ -153,7 +201,17 @@ def measure(url: str, runs_per_form: int) -> dict[str, list[float]]:
                             " AND claimed_by = %s", (CLAIMER,)).fetchone()[0]
     if done != len(run_ids):
         raise RuntimeError(f"levers: {done} of {len(run_ids)} runs completed")
-    return results
+    return {"wall": results, "cpu": cpu}
+
+
+def cpu_ratio(cpu: dict[str, list[float]]) -> float | None:
+    """The RawCursor form's median client CPU per run over the private
+    path's, less one (0.12: the public API costs 12 % more); None when
+    either was not measured."""
+    raw, hot = cpu.get(RAW_CURSOR), cpu.get(HOT_PATH)
+    if not raw or not hot:
+        return None
+    return statistics.median(raw) / statistics.median(hot) - 1
 
 
 def medians(results: dict[str, list[float]]) -> dict[str, float]:

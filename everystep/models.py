@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any
 
 from . import serde
@@ -43,12 +43,18 @@ RUN_STATUSES = tuple(RunStatus)
 EXECUTION_ENDS = (COMPLETED, FAILED, STOPPED, BLOCKED)
 #: Where a run rests until an operator acts, if ever: ``wait()`` returns on these.
 TERMINAL_STATUSES = (*EXECUTION_ENDS, CANCELLED)
+#: Where a run is not final yet: it may still be claimed, executed or resolved.
+#: The SQL reads this set as ``{active_statuses}`` (``store/queries``): queue
+#: counts take these runs, retention never deletes them. Every status is
+#: either active or prunable (``tests/test_status_sql.py`` holds it).
+ACTIVE_STATUSES = (SCHEDULED, RUNNING, BLOCKED)
 # Statuses a run never leaves, so retention (`everystep prune`) may delete
 # such runs; blocked is terminal for a supervisor but waits for an operator.
-# The one list of what may be pruned: a new final status goes here.
+# The one list of what may be pruned: a new final status goes here. (Its
+# order is the order ``everystep prune --status`` shows by default.)
 PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED, CANCELLED)
 #: What ``everystep cancel`` accepts: everything not yet final.
-CANCELLABLE_STATUSES = (SCHEDULED, RUNNING, BLOCKED)
+CANCELLABLE_STATUSES = ACTIVE_STATUSES
 
 STEP_STARTED = StepStatus.STARTED
 STEP_DONE = StepStatus.DONE
@@ -57,6 +63,10 @@ STEP_RETRYING = StepStatus.RETRYING
 STEP_SLEEPING = StepStatus.SLEEPING
 #: A step row with this status is waiting for ``wake_at``; its outcome is not final.
 STEP_WAITING = (STEP_RETRYING, STEP_SLEEPING)
+#: A step row with one of these has no final outcome yet, so the step's next
+#: record may overwrite it (``{step_open_statuses}`` in the SQL): an unsafe
+#: step's ``started`` mark, or a wait that ended.
+STEP_OPEN_STATUSES = (STEP_STARTED, *STEP_WAITING)
 
 
 @dataclass(frozen=True)
@@ -230,6 +240,57 @@ class StepRecord:
             "attempts": [attempt.to_dict() for attempt in self.attempts],
             "cpu_seconds": self.cpu_seconds,
             "peak_rss_bytes": self.peak_rss_bytes,
+        }
+
+
+class RequestStatus(str, Enum):
+    """Statuses of an operator request (``everystep_request.status``; see
+    ``everystep.relay``): each transition is a compare-and-set on it."""
+
+    PENDING = "pending"
+    TAKEN = "taken"
+    ANSWERED = "answered"
+    EXPIRED = "expired"
+
+
+#: Requests older than this (seconds) are deleted when the next one is submitted.
+REQUEST_KEEP_SECONDS = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class OperatorRequest:
+    """A row of ``everystep_request``: a command for a runner, relayed
+    through the database (``everystep.relay``)."""
+
+    id: int
+    runner: str
+    command: str
+    args: dict[str, Any]
+    status: str
+    reply: dict[str, Any] | None
+    requested_by: str
+    created_at: dt.datetime | None
+    taken_at: dt.datetime | None
+    answered_at: dt.datetime | None
+    #: Seconds since it was submitted, by the database's clock when known.
+    age_seconds: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in (RequestStatus.ANSWERED, RequestStatus.EXPIRED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "runner": self.runner,
+            "command": self.command,
+            "args": self.args,
+            "status": self.status,
+            "reply": self.reply,
+            "requested_by": self.requested_by,
+            "created_at": _iso(self.created_at),
+            "taken_at": _iso(self.taken_at),
+            "answered_at": _iso(self.answered_at),
         }
 
 

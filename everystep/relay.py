@@ -25,23 +25,16 @@ the requester reports that it got no reply.
 
 from __future__ import annotations
 
-import datetime as dt
-import enum
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import EverystepError
+# The request row and its statuses live with the other rows (``models``), so
+# the store reads them without importing this module.
+from .models import REQUEST_KEEP_SECONDS, OperatorRequest, RequestStatus
 
 if TYPE_CHECKING:
     from .store import Store
-
-
-class RequestStatus(str, enum.Enum):
-    PENDING = "pending"
-    TAKEN = "taken"
-    ANSWERED = "answered"
-    EXPIRED = "expired"
 
 
 #: The NOTIFY channel of new requests (PostgreSQL); the payload is the runner's name.
@@ -58,45 +51,9 @@ REPLY_TIMEOUT = 15.0
 STALE_AFTER = 60.0
 
 #: Answered and expired requests are deleted after this many seconds.
-KEEP_SECONDS = 7 * 24 * 3600.0
+KEEP_SECONDS = REQUEST_KEEP_SECONDS
 
 MAX_REQUESTED_BY = 200
-
-
-@dataclass(frozen=True)
-class OperatorRequest:
-    """A row of ``everystep_request``."""
-
-    id: int
-    runner: str
-    command: str
-    args: dict[str, Any]
-    status: str
-    reply: dict[str, Any] | None
-    requested_by: str
-    created_at: dt.datetime | None
-    taken_at: dt.datetime | None
-    answered_at: dt.datetime | None
-    #: Seconds since it was submitted, by the database's clock when known.
-    age_seconds: float | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.status in (RequestStatus.ANSWERED, RequestStatus.EXPIRED)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "runner": self.runner,
-            "command": self.command,
-            "args": self.args,
-            "status": self.status,
-            "reply": self.reply,
-            "requested_by": self.requested_by,
-            "created_at": _iso(self.created_at),
-            "taken_at": _iso(self.taken_at),
-            "answered_at": _iso(self.answered_at),
-        }
 
 
 def submit(store: Store, runner: str, command: str, args: dict[str, Any], requested_by: str) -> OperatorRequest:
@@ -140,10 +97,6 @@ def describe_outcome(request: OperatorRequest) -> str:
     if request.status == RequestStatus.TAKEN:
         return f"no reply: supervisor {request.runner} took the request but has not answered"
     return f"no reply yet from supervisor {request.runner}"
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 __all__ = ["COMMANDS", "REQUEST_CHANNEL", "OperatorRequest", "RequestStatus", "REPLY_TIMEOUT", "STALE_AFTER",

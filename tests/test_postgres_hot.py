@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import math
 from collections.abc import Iterator
 from decimal import Decimal
@@ -217,3 +218,43 @@ def test_what_it_cannot_write_or_read_is_left_to_psycopg(raw_conn: Any) -> None:
     # numeric is not a column type it reads: the statement is left to psycopg.
     assert postgres_hot.execute(raw_conn, raw_conn.hot_prepared, statement, {"value": "1.5"}) is None
     assert raw_conn.execute(statement.sql, {"value": "1.5"}).fetchone()["value"] == Decimal("1.5")
+
+
+def test_the_installed_psycopg_has_what_it_uses() -> None:
+    """The releases pyproject pins give this path everything it needs: if
+    this fails, a psycopg upgrade moved an internal, and every store is on
+    the cursor path (correct, slower) until this module follows."""
+    assert postgres_hot.missing() == []
+    assert postgres_hot.available()
+
+
+def test_a_psycopg_without_its_internals_runs_on_the_cursor(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A psycopg release that moved ``psycopg.generators``: the store says so
+    at DEBUG, and runs still execute and record, every statement through
+    psycopg's cursor (nothing of this path is prepared)."""
+    monkeypatch.setattr(postgres_hot, "generators", None)
+    assert postgres_hot.missing() == ["psycopg.generators.execute"] and not postgres_hot.available()
+    with caplog.at_level(logging.DEBUG, logger="everystep.store.postgres"):
+        store = connect(pg_url)
+    assert isinstance(store, PostgresStore)
+    assert [record.getMessage() for record in caplog.records if record.levelno == logging.DEBUG] == [
+        f"psycopg {psycopg.__version__} lacks psycopg.generators.execute: the hot statements take psycopg's cursor"]
+    meter = ChildMeter()
+    try:
+        for index in range(3):
+            schedule(hot_three, index, database=store)
+        runs = store.claim("hot", 3, [hot_three.name])
+        assert len(runs) == 3
+        for run in runs:
+            assert runner.execute_guarded(store, run, claimer="hot", meter=meter) == "completed"
+        for run in runs:
+            assert store.get_run(run.id).result == run.args[0] + 3
+            assert [record.status for record in store.get_steps(run.id)] == ["done", "done", "done"]
+        assert not any(name.startswith("everystep_hot_") for name in _prepared_names(store))
+        with store.connection() as conn:
+            assert conn.hot_prepared is None
+    finally:
+        meter.close()
+        store.close()

@@ -7,7 +7,9 @@ are parsed straight into tagged Python values by a per-connection loader,
 and rows are read by column name. psycopg prepares a statement server-side
 after it has been executed a few times on a connection; the three a runner
 sends for every run (``HOT_STATEMENTS``) are prepared at once and sent past
-psycopg's cursor, by ``postgres_hot``.
+psycopg's cursor, by ``postgres_hot``, where the installed psycopg has what
+that path needs (``postgres_hot.available()``); elsewhere they take the
+cursor like every other statement, and each store opened says so at DEBUG.
 
 ``statement_timeout`` bounds every statement on this store's connections,
 and opening one (the supervisor parent sets it, so a stuck lock or a
@@ -17,6 +19,7 @@ server that stopped answering can never freeze its loop).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -32,6 +35,8 @@ from .. import serde
 from ..models import Claim, StepRecord
 from . import postgres_hot
 from .base import LOST, NewStep, Notifications, Row, StepWrite, Store
+
+log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "everystep_scheduled"
 #: What a runner sends for every run: these go through ``postgres_hot``.
@@ -59,8 +64,7 @@ class PostgresStore(Store):
         # Opening a connection is bounded by the same budget as a statement.
         self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
-        self._hot = {name: postgres_hot.HotStatement(number, self.sql[name])
-                     for number, name in enumerate(HOT_STATEMENTS, 1)}
+        self._hot = _hot_statements(self.sql)
 
     def _open(self) -> psycopg.Connection[Any]:
         timeout = f"-c statement_timeout={int(self.statement_timeout * 1000)}" if self.statement_timeout else None
@@ -76,7 +80,8 @@ class PostgresStore(Store):
         # Run ids are text everywhere in Python: reading them as text skips
         # building a uuid.UUID per row only to turn it back into a string.
         conn.adapters.register_loader("uuid", TextLoader)
-        conn.hot_prepared = postgres_hot.Prepared(conn)
+        if self._hot:
+            conn.hot_prepared = postgres_hot.Prepared(conn)
         return conn
 
     def _fetchall(self, name: str, params: Mapping[str, Any], conn: Any = None) -> list[Row]:
@@ -157,6 +162,17 @@ class PostgresStore(Store):
         """A dedicated connection LISTENing for newly scheduled runs and for
         runs taken from their holder. The caller owns it (it is not pooled)."""
         return _Listening(self._open(), self.sql["listen"])
+
+
+def _hot_statements(sql: Mapping[str, str]) -> dict[str, postgres_hot.HotStatement]:
+    """The statements ``postgres_hot`` sends, by name; none (all through the
+    cursor) when this psycopg lacks what that path uses."""
+    lacking = postgres_hot.missing()
+    if lacking:
+        log.debug("psycopg %s lacks %s: the hot statements take psycopg's cursor",
+                  psycopg.__version__, ", ".join(lacking))
+        return {}
+    return {name: postgres_hot.HotStatement(number, sql[name]) for number, name in enumerate(HOT_STATEMENTS, 1)}
 
 
 class _Connection(psycopg.Connection[Any]):

@@ -21,6 +21,13 @@ Whatever this path cannot do exactly as psycopg would (a session not in
 ISO DateStyle or not in UTF-8, a parameter or column type it does not
 know), it leaves to psycopg: that statement takes the cursor path, nothing
 is guessed.
+
+It leans on three things psycopg does not publish: ``psycopg.generators``,
+``Connection.wait`` (and the connection's ``lock``) and
+``psycopg.errors.error_from_result``. Importing this module never fails for
+their lack; ``available()`` says whether this psycopg has them, and
+``PostgresStore`` sends everything through the cursor when it has not
+(pyproject pins the psycopg releases this path is tested on).
 """
 
 from __future__ import annotations
@@ -33,8 +40,12 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
-from psycopg import generators
 from psycopg.pq import DiagnosticField, ExecStatus, Format
+
+try:  # psycopg's internals: ``available()`` says whether they are all there
+    from psycopg import generators
+except ImportError:  # a psycopg that moved them: the cursor path only
+    generators = None  # type: ignore[assignment]
 
 from .. import serde
 from .base import Row
@@ -52,6 +63,21 @@ _UNKNOWN_STATEMENT = "26000"
 #: SQLSTATE 42P05: prepared already (a statement prepared again after the
 #: server forgot the statement, or after a reply that never arrived).
 _ALREADY_PREPARED = "42P05"
+
+
+def missing() -> list[str]:
+    """What this path uses that the installed psycopg lacks (empty: none)."""
+    needs = {
+        "psycopg.generators.execute": getattr(generators, "execute", None),
+        "psycopg.Connection.wait": getattr(psycopg.Connection, "wait", None),
+        "psycopg.errors.error_from_result": getattr(psycopg.errors, "error_from_result", None),
+    }
+    return [name for name, found in needs.items() if not callable(found)]
+
+
+def available() -> bool:
+    """Whether the installed psycopg has everything this path uses."""
+    return not missing()
 
 
 class HotStatement:
@@ -85,7 +111,7 @@ class Prepared:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         pgconn = conn.pgconn
         self.usable = (pgconn.parameter_status(b"DateStyle") or b"").startswith(b"ISO") and (
-            pgconn.parameter_status(b"client_encoding") == b"UTF8")
+            pgconn.parameter_status(b"client_encoding") == b"UTF8") and hasattr(conn, "lock")
         #: Per statement name: how to read its columns, or None (psycopg's).
         self.columns: dict[bytes, tuple[tuple[str, Loader], ...] | None] = {}
 

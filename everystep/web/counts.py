@@ -3,7 +3,7 @@
 An open runs page refreshes its counts twice a second. ``count(*)`` over a
 table of millions of finished runs would cost a full scan each time, so:
 
-- **Active statuses** (``scheduled``, ``running``, ``blocked``): exact, on
+- **Active statuses** (``models.ACTIVE_STATUSES``: scheduled, running, blocked): exact, on
   every refresh, counting along their indexes (the partial indexes of
   scheduled and running runs, the status index for blocked) and stopping at
   ``ACTIVE_CAP`` rows. Above the cap the count comes from one full count of
@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..models import BLOCKED, RUN_STATUSES, RUNNING, SCHEDULED
+from ..models import ACTIVE_STATUSES, RUN_STATUSES
 from ..store import Store
 
-ACTIVE = (SCHEDULED, RUNNING, BLOCKED)
+ACTIVE = ACTIVE_STATUSES
 ACTIVE_CAP = 10_000
 SMALL_TABLE = 20_000
 EXACT_BELOW = 200_000

@@ -3,13 +3,21 @@
 Each ``<backend>.sql`` holds blocks introduced by ``-- name: NAME``; this
 module parses them into a dict so call sites say ``queries["claim"]`` and
 every statement a backend runs can be read in one place.
+
+Status sets are never written out in a ``.sql`` file: a statement names
+one as a placeholder (``{active_statuses}``) and ``load`` renders it from
+``everystep.models``, so a new status changes ``models.py`` and the SQL
+follows. ``STATUS_SETS`` lists the placeholders.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
+
+from ... import models
 
 RUN_COLUMNS = (
     "id", "name", "args", "status", "idempotency_key", "claimed_by", "claimed_at",
@@ -21,6 +29,12 @@ STEP_COLUMNS = (
     "started_at", "completed_at", "attempt", "wake_at", "cpu_seconds", "peak_rss_bytes",
 )
 
+#: Placeholder → the status set of ``everystep.models`` it stands for.
+STATUS_SETS: dict[str, tuple[str, ...]] = {
+    "active_statuses": models.ACTIVE_STATUSES,
+    "step_open_statuses": models.STEP_OPEN_STATUSES,
+}
+
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -28,6 +42,15 @@ def _columns(columns: tuple[str, ...], alias: str | None = None) -> str:
     if alias is None:
         return ", ".join(columns)
     return ", ".join(f"{alias}.{column}" for column in columns)
+
+
+def sql_list(values: Sequence[str]) -> str:
+    """``values`` as an SQL list of string literals: ``('a', 'b')``. Only
+    for the fixed vocabularies of ``models`` (a quote would be refused, never
+    escaped: these are not parameters)."""
+    if not values or any("'" in value or "\\" in value for value in values):
+        raise ValueError(f"not a status set: {values!r}")
+    return "(" + ", ".join(f"'{value}'" for value in values) + ")"
 
 
 @cache
@@ -43,5 +66,6 @@ def load(backend: str) -> dict[str, str]:
             run_columns_w=_columns(RUN_COLUMNS, "w"),
             step_columns=_columns(STEP_COLUMNS),
             step_columns_s=_columns(STEP_COLUMNS, "s"),
+            **{placeholder: sql_list(statuses) for placeholder, statuses in STATUS_SETS.items()},
         )
     return statements

@@ -141,18 +141,18 @@ WHERE EXISTS (
       AND claim_epoch = %(claim_epoch)s
 )
 ON DUPLICATE KEY UPDATE
-    name = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(name), name),
-    args = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(args), args),
-    kwargs = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(kwargs), kwargs),
-    result = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(result), result),
-    error = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(error), error),
-    started_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(started_at), started_at),
-    completed_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(completed_at), completed_at),
-    attempt = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(attempt), attempt),
-    wake_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(wake_at), wake_at),
-    cpu_seconds = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(cpu_seconds), cpu_seconds),
-    peak_rss_bytes = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(peak_rss_bytes), peak_rss_bytes),
-    status = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(status), status)
+    name = IF(status IN {step_open_statuses}, VALUES(name), name),
+    args = IF(status IN {step_open_statuses}, VALUES(args), args),
+    kwargs = IF(status IN {step_open_statuses}, VALUES(kwargs), kwargs),
+    result = IF(status IN {step_open_statuses}, VALUES(result), result),
+    error = IF(status IN {step_open_statuses}, VALUES(error), error),
+    started_at = IF(status IN {step_open_statuses}, VALUES(started_at), started_at),
+    completed_at = IF(status IN {step_open_statuses}, VALUES(completed_at), completed_at),
+    attempt = IF(status IN {step_open_statuses}, VALUES(attempt), attempt),
+    wake_at = IF(status IN {step_open_statuses}, VALUES(wake_at), wake_at),
+    cpu_seconds = IF(status IN {step_open_statuses}, VALUES(cpu_seconds), cpu_seconds),
+    peak_rss_bytes = IF(status IN {step_open_statuses}, VALUES(peak_rss_bytes), peak_rss_bytes),
+    status = IF(status IN {step_open_statuses}, VALUES(status), status)
 RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
 
 -- name: start_step
@@ -450,10 +450,10 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id IN %(ids)s ORDER BY 
 -- name: prune_count
 SELECT count(*) AS runs, (SELECT count(*) FROM everystep_step AS s
                   JOIN everystep_workflow AS w ON w.id = s.workflow_id
-                  WHERE w.status IN %(statuses)s AND w.status NOT IN ('scheduled', 'running', 'blocked')
+                  WHERE w.status IN %(statuses)s AND w.status NOT IN {active_statuses}
                     AND w.completed_at < %(cutoff)s) AS steps
 FROM everystep_workflow
-WHERE status IN %(statuses)s AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE status IN %(statuses)s AND status NOT IN {active_statuses}
   AND completed_at < %(cutoff)s
 
 -- name: prune_pick
@@ -461,7 +461,7 @@ WHERE status IN %(statuses)s AND status NOT IN ('scheduled', 'running', 'blocked
 -- no unfinished run is ever pruned, whatever statuses the caller passes;
 -- SKIP LOCKED never waits for an operator command holding one.
 SELECT id FROM everystep_workflow
-WHERE status IN %(statuses)s AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE status IN %(statuses)s AND status NOT IN {active_statuses}
   AND completed_at < %(cutoff)s
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -471,7 +471,7 @@ DELETE FROM everystep_step WHERE workflow_id IN %(ids)s
 
 -- name: prune_runs
 DELETE FROM everystep_workflow
-WHERE id IN %(ids)s AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE id IN %(ids)s AND status NOT IN {active_statuses}
 
 -- -- The run lifecycle (migration 0006) --------------------------------------
 
@@ -519,16 +519,16 @@ WHERE EXISTS (
       AND claim_epoch = %(claim_epoch)s
 )
 ON DUPLICATE KEY UPDATE
-    name = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(name), name),
-    args = IF(status IN ('started', 'retrying', 'sleeping'), coalesce(VALUES(args), args), args),
-    kwargs = IF(status IN ('started', 'retrying', 'sleeping'), coalesce(VALUES(kwargs), kwargs), kwargs),
-    result = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(result), result),
-    error = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(error), error),
-    started_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(started_at), started_at),
-    completed_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(completed_at), completed_at),
-    attempt = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(attempt), attempt),
-    wake_at = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(wake_at), wake_at),
-    status = IF(status IN ('started', 'retrying', 'sleeping'), VALUES(status), status)
+    name = IF(status IN {step_open_statuses}, VALUES(name), name),
+    args = IF(status IN {step_open_statuses}, coalesce(VALUES(args), args), args),
+    kwargs = IF(status IN {step_open_statuses}, coalesce(VALUES(kwargs), kwargs), kwargs),
+    result = IF(status IN {step_open_statuses}, VALUES(result), result),
+    error = IF(status IN {step_open_statuses}, VALUES(error), error),
+    started_at = IF(status IN {step_open_statuses}, VALUES(started_at), started_at),
+    completed_at = IF(status IN {step_open_statuses}, VALUES(completed_at), completed_at),
+    attempt = IF(status IN {step_open_statuses}, VALUES(attempt), attempt),
+    wake_at = IF(status IN {step_open_statuses}, VALUES(wake_at), wake_at),
+    status = IF(status IN {step_open_statuses}, VALUES(status), status)
 RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
 
 -- name: cron_ticks
@@ -656,6 +656,6 @@ SELECT queue,
                      min(CASE WHEN status = 'scheduled' AND due_at <= UTC_TIMESTAMP(6) THEN due_at END),
                      UTC_TIMESTAMP(6)) / 1000000.0 AS oldest_age
 FROM everystep_workflow
-WHERE status IN ('scheduled', 'running', 'blocked')
+WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue

@@ -102,7 +102,7 @@ SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
     attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
     cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
-WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
+WHERE everystep_step.status IN {step_open_statuses}
 RETURNING completed_at
 
 -- name: start_step
@@ -187,7 +187,7 @@ WITH owned AS (
         started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
         attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
         cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
-    WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
+    WHERE everystep_step.status IN {step_open_statuses}
     RETURNING completed_at
 ), run AS (
     UPDATE everystep_workflow
@@ -497,10 +497,10 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = ANY(%(ids)s::uuid[
 -- What `everystep prune` would delete (its --dry-run and progress total).
 SELECT count(*) AS runs, (SELECT count(*) FROM everystep_step AS s
                   JOIN everystep_workflow AS w ON w.id = s.workflow_id
-                  WHERE w.status = ANY(%(statuses)s) AND w.status NOT IN ('scheduled', 'running', 'blocked')
+                  WHERE w.status = ANY(%(statuses)s) AND w.status NOT IN {active_statuses}
                     AND w.completed_at < %(cutoff)s) AS steps
 FROM everystep_workflow
-WHERE status = ANY(%(statuses)s) AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE status = ANY(%(statuses)s) AND status NOT IN {active_statuses}
   AND completed_at < %(cutoff)s
 
 -- name: prune_pick
@@ -509,7 +509,7 @@ WHERE status = ANY(%(statuses)s) AND status NOT IN ('scheduled', 'running', 'blo
 -- FOR UPDATE re-checks the row after locking it, and SKIP LOCKED never
 -- waits for an operator command holding one.
 SELECT id FROM everystep_workflow
-WHERE status = ANY(%(statuses)s) AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE status = ANY(%(statuses)s) AND status NOT IN {active_statuses}
   AND completed_at < %(cutoff)s
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -519,7 +519,7 @@ DELETE FROM everystep_step WHERE workflow_id = ANY(%(ids)s::uuid[])
 
 -- name: prune_runs
 DELETE FROM everystep_workflow
-WHERE id = ANY(%(ids)s::uuid[]) AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE id = ANY(%(ids)s::uuid[]) AND status NOT IN {active_statuses}
 
 -- -- The run lifecycle (migration 0006) --------------------------------------
 
@@ -591,7 +591,7 @@ SET name = EXCLUDED.name, args = coalesce(EXCLUDED.args, everystep_step.args),
     status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
     started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
     attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at
-WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
+WHERE everystep_step.status IN {step_open_statuses}
 RETURNING completed_at
 
 -- name: cron_ticks
@@ -646,6 +646,6 @@ SELECT queue,
                FILTER (WHERE status = 'scheduled' AND coalesce(not_before, created_at) <= now()))::float8
            AS oldest_age
 FROM everystep_workflow
-WHERE status IN ('scheduled', 'running', 'blocked')
+WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue

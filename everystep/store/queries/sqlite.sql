@@ -148,7 +148,7 @@ SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
     started_at = excluded.started_at, completed_at = excluded.completed_at,
     attempt = excluded.attempt, wake_at = excluded.wake_at,
     cpu_seconds = excluded.cpu_seconds, peak_rss_bytes = excluded.peak_rss_bytes
-WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
+WHERE everystep_step.status IN {step_open_statuses}
 RETURNING completed_at
 
 -- name: start_step
@@ -449,10 +449,10 @@ ORDER BY workflow_id, id
 SELECT count(*) AS runs, (SELECT count(*) FROM everystep_step AS s
                   JOIN everystep_workflow AS w ON w.id = s.workflow_id
                   WHERE w.status IN (SELECT value FROM json_each(:statuses))
-                    AND w.status NOT IN ('scheduled', 'running', 'blocked')
+                    AND w.status NOT IN {active_statuses}
                     AND w.completed_at < :cutoff) AS steps
 FROM everystep_workflow
-WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN {active_statuses}
   AND completed_at < :cutoff
 
 -- name: prune_pick
@@ -460,7 +460,7 @@ WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN ('sch
 -- IMMEDIATE). The NOT IN is the guarantee that no unfinished run is ever
 -- pruned, whatever statuses the caller passes.
 SELECT id FROM everystep_workflow
-WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE status IN (SELECT value FROM json_each(:statuses)) AND status NOT IN {active_statuses}
   AND completed_at < :cutoff
 LIMIT :limit
 
@@ -469,7 +469,7 @@ DELETE FROM everystep_step WHERE workflow_id IN (SELECT value FROM json_each(:id
 
 -- name: prune_runs
 DELETE FROM everystep_workflow
-WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN ('scheduled', 'running', 'blocked')
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN {active_statuses}
 
 -- -- The run lifecycle (migration 0006) --------------------------------------
 
@@ -523,7 +523,7 @@ SET name = excluded.name, args = coalesce(excluded.args, everystep_step.args),
     status = excluded.status, result = excluded.result, error = excluded.error,
     started_at = excluded.started_at, completed_at = excluded.completed_at,
     attempt = excluded.attempt, wake_at = excluded.wake_at
-WHERE everystep_step.status IN ('started', 'retrying', 'sleeping')
+WHERE everystep_step.status IN {step_open_statuses}
 RETURNING completed_at
 
 -- name: cron_ticks
@@ -567,6 +567,6 @@ SELECT queue,
                                         THEN coalesce(not_before, created_at) END)) - 2440587.5) * 86400.0
            AS oldest_age
 FROM everystep_workflow
-WHERE status IN ('scheduled', 'running', 'blocked')
+WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue

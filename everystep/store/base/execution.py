@@ -1,0 +1,268 @@
+"""The execution hot path: claims, step records, and a run's last write.
+
+Every write here but the claims carries the executor's ``Claim`` (claimer
+and epoch) and is conditional on it, so a stale execution writes nothing:
+the methods return ``False`` or ``LOST`` and the caller stops. Crash
+windows: a claim commits before its runs are handed out, so a runner that
+dies after it leaves them ``running`` under its name (its own catch-up,
+``claim_own``, or the lease sweep takes them back); a step whose effect
+ran but whose record never committed runs again on the next claim
+(at-least-once; an unsafe step's ``started`` row makes that ``blocked``
+instead); ``finish_run_with_step`` writes the last record and the run's
+status together or not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ... import serde
+from ...models import STEP_STARTED, Claim, Run, StepRecord
+from ...resources import StepCost
+from .core import Row, StoreCore
+from .values import LOST, ClaimState, NewStep, StepWrite, checked_run_id, utcnow
+
+
+class Execution(StoreCore):
+    """What a runner does for every run: claim it, record its steps, end it."""
+
+    def claim(self, claimer: str, limit: int, names: Sequence[str],
+              queues: Sequence[str] | None = None) -> list[Run]:
+        """Claim up to ``limit`` due runs of the given workflows from
+        ``queues`` (None: every queue), bumping each one's claim epoch.
+        Paused queues are skipped and each queue's limits are enforced by the
+        claim itself (see ``everystep.queues``); within a queue the highest
+        priority goes first, then the earliest due. Concurrent claimers get
+        disjoint sets. Returned highest priority first, then oldest."""
+        if limit <= 0 or not names or (queues is not None and not queues):
+            return []
+        params = self._params(claimer=claimer, limit=limit, names=self._names(names),
+                              queues=self._names(queues) if queues is not None else None)
+        with self.connection() as conn, self._claim_transaction(conn):
+            rows = self._claim_rows(conn, params)
+        runs = [self._run(row) for row in rows]
+        runs.sort(key=lambda run: (-run.priority, run.created_at or utcnow(), run.id))
+        return runs
+
+    def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        """The claim, inside ``_claim_transaction``: one statement where the
+        backend enforces the queue limits in it (PostgreSQL's function)."""
+        return self._fetchall("claim", params, conn)
+
+    def claim_own(
+        self, claimer: str, limit: int, names: Sequence[str], exclude: Sequence[str] = ()
+    ) -> list[Run]:
+        """Re-claim runs left ``running`` under ``claimer`` by a process that
+        died (or that nothing of ours executes any more): each one's epoch is
+        bumped, so a stale execution of it is fenced."""
+        if limit <= 0 or not names:
+            return []
+        params = {
+            "claimer": claimer,
+            "limit": limit,
+            "names": self._names(names),
+            "exclude": self._names([checked_run_id(run_id) for run_id in exclude]),
+        }
+        with self.connection() as conn, self._claim_transaction(conn):
+            rows = conn.execute(self.sql["claim_own"], params).fetchall()
+        return sorted((self._run(row) for row in rows), key=lambda run: (run.created_at or utcnow(), run.id))
+
+    def requeue(self, claim: Claim) -> bool:
+        """Give a run back to the queue, if ``claim`` is still its current one."""
+        return self._fetchone("requeue", self._claim_params(claim)) is not None
+
+    def requeue_all(self, claimer: str) -> list[str]:
+        """Requeue everything still claimed under ``claimer`` (its owner's
+        last act at exit, once nothing of it executes any more)."""
+        return [str(row["id"]) for row in self._fetchall("requeue_all", {"claimer": claimer})]
+
+    def claim_states(self, run_ids: Sequence[str]) -> dict[str, ClaimState]:
+        """Where the given runs stand now (missing ids are left out)."""
+        if not run_ids:
+            return {}
+        rows = self._fetchall("claim_states", {"ids": self._names([checked_run_id(run_id) for run_id in run_ids])})
+        return {str(row["id"]): ClaimState(row["status"], row["claimed_by"], int(row["claim_epoch"]))
+                for row in rows}
+
+    def next_due(self, names: Sequence[str], queues: Sequence[str] | None = None) -> float | None:
+        """Seconds until the next scheduled run of ``queues`` (None: every
+        queue; paused ones left out) that is not due yet becomes due; None
+        when there is none. One index probe per queue, by the database's
+        clock. (``names`` only says whether there is anything to time: a
+        timer that fires for a run of a workflow this runner does not know
+        costs one empty claim.)"""
+        if not names or (queues is not None and not queues):
+            return None
+        row = self._next_due_row(self._params(queues=self._names(queues) if queues is not None else None))
+        if row is None or row["wait"] is None:
+            return None
+        return float(row["wait"])
+
+    def _next_due_row(self, params: dict[str, Any]) -> Row | None:
+        return self._fetchone("next_due", params)
+
+    def load_outcomes(self, run_id: str) -> dict[str, StepRecord]:
+        """What a replay needs: every step row (the history of retried
+        attempts is not read; a step row says its attempt and when the
+        next one is due)."""
+        rows = self._fetchall("get_steps", {"id": checked_run_id(run_id)})
+        return {record.step_id: record for record in map(self._step, rows)}
+
+    def record_step(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
+        """Record a finished step. Returns ``LOST`` if ``claim`` is no longer
+        current, or the record someone else wrote first (``ours=False``).
+        ``decoded`` is the caller's own Python view of the same step, so the
+        store need not parse back what it was just given."""
+        params = self._step_params(claim, step)
+        with self.connection() as conn:
+            row = self._fetchone("record_step", params, conn)
+            if row is None:
+                return self._conflict(conn, params)
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
+
+    def _step_params(self, claim: Claim, step: NewStep) -> dict[str, Any]:
+        return self._params(
+            **self._claim_params(claim), step_id=step.step_id, name=step.name,
+            args=step.args_json, kwargs=step.kwargs_json, status=step.status, result=step.result_json,
+            error=step.error_json, started_at=self._time_param(step.started_at), attempt=step.attempt,
+            wake_at=self._time_param(step.wake_at) if step.wake_at is not None else None,
+            cpu_seconds=step.cpu_seconds, peak_rss_bytes=step.peak_rss_bytes,
+        )
+
+    def _written(self, claim: Claim, step: NewStep, decoded: StepRecord | None, row: Row) -> StepRecord:
+        if decoded is None:
+            decoded = StepRecord(
+                workflow_id=str(claim.run_id), step_id=step.step_id, name=step.name, status=step.status,
+                result=serde.loads(step.result_json), error=serde.loads(step.error_json),
+                args=serde.loads(step.args_json) or [], kwargs=serde.loads(step.kwargs_json) or {},
+                started_at=step.started_at, attempt=step.attempt, wake_at=step.wake_at,
+                cpu_seconds=step.cpu_seconds, peak_rss_bytes=step.peak_rss_bytes,
+            )
+        return decoded.completed(self._time(row["completed_at"]))
+
+    def start_step(self, claim: Claim, step: NewStep) -> StepWrite | None:
+        """Insert the ``started`` row of an unsafe step: the atomic claim on its
+        effect, itself fenced by ``claim``. A conflicting row is returned
+        with ``ours=False``; ``LOST`` if the claim is no longer current."""
+        params = self._params(
+            **self._claim_params(claim), step_id=step.step_id, name=step.name,
+            args=step.args_json, kwargs=step.kwargs_json, started_at=self._time_param(step.started_at),
+        )
+        with self.connection() as conn:
+            row = conn.execute(self.sql["start_step"], params).fetchone()
+            if row is None:
+                return self._conflict(conn, params)
+        return StepWrite(
+            StepRecord(
+                workflow_id=str(claim.run_id), step_id=step.step_id, name=step.name, status=STEP_STARTED,
+                args=serde.loads(step.args_json), kwargs=serde.loads(step.kwargs_json),
+                started_at=step.started_at,
+            ),
+            ours=True,
+        )
+
+    def finish_step(
+        self, claim: Claim, started: StepRecord, status: str,
+        result_json: str | None, error_json: str | None,
+        decoded: StepRecord | None = None,
+        cost: StepCost | None = None,
+    ) -> StepWrite | None:
+        """Turn our ``started`` row into its outcome (``decoded``: as in
+        ``record_step``; ``cost``: what the step used, where it was measured)."""
+        params = self._params(
+            **self._claim_params(claim), step_id=started.step_id,
+            status=status, result=result_json, error=error_json,
+            cpu_seconds=cost.cpu_seconds if cost is not None else None,
+            peak_rss_bytes=cost.peak_rss_bytes if cost is not None else None,
+        )
+        with self.connection() as conn:
+            row = conn.execute(self.sql["finish_step"], params).fetchone()
+            if row is None:
+                return self._conflict(conn, params)
+        if decoded is None:
+            decoded = dataclasses.replace(
+                started, status=status, result=serde.loads(result_json), error=serde.loads(error_json),
+                cpu_seconds=params["cpu_seconds"], peak_rss_bytes=params["peak_rss_bytes"],
+            )
+        return StepWrite(decoded.completed(self._time(row["completed_at"])), ours=True)
+
+    def _conflict(self, conn: Any, params: Mapping[str, Any]) -> StepWrite | None:
+        row = conn.execute(self.sql["step_conflict"], params).fetchone()
+        if not row["owned"] or row["step_id"] is None:
+            # Not our claim any more; or ours, yet the write changed nothing
+            # and no row exists (it vanished in between): either way the run
+            # is replayed from what is recorded.
+            return LOST
+        return StepWrite(self._step(row), ours=False)
+
+    def record_attempt(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
+        """Record a failed attempt that will be retried: the step row becomes
+        ``retrying`` (attempt ``step.attempt``, next one at ``step.wake_at``)
+        and the attempt joins the step's history, in one transaction fenced
+        by ``claim``. Returns like ``record_step``."""
+        params = self._step_params(claim, step)
+        with self.connection() as conn, self._transaction(conn):
+            row = conn.execute(self.sql["record_step"], params).fetchone()
+            if row is None:
+                return self._conflict(conn, params)
+            conn.execute(self.sql["insert_attempt"], {**params, "failed_at": row["completed_at"]})
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
+
+    def record_cancelled_step(self, claim: Claim, step: NewStep) -> bool:
+        """Record the step a cancel cut off, as the holder of the cancelled
+        ``claim`` (the run is ``cancelled`` and was held by it): the only
+        write a cancelled execution may still make. False otherwise, or if
+        the step already has an outcome."""
+        return self._fetchone("record_cancelled_step", self._step_params(claim, step)) is not None
+
+    def release(self, claim: Claim, not_before: dt.datetime) -> bool:
+        """Give the run back to the queue, not claimable before
+        ``not_before`` (a retry's backoff, a durable sleep), if ``claim`` is
+        still current. Nothing can claim it earlier: claims take due runs
+        only."""
+        params = self._params(**self._claim_params(claim), not_before=self._time_param(not_before))
+        return self._fetchone("release", params) is not None
+
+    def finish_run(
+        self,
+        claim: Claim,
+        status: str,
+        result_json: str | None = None,
+        error_json: str | None = None,
+    ) -> bool:
+        """Move a running run to a terminal status, if ``claim`` is still current."""
+        params = self._params(**self._claim_params(claim), status=status, result=result_json, error=error_json)
+        return self._fetchone("finish_run", params) is not None
+
+    def finish_run_with_step(
+        self,
+        claim: Claim,
+        step: NewStep,
+        status: str,
+        result_json: str | None = None,
+        error_json: str | None = None,
+        decoded: StepRecord | None = None,
+    ) -> StepWrite | None:
+        """Record the run's last step and move the run to its terminal
+        status, both or neither, in one transaction with one durable commit
+        (it holds a step record), if ``claim`` is still current. ``LOST``
+        when nothing was written: the claim moved on, or the step already
+        has an outcome; the caller then writes the step alone to learn which.
+        Here: ``record_step`` and ``finish_run`` in one write transaction."""
+        params = self._step_params(claim, step)
+        finish = {**params, "status": status, "result": result_json, "error": error_json}
+        try:
+            with self.connection() as conn, self._transaction(conn):
+                row = conn.execute(self.sql["record_step"], params).fetchone()
+                if row is None or conn.execute(self.sql["finish_run"], finish).fetchone() is None:
+                    raise _NothingWritten
+        except _NothingWritten:
+            return LOST
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
+
+
+class _NothingWritten(Exception):
+    """Rolls back a transaction of which one write was refused."""

@@ -1,0 +1,140 @@
+"""Runs: scheduling them, reading them, and the row locks operator actions take.
+
+``schedule`` commits its run at once; ``schedule_on`` writes it in the
+caller's open transaction, so it exists (and a runner may claim it) only
+once the caller commits, and a rollback leaves nothing behind. With an
+idempotency key the unique index decides between concurrent schedulers:
+the loser reads the winner's run. ``locked_run`` holds the run's row lock
+for an admin command's whole transaction, so a claim or an executor's
+write waits for it or sees its result, never half of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+from ...errors import EverystepError, RunNotFound
+from ...models import Attempt, Run, StepRecord
+from ...queues import Placement
+from .core import Row, StoreCore
+from .values import checked_run_id, new_run_id
+
+
+class Runs(StoreCore):
+    """Scheduling, reading runs and their steps, and the admin commands' locked transactions."""
+
+    def schedule(self, name: str, args_json: str, idempotency_key: str | None = None,
+                 not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+        """Insert a scheduled run and commit it (claimable from ``not_before``
+        on, if given), in ``placement``'s queue (default: the default queue).
+
+        With an idempotency key, an existing run of the same workflow and key
+        is returned instead of inserting a second one.
+        """
+        with self.connection() as conn:
+            return self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement)
+
+    @classmethod
+    def schedule_on(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
+                    not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+        """Insert a run through a caller's own connection of this backend,
+        inside whatever transaction it has open."""
+        with cls._caller_cursor(conn) as cursor:
+            return cls._schedule_through(cursor, name, args_json, idempotency_key, not_before, placement)
+
+    @classmethod
+    def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
+                          not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+        place = placement or Placement()
+        params = cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key,
+                             not_before=cls._time_param(not_before) if not_before is not None else None,
+                             queue=place.queue, priority=place.priority, concurrency_key=place.concurrency_key)
+        sql = cls.statements()
+        row = conn.execute(sql["schedule"], params).fetchone()
+        if row is None:
+            row = conn.execute(sql["get_run_by_key"], params).fetchone()
+            if row is None:
+                raise EverystepError(
+                    f"run with idempotency key {params['idempotency_key']!r} conflicts but is not visible "
+                    "in this transaction; retry outside a REPEATABLE READ transaction"
+                )
+        return cls._run(row)
+
+    def get_run(self, run_id: str) -> Run:
+        row = self._fetchone("get_run", {"id": checked_run_id(run_id)})
+        if row is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        return self._run(row)
+
+    def list_runs(self, status: str | None = None, name: str | None = None, limit: int = 100) -> list[Run]:
+        rows = self._fetchall("list_runs", {"status": status, "name": name, "limit": limit})
+        return [self._run(row) for row in rows]
+
+    def count_runs(self, status: str | None = None, name: str | None = None, cap: int = 100_000) -> int:
+        """Runs matching the filters of ``list_runs``, counted exactly up to
+        ``cap`` (the cost is bounded by it)."""
+        row = self._fetchone("count_runs_upto", {"status": status, "name": name, "cap": int(cap)})
+        assert row is not None
+        return int(row["total"])
+
+    def get_steps(self, run_id: str) -> list[StepRecord]:
+        """A run's recorded steps, each with its retried attempts."""
+        rows = self._fetchall("get_steps", {"id": checked_run_id(run_id)})
+        steps = [self._step(row) for row in rows]
+        if steps:
+            steps = self._with_attempts(run_id, steps)
+        return steps
+
+    def attempts(self, run_id: str) -> dict[str, list[Attempt]]:
+        """The failed attempts of a run's retried steps, by step id, oldest first."""
+        found: dict[str, list[Attempt]] = {}
+        for row in self._fetchall("get_attempts", {"id": checked_run_id(run_id)}):
+            found.setdefault(row["step_id"], []).append(self._attempt(row))
+        return found
+
+    @classmethod
+    def _attempt(cls, row: Row) -> Attempt:
+        return Attempt(
+            attempt=int(row["attempt"]), error=cls._json(row["error"]),
+            started_at=cls._time(row["started_at"]), failed_at=cls._time(row["failed_at"]),
+            retry_at=cls._time(row["retry_at"]),
+        )
+
+    def _with_attempts(self, run_id: str, steps: list[StepRecord]) -> list[StepRecord]:
+        if not any(step.attempt > 1 or step.status == "retrying" for step in steps):
+            return steps
+        history = self.attempts(run_id)
+        return [dataclasses.replace(step, attempts=history.get(step.step_id, [])) for step in steps]
+
+    @contextlib.contextmanager
+    def locked_run(self, run_id: str) -> Iterator[tuple[Any, Run]]:
+        """A write transaction holding the run's row lock (admin commands)."""
+        with self.connection() as conn, self._transaction(conn):
+            row = conn.execute(self.sql["lock_run"], {"id": checked_run_id(run_id)}).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run with id {run_id}")
+            yield conn, self._run(row)
+
+    def locked_step(self, conn: Any, run_id: str, step_id: str) -> StepRecord | None:
+        row = conn.execute(self.sql["lock_step"], {"run_id": checked_run_id(run_id), "step_id": step_id}).fetchone()
+        return self._step(row) if row is not None else None
+
+    def notify_fenced(self, conn: Any, runner: str, run_id: str) -> None:
+        """Tell ``runner`` (in ``conn``'s transaction, delivered on commit)
+        that a run it holds was taken from it; backends without
+        notifications leave it to the runner's next heartbeat."""
+        if self.notifies:
+            conn.execute(self.sql["notify_fenced"], {"runner": runner, "run_id": checked_run_id(run_id)})
+
+    def execute_named(self, conn: Any, name: str, **params: Any) -> int:
+        """Run a named admin statement in ``conn``'s transaction; returns rows touched."""
+        if "run_id" in params:
+            params["run_id"] = checked_run_id(params["run_id"])
+        cursor = conn.execute(self.sql[name], self._params(**params))
+        if cursor.description is not None:
+            return len(cursor.fetchall())
+        return int(cursor.rowcount)

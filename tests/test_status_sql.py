@@ -1,0 +1,112 @@
+"""Status sets are said once, in ``everystep.models``, and the SQL follows.
+
+The named statements of every backend name a set by placeholder
+(``{active_statuses}``) and ``store.queries.load`` renders it from the
+models, so a new status changes ``models.py`` (and its migrations), not a
+dozen statements. These tests fail if a set is written out again, if what
+the statements run differs from the models' sets, or if a statement
+compares a status with a word that is no status at all.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from everystep import models
+from everystep.store import queries
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERY_FILES = sorted((ROOT / "everystep" / "store" / "queries").glob("*.sql"))
+BACKENDS = [path.stem for path in QUERY_FILES]
+
+#: Every word a status column holds: runs, steps, operator requests.
+VOCABULARY = {*models.RunStatus, *models.StepStatus, *models.RequestStatus}
+
+#: A parenthesized or bracketed list of two or more quoted words.
+_LITERAL_LIST = re.compile(r"[(\[]\s*'\w+'(?:\s*,\s*'\w+')+\s*[)\]]")
+_COMPARED = re.compile(r"status\s*(?:=|<>|!=)\s*'(\w*)'", re.IGNORECASE)
+
+
+def _status_lists(text: str) -> list[str]:
+    """The written-out lists in ``text`` whose every word is a status."""
+    return [match.group(0) for match in _LITERAL_LIST.finditer(text)
+            if set(re.findall(r"'(\w+)'", match.group(0))) <= VOCABULARY]
+
+
+def _code(path: Path) -> str:
+    """The file without its comment lines (SQL ``--``, Python ``#``)."""
+    return "\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
+                     if not line.lstrip().startswith(("--", "#")))
+
+
+def test_the_fixtures_find_every_backends_queries() -> None:
+    assert {"postgres", "sqlite", "mariadb"} <= set(BACKENDS)
+
+
+@pytest.mark.parametrize("path", QUERY_FILES, ids=lambda path: path.name)
+def test_no_queries_file_writes_a_status_set_out(path: Path) -> None:
+    written = _status_lists(_code(path))
+    assert not written, (f"{path.name} writes status sets out: {written}; name the set in everystep/models.py "
+                         f"and use its placeholder ({', '.join('{' + name + '}' for name in queries.STATUS_SETS)})")
+
+
+def test_no_python_sql_writes_a_status_set_out() -> None:
+    """SQL kept in Python (the step-by-step claims, the console) included;
+    migrations are history and keep what they said."""
+    found = {}
+    for package in ("everystep", "supervisor"):
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            written = _status_lists(_code(path))
+            if written:
+                found[str(path.relative_to(ROOT))] = written
+    assert not found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_rendered_sets_are_the_models_sets(backend: str) -> None:
+    """Every placeholder in the file became exactly the models' set, and no
+    other list of statuses is in what the backend runs."""
+    raw = _code(ROOT / "everystep" / "store" / "queries" / f"{backend}.sql")
+    rendered = "\n".join(queries.load(backend).values())
+    expected = {name: queries.sql_list(statuses) for name, statuses in queries.STATUS_SETS.items()}
+    assert expected == {
+        "active_statuses": "('scheduled', 'running', 'blocked')",
+        "step_open_statuses": "('started', 'retrying', 'sleeping')",
+    }
+    for name, literal in expected.items():
+        uses = raw.count("{" + name + "}")
+        assert rendered.count(literal) == uses, name
+    assert not re.search(r"\{\w+_statuses\}", rendered)
+    assert set(_status_lists(rendered)) <= set(expected.values())
+
+
+def test_the_sets_say_what_the_statements_rely_on() -> None:
+    """Every run status is either active (claims, queue counts and
+    cancels see it; retention never deletes it) or prunable, never both;
+    the open step statuses are those whose outcome is not final."""
+    active, prunable = set(models.ACTIVE_STATUSES), set(models.PRUNABLE_STATUSES)
+    assert active.isdisjoint(prunable) and active | prunable == set(models.RunStatus)
+    assert set(models.CANCELLABLE_STATUSES) == active
+    assert set(models.STEP_OPEN_STATUSES) == set(models.StepStatus) - {models.STEP_DONE, models.STEP_FAILED}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_status_a_statement_compares_with_is_a_status(backend: str) -> None:
+    """A typo (``'runing'``) in a single comparison would match no row and
+    say nothing: each word compared with a status column is one the models know."""
+    rendered = "\n".join(queries.load(backend).values())
+    words = set(_COMPARED.findall(rendered))
+    assert words and words <= VOCABULARY, words - VOCABULARY
+
+
+def test_a_set_is_rendered_as_literals_and_nothing_else() -> None:
+    assert queries.sql_list(("a", "b")) == "('a', 'b')"
+    with pytest.raises(ValueError):
+        queries.sql_list(("it's",))
+    with pytest.raises(ValueError):
+        queries.sql_list(())
