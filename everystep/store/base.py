@@ -41,7 +41,7 @@ from ..errors import EverystepError, RunNotFound, SchemaMissing, StoreUnavailabl
 from ..models import STEP_STARTED, Attempt, Claim, Run, RunStatus, StepRecord
 from ..queues import Placement, QueueInfo, QueueSettings
 from ..resources import StepCost
-from . import migrations, queries
+from . import functions, migrations, queries
 
 if TYPE_CHECKING:
     from ..relay import OperatorRequest
@@ -429,6 +429,7 @@ class Store(abc.ABC):
                 record = "rename_migration" if placeholder else "insert_migration"
                 conn.execute(self.sql[record], self._params(version=migration.version, name=migration.name))
                 done.append(f"{migration.version:04d}_{migration.name}")
+            functions.apply(conn, self.backend, self.sql, self._params, everything=bool(done))
             return done
 
     def schema_version(self) -> int:
