@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..queues import QueueSettings
-from .queue_claim import QueueClaim
+from .queue_claim import QueueClaim, Row
 
 
 class MariaDBClaim(QueueClaim):
@@ -30,6 +30,16 @@ class MariaDBClaim(QueueClaim):
     def given_queues(self) -> list[str] | None:
         queues = self.params["queues"]
         return None if queues is None else [name for name in queues if name]
+
+    def given_names(self) -> list[str]:
+        return [name for name in self.params["names"] if name]
+
+    def take(self, queue: QueueSettings, priority: int, want: int) -> list[Row]:
+        names = list(dict.fromkeys(self.given_names()))
+        if len(names) != 1:
+            return super().take(queue, priority, want)
+        # One served name: one round trip, its runs locked by the scan itself.
+        return self._rows("claim", queue=queue.name, priority=priority, name=names[0], limit=want)
 
     def all_queues(self) -> list[str]:
         # One index probe per queue, each a round trip: a DISTINCT is a

@@ -1,16 +1,65 @@
-"""A claim with queue limits, step by step, for the backends whose claim is
-not one database function (SQLite, MariaDB): PostgreSQL's ``everystep_claim``
-(migration 0007; 0009 added a fast path for queues without limits, the same
-steps minus the limits) in Python, each step a named statement of the backend.
+"""The claim: its contract, once, and its steps for the backends whose claim
+is not a stored function (SQLite, MariaDB).
 
-It runs inside the claim's transaction. The steps: the served queues minus
-the paused ones (and those limited to 0), in a random order; a fair share of
-the batch for each, then what is left for those that filled their share;
-within a queue, one priority at a time along the claim index, each scan
-bounded by the due time. A queue with limits is claimed from only once
-``lock`` has it: what makes the counts read after it (running runs, recent
-claims) hold until the commit, so two claimers can never pass a limit
-together. How a backend locks, and how it sends a list, is its subclass's.
+The contract
+============
+Every backend's claim obeys it: PostgreSQL's functions
+(``store/functions/postgres/claim.sql``) and this module's steps alike, and
+``tests/test_claim_contract.py`` holds all three to it on random queues,
+limits, pauses, priorities, served names and backlogs.
+
+``claim(claimer, limit, names, queues)`` takes, in one transaction, runs
+that are
+
+1. **eligible**: status ``scheduled``; due (``not_before``, else
+   ``created_at``, at or before the claim's clock); of a workflow in
+   ``names`` (the served names: a run of any other name is left alone, and
+   its presence costs the claim nothing: each served name's runs are read by
+   name, one index range each); of a served queue (those given, or every
+   queue holding scheduled runs) that is not paused and not limited to 0.
+2. **free**: a run another open transaction has locked (another claimer's,
+   an operator's cancel) is skipped, never waited for, and the claim looks
+   past it; concurrent claimers take disjoint sets.
+3. **within the limits**, counting the runs this claim takes: per queue,
+   running plus taken at most ``concurrency``; per concurrency key of a
+   queue, running plus taken of that key at most ``key_concurrency`` (runs
+   without a key do not count); claims of the last ``rate_period`` seconds
+   plus taken at most ``rate_limit`` (each claim is logged with its time).
+   A limited queue is claimed from only under its lock, so claimers on any
+   number of hosts respect the limits together; while another claimer holds
+   it, this claim serves the other queues.
+4. **in order within a queue**: highest priority first (a priority orders
+   runs within their queue only), then earliest due; a run is taken only if
+   every eligible run before it in that order is taken too, except runs
+   whose key is at its limit, which are stepped over.
+5. **fair across queues**: the served queues are visited in a random order;
+   each gets ``ceil(left / queues left)`` of the batch, a queue with fewer
+   runs leaving the rest to those after it, then the queues that filled
+   their share take what is left. So each queue that can give runs gets at
+   least ``min(what it can give, limit // served queues)``.
+6. **a full batch**: ``limit`` is the runner's free capacity, and the claim
+   comes back with fewer only when no served queue can give more. One
+   bound: a key-limited queue reads a window of ``KEY_WINDOW`` candidates
+   per run still wanted (plus 32) per priority, so more runs of keys at
+   their limit than that, heading the queue, can leave the batch short.
+
+Which runs are taken is fixed by 1-6 when the order has no ties and either
+one served queue can give runs or all of them together give at most
+``limit``; otherwise only each queue's count depends on the random order.
+
+The steps (SQLite, MariaDB)
+===========================
+PostgreSQL's claim is a function; here the same steps run in Python, inside
+the claim's transaction, each one a named statement of the backend. The
+served queues minus the paused ones (and those limited to 0), in a random
+order; a fair share of the batch for each, then what is left for those
+that filled their share; within a queue, one priority at a time along the
+claimable index (queue, priority, name, due), each served name's due runs
+read by one index range, and of those the oldest. A queue with limits is
+claimed from only once ``lock`` has it: what makes the counts read after it
+(running runs, recent claims) hold until the commit, so two claimers can
+never pass a limit together. How a backend locks, takes runs and sends a
+list is its subclass's.
 """
 
 from __future__ import annotations
@@ -29,6 +78,9 @@ Row = Mapping[str, Any]
 #: runs of one key may head the queue.
 KEY_WINDOW = 8
 _ABOVE_EVERY_PRIORITY = 2**40
+#: Up to this many served names, each is probed at every priority; above it,
+#: only the names holding runs there (as PostgreSQL's claim does).
+FEW_NAMES = 4
 
 
 class QueueClaim:
@@ -51,6 +103,10 @@ class QueueClaim:
         """The ``queues`` parameter back as a list (None: every queue)."""
         raise NotImplementedError
 
+    def given_names(self) -> list[str]:
+        """The ``names`` parameter (the served workflows) back as a list."""
+        raise NotImplementedError
+
     def lock(self, queue: QueueSettings) -> QueueSettings | None:
         """Hold a limited queue until the commit: its settings as they are
         now, or None to skip it (paused meanwhile, or busy with another
@@ -63,8 +119,8 @@ class QueueClaim:
 
     # -- the claim -------------------------------------------------------------
 
-    def _rows(self, name: str, **extra: Any) -> list[Row]:
-        return self.conn.execute(self.sql[name], {**self.params, **extra}).fetchall()  # type: ignore[no-any-return]
+    def _rows(self, statement: str, /, **extra: Any) -> list[Row]:
+        return self.conn.execute(self.sql[statement], {**self.params, **extra}).fetchall()  # type: ignore[no-any-return]
 
     def served(self) -> list[QueueSettings]:
         """The queues to claim from with their settings, paused ones and
@@ -142,32 +198,71 @@ class QueueClaim:
             below = int(found[0]["priority"])
             want = most - len(claimed)
             if queue.key_concurrency is None:
-                claimed += self._rows("claim", queue=queue.name, priority=below, limit=want)
+                claimed += self.take(queue, below, want)
             else:
-                claimed += self._by_key(queue, below, want, queue.key_concurrency)
+                claimed += self._picking(queue, below, want, queue.key_concurrency)
         if claimed and queue.rate_limit is not None:
             self.conn.execute(self.sql["queue_rate_log"], {
                 **self.params, "queue": queue.name, "ids": self.listed([str(row["id"]) for row in claimed])})
         return claimed
 
-    def _by_key(self, queue: QueueSettings, priority: int, want: int, per_key: int) -> list[Row]:
-        running = {row["key"]: int(row["n"]) for row in self._rows("queue_busy_keys", queue=queue.name)}
-        busy = [key for key, count in running.items() if count >= per_key]
-        candidates = self._rows("claim_candidates", queue=queue.name, priority=priority,
-                                busy=self.listed(busy), limit=want * KEY_WINDOW + 32)
-        chosen: list[str] = []
-        for row in candidates:
-            key = row["key"]
-            if key is not None:
-                if running.get(key, 0) >= per_key:
-                    continue
-                running[key] = running.get(key, 0) + 1
-            chosen.append(str(row["id"]))
-            if len(chosen) == want:
+    def take(self, queue: QueueSettings, priority: int, want: int) -> list[Row]:
+        """Claim up to ``want`` of the oldest due runs of the served names
+        at one priority of a queue without a key limit."""
+        return self._picking(queue, priority, want, None)
+
+    def _picking(self, queue: QueueSettings, priority: int, want: int, per_key: int | None) -> list[Row]:
+        """Read candidates, pick, claim them; when another claimer holds some
+        of the picked runs, look again past them (the contract's rule 2)."""
+        claimed: list[Row] = []
+        skipped: list[str] = []
+        while len(claimed) < want:
+            left = want - len(claimed)
+            running: dict[str, int] = {}
+            if per_key is not None:
+                running = {row["key"]: int(row["n"]) for row in self._rows("queue_busy_keys", queue=queue.name)}
+            busy = [key for key, count in running.items() if per_key is not None and count >= per_key]
+            window = left if per_key is None else left * KEY_WINDOW + 32
+            picked = _pick(self.due(queue, priority, window, busy, skipped), left, running, per_key)
+            if not picked:
                 break
-        if not chosen:
-            return []
-        return self._rows("claim_ids", ids=self.listed(chosen))
+            rows = self._rows("claim_ids", ids=self.listed(picked))
+            claimed += rows
+            if len(rows) == len(picked):
+                break  # nothing held by another claimer: this window is done
+            taken = {str(row["id"]) for row in rows}
+            skipped += [run_id for run_id in picked if run_id not in taken]
+        return claimed
+
+    def due(self, queue: QueueSettings, priority: int, most: int, busy: list[str], skipped: list[str]) -> list[Row]:
+        """The ``most`` oldest due runs of the served names at one priority
+        (id, key, due), keys in ``busy`` and runs in ``skipped`` left out:
+        each name's oldest ones by one range of the claimable index, so runs
+        nobody serves are never read."""
+        found: list[Row] = []
+        for name in self.names_at(queue, priority):
+            found += self._rows("claim_name_due", queue=queue.name, priority=priority, name=name,
+                                busy=self.listed(busy), skipped=self.listed(skipped), limit=most)
+        found.sort(key=lambda row: (row["due"], str(row["id"])))
+        return found[:most]
+
+    def names_at(self, queue: QueueSettings, priority: int) -> list[str]:
+        """The served names to read at one priority of a queue: all of them
+        when they are few; else the names holding runs there (one probe per
+        distinct name) that are served, so a large application pays for the
+        names that have work, not for every workflow it registers."""
+        served = list(dict.fromkeys(self.given_names()))
+        if len(served) <= FEW_NAMES:
+            return served
+        wanted = set(served)
+        present: list[str] = []
+        after = ""
+        while (row := self.conn.execute(self.sql["claim_next_name"], {
+                "queue": queue.name, "priority": priority, "after": after}).fetchone()) is not None:
+            after = row["name"]
+            if after in wanted:
+                present.append(after)
+        return present
 
     def next_due(self) -> float | None:
         """Seconds until the next waiting run of a served queue is due: one
@@ -175,3 +270,20 @@ class QueueClaim:
         waits = [float(row["wait"]) for queue in self.served()
                  for row in self._rows("next_due", queue=queue.name) if row["wait"] is not None]
         return min(waits) if waits else None
+
+
+def _pick(candidates: list[Row], want: int, running: dict[str, int], per_key: int | None) -> list[str]:
+    """The ids to claim among ``candidates`` (oldest first): the first
+    ``want``, stepping over runs whose key has reached ``per_key``
+    (``running`` counts each key's runs, and is updated with those picked)."""
+    chosen: list[str] = []
+    for row in candidates:
+        if len(chosen) == want:
+            break
+        key = row["key"]
+        if per_key is not None and key is not None:
+            if running.get(key, 0) >= per_key:
+                continue
+            running[key] = running.get(key, 0) + 1
+        chosen.append(str(row["id"]))
+    return chosen

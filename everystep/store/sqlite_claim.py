@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..queues import QueueSettings
-from .queue_claim import QueueClaim
+from .queue_claim import QueueClaim, Row
 
 
 class SQLiteClaim(QueueClaim):
@@ -28,6 +28,14 @@ class SQLiteClaim(QueueClaim):
     def given_queues(self) -> list[str] | None:
         queues = self.params["queues"]
         return None if queues is None else list(json.loads(queues))
+
+    def given_names(self) -> list[str]:
+        return list(json.loads(self.params["names"]))
+
+    def take(self, queue: QueueSettings, priority: int, want: int) -> list[Row]:
+        # One statement: under the write lock no run is held by another
+        # claimer, and SQLite probes each served name within it.
+        return self._rows("claim", queue=queue.name, priority=priority, limit=want)
 
     def lock(self, queue: QueueSettings) -> QueueSettings | None:
         return queue  # the write lock is held already

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import migrations
+from .. import functions, migrations
 from .core import StoreCore
 
 
@@ -42,6 +42,7 @@ class Schema(StoreCore):
                 record = "rename_migration" if placeholder else "insert_migration"
                 conn.execute(self.sql[record], self._params(version=migration.version, name=migration.name))
                 done.append(f"{migration.version:04d}_{migration.name}")
+            functions.apply(conn, self.backend, self.sql, self._params, everything=bool(done))
             return done
 
     def schema_version(self) -> int:

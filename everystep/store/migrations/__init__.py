@@ -30,24 +30,29 @@ class Migration:
     sql: str
 
     def statements(self) -> list[str]:
-        """Split the file into statements: each ends with ``;`` at the end
-        of a line, outside a dollar-quoted function body."""
-        out: list[str] = []
-        buffer: list[str] = []
-        in_body = False
-        for line in self.sql.splitlines():
-            stripped = line.strip()
-            if not buffer and (not stripped or stripped.startswith("--")):
-                continue
-            buffer.append(line)
-            if stripped.count("$$") % 2:
-                in_body = not in_body
-            if not in_body and stripped.endswith(";") and not stripped.startswith("--"):
-                out.append("\n".join(buffer).strip().rstrip(";"))
-                buffer = []
-        if "".join(buffer).strip():
+        return split_statements(self.sql)
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a file into statements: each ends with ``;`` at the end of a
+    line, outside a dollar-quoted function body. Comment lines before a
+    statement are dropped."""
+    out: list[str] = []
+    buffer: list[str] = []
+    in_body = False
+    for line in sql.splitlines():
+        stripped = line.strip()
+        if not buffer and (not stripped or stripped.startswith("--")):
+            continue
+        buffer.append(line)
+        if stripped.count("$$") % 2:
+            in_body = not in_body
+        if not in_body and stripped.endswith(";") and not stripped.startswith("--"):
             out.append("\n".join(buffer).strip().rstrip(";"))
-        return out
+            buffer = []
+    if "".join(buffer).strip():
+        out.append("\n".join(buffer).strip().rstrip(";"))
+    return out
 
 
 def available(backend: str) -> list[Migration]:

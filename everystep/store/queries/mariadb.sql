@@ -89,15 +89,17 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- One queue's due runs at one priority, earliest due first, along the
--- (status, queue, priority, due_at) index (it stops at the first run not yet
--- due); SKIP LOCKED lets concurrent claimers take disjoint sets without
--- waiting on each other. Each claim bumps the run's epoch: the fencing
--- token its writes carry. The queue limits are applied around it, in the
--- same transaction (store/queue_claim.py, and the claim_* statements below).
+-- A runner serving one workflow: that name's due runs at one priority of a
+-- queue, earliest due first, along one range of the (status, queue,
+-- priority, name, due_at) index (it stops at the first run not yet due);
+-- SKIP LOCKED lets concurrent claimers take disjoint sets without waiting
+-- on each other. Each claim bumps the run's epoch: the fencing token its
+-- writes carry. With more names, the claim reads each one's candidates
+-- (claim_name_due) and claims the oldest (claim_ids); the queue limits are
+-- applied around both, in the same transaction (store/queue_claim.py).
 SELECT id FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
 WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s
-  AND due_at <= UTC_TIMESTAMP(6) AND name IN %(names)s
+  AND name = %(name)s AND due_at <= UTC_TIMESTAMP(6)
 ORDER BY due_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -350,6 +352,19 @@ WHERE table_schema = DATABASE() AND table_name = 'everystep_migration'
 -- name: schema_version
 SELECT coalesce(max(version), 0) AS version FROM everystep_migration
 
+-- name: function_table_exists
+-- Where each stored function's file was last applied (store/functions/;
+-- this backend has none).
+SELECT count(*) AS present FROM information_schema.tables
+WHERE table_schema = DATABASE() AND table_name = 'everystep_function'
+
+-- name: applied_functions
+SELECT name, sha256 FROM everystep_function
+
+-- name: record_function
+INSERT INTO everystep_function (name, sha256, applied_at) VALUES (%(name)s, %(sha256)s, %(now)s)
+ON DUPLICATE KEY UPDATE sha256 = VALUES(sha256), applied_at = VALUES(applied_at)
+
 -- -- The operations console and operator requests (migration 0005) -----------
 
 -- name: submit_request
@@ -593,15 +608,27 @@ FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
 WHERE status = 'running' AND queue = %(queue)s AND concurrency_key IS NOT NULL
 GROUP BY concurrency_key
 
--- name: claim_candidates
--- A key-limited queue: due runs at one priority whose key is not at its
--- limit (%(busy)s), more than the batch, for the caller to pick from.
-SELECT id, concurrency_key AS `key` FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s
-  AND due_at <= UTC_TIMESTAMP(6) AND name IN %(names)s
+-- name: claim_name_due
+-- One served workflow's due runs at one priority of a queue, earliest due
+-- first: one range of the (status, queue, priority, name, due_at) index, so
+-- runs nobody serves are never read. Keys at their limit (%(busy)s) and
+-- runs another claimer held (%(skipped)s) are left out. Read without a
+-- lock: claim_ids locks the ones picked, SKIP LOCKED.
+SELECT id, concurrency_key AS `key`, due_at AS due FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s AND name = %(name)s
+  AND due_at <= UTC_TIMESTAMP(6)
   AND (concurrency_key IS NULL OR concurrency_key NOT IN %(busy)s)
-ORDER BY due_at, id
+  AND id NOT IN %(skipped)s
+ORDER BY due_at
 LIMIT %(limit)s
+
+-- name: claim_next_name
+-- The first workflow name after %(after)s holding scheduled runs at one
+-- priority of a queue: one probe of the claimable index.
+SELECT name FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s AND name > %(after)s
+ORDER BY name
+LIMIT 1
 
 -- name: claim_ids
 -- The runs picked from the candidates, those still scheduled and not

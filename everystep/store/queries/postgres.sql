@@ -362,6 +362,17 @@ SELECT to_regclass('everystep_migration') IS NOT NULL AS present
 -- name: schema_version
 SELECT coalesce(max(version), 0) AS version FROM everystep_migration
 
+-- name: function_table_exists
+-- Where each stored function's file was last applied (store/functions/).
+SELECT to_regclass('everystep_function') IS NOT NULL AS present
+
+-- name: applied_functions
+SELECT name, sha256 FROM everystep_function
+
+-- name: record_function
+INSERT INTO everystep_function (name, sha256, applied_at) VALUES (%(name)s, %(sha256)s, %(now)s)
+ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, applied_at = excluded.applied_at
+
 -- name: listen
 -- Newly scheduled runs (payload: the workflow name), runs taken from their
 -- holder (payload: "RUNNER RUN_ID") and operator requests (payload: the

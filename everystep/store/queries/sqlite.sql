@@ -38,36 +38,50 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = :id ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- One queue's due runs at one priority, earliest due first, along the
--- partial index of scheduled runs by (queue, priority, due time): it stops at
--- the first run not yet due. INDEXED BY pins that plan, as PostgreSQL's
--- claim function does: left to itself, SQLite reads every scheduled run
--- through the status index and sorts them, sleeping ones included. Each
--- claim bumps the run's epoch: the fencing token its writes carry. The
--- queue limits are applied around it, under the same write lock
--- (store/sqlite_claim.py).
+-- One queue's oldest due runs at one priority, of the served names only:
+-- for each name, its earliest due runs along the partial index of scheduled
+-- runs by (queue, priority, name, due time), one range that stops at the
+-- first run not yet due, and of those the earliest overall (runs nobody
+-- serves are never read). INDEXED BY pins that plan, as PostgreSQL's claim
+-- function does: left to itself, SQLite reads every scheduled run through
+-- the status index and sorts them, sleeping ones included. Each claim bumps
+-- the run's epoch: the fencing token its writes carry. The queue limits are
+-- applied around it, under the same write lock (store/sqlite_claim.py).
 UPDATE everystep_workflow
 SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1
 WHERE id IN (
-    SELECT id FROM everystep_workflow INDEXED BY everystep_workflow_claimable
-    WHERE status = 'scheduled' AND queue = :queue AND priority = :priority
-      AND coalesce(not_before, created_at) <= :now
-      AND name IN (SELECT value FROM json_each(:names))
-    ORDER BY coalesce(not_before, created_at)
+    SELECT c.id FROM (SELECT DISTINCT value AS name FROM json_each(:names)) AS served
+    JOIN everystep_workflow AS c ON c.id IN (
+        SELECT w.id FROM everystep_workflow AS w INDEXED BY everystep_workflow_claimable
+        WHERE w.status = 'scheduled' AND w.queue = :queue AND w.priority = :priority
+          AND w.name = served.name AND coalesce(w.not_before, w.created_at) <= :now
+        ORDER BY coalesce(w.not_before, w.created_at)
+        LIMIT :limit)
+    ORDER BY coalesce(c.not_before, c.created_at), c.id
     LIMIT :limit
 )
 RETURNING {run_columns}
 
--- name: claim_candidates
--- A key-limited queue: due runs at one priority whose key is not at its
--- limit (``busy``), more than the batch, for the caller to pick from.
-SELECT id, concurrency_key AS key FROM everystep_workflow INDEXED BY everystep_workflow_claimable
-WHERE status = 'scheduled' AND queue = :queue AND priority = :priority
+-- name: claim_name_due
+-- One served workflow's due runs at one priority of a queue, earliest due
+-- first: one range of the claimable index. Keys at their limit (``busy``)
+-- and runs already passed over (``skipped``) are left out.
+SELECT id, concurrency_key AS key, coalesce(not_before, created_at) AS due
+FROM everystep_workflow INDEXED BY everystep_workflow_claimable
+WHERE status = 'scheduled' AND queue = :queue AND priority = :priority AND name = :name
   AND coalesce(not_before, created_at) <= :now
-  AND name IN (SELECT value FROM json_each(:names))
   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:busy)))
-ORDER BY coalesce(not_before, created_at), id
+  AND id NOT IN (SELECT value FROM json_each(:skipped))
+ORDER BY coalesce(not_before, created_at)
 LIMIT :limit
+
+-- name: claim_next_name
+-- The first workflow name after :after holding scheduled runs at one
+-- priority of a queue: one probe of the claimable index.
+SELECT name FROM everystep_workflow INDEXED BY everystep_workflow_claimable
+WHERE status = 'scheduled' AND queue = :queue AND priority = :priority AND name > :after
+ORDER BY name
+LIMIT 1
 
 -- name: claim_ids
 UPDATE everystep_workflow
@@ -326,6 +340,18 @@ SELECT count(*) AS present FROM sqlite_master WHERE type = 'table' AND name = 'e
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) AS version FROM everystep_migration
+
+-- name: function_table_exists
+-- Where each stored function's file was last applied (store/functions/;
+-- this backend has none).
+SELECT count(*) AS present FROM sqlite_master WHERE type = 'table' AND name = 'everystep_function'
+
+-- name: applied_functions
+SELECT name, sha256 FROM everystep_function
+
+-- name: record_function
+INSERT INTO everystep_function (name, sha256, applied_at) VALUES (:name, :sha256, :now)
+ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, applied_at = excluded.applied_at
 
 -- name: connection_setup
 -- Run on every new connection (the busy timeout is the driver's connect

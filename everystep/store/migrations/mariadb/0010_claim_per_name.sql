@@ -1,4 +1,3 @@
--- Nothing to do here yet: PostgreSQL's version 10 made its claim look for
--- each served workflow's runs by name, so that runs nobody serves cost a
--- claim nothing. This backend's claim still walks a queue's due runs and
--- tests their names. The version exists so every backend numbers alike.
+-- Nothing to do here: PostgreSQL's version 10 made its claim look for each
+-- served workflow's runs by name. This backend's claim does since version
+-- 11. The version exists so every backend numbers alike.

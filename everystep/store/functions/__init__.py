@@ -1,0 +1,88 @@
+"""Stored functions, one file each, re-applied when their text changes.
+
+Numbered migrations (``migrations/<backend>/NNNN_*.sql``) hold the schema's
+history: tables, columns, indexes, each applied once. A function is not
+history: only its current body matters, and a body restated in full by each
+migration that changed it made every change to the claim a new copy of
+hundreds of lines. So each function lives in ``functions/<backend>/NAME.sql``
+as ``CREATE OR REPLACE FUNCTION`` (repeatable migrations, as Flyway and yoyo
+call them), and the migrator re-applies a file
+
+- when its SHA-256 differs from the one recorded in ``everystep_function``
+  (a changed body: the change is the file's diff), or
+- when a numbered migration was applied in the same run, so a version that
+  must drop a function (to change its result type) or alters what a
+  ``LANGUAGE sql`` body is checked against gets it back at once.
+
+It runs after the numbered migrations, in their transaction and under their
+lock (PostgreSQL: ``pg_advisory_xact_lock``), so two migrators never apply a
+file twice, a failure leaves neither half, and a fresh database gets its
+functions before anything calls them. Files are applied in name order; a
+PL/pgSQL body is only parsed when created, so the order matters only for a
+``LANGUAGE sql`` body that calls another function.
+
+Only PostgreSQL has such files: SQLite and MariaDB claim in Python
+(``queue_claim.py``) and store no function. The step does nothing where the
+record table does not exist yet (a schema older than the version creating
+it, as an older release would leave it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from ..migrations import split_statements
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Function:
+    """One file of ``functions/<backend>/``: its name (the file's stem) and text."""
+
+    name: str
+    sql: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+
+    def statements(self) -> list[str]:
+        return split_statements(self.sql)
+
+
+def available(backend: str) -> list[Function]:
+    """The backend's function files, in name order (none: an empty list)."""
+    folder = resources.files(__package__).joinpath(backend)
+    if not folder.is_dir():
+        return []
+    found = [Function(entry.name.removesuffix(".sql"), entry.read_text(encoding="utf-8"))
+             for entry in folder.iterdir() if entry.name.endswith(".sql")]
+    return sorted(found, key=lambda function: function.name)
+
+
+def apply(conn: Any, backend: str, sql: Mapping[str, str], params: Callable[..., dict[str, Any]],
+          everything: bool) -> list[str]:
+    """Re-apply the function files whose text changed (all of them when
+    ``everything``: a numbered migration just ran); returns their names.
+    Runs inside the migrator's transaction, on ``conn``."""
+    files = available(backend)
+    if not files or not conn.execute(sql["function_table_exists"]).fetchone()["present"]:
+        return []
+    recorded = {row["name"]: row["sha256"] for row in conn.execute(sql["applied_functions"]).fetchall()}
+    done = []
+    for function in files:
+        if not everything and recorded.get(function.name) == function.sha256:
+            continue
+        for statement in function.statements():
+            conn.execute(statement)
+        conn.execute(sql["record_function"], params(name=function.name, sha256=function.sha256))
+        done.append(function.name)
+    if done:
+        log.info("applied functions %s", ", ".join(done))
+    return done
