@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import EverystepError
+from .vocabulary import Command
 
 if TYPE_CHECKING:
     from .store import Store
@@ -49,7 +50,7 @@ REQUEST_CHANNEL = "everystep_request"
 
 #: Commands a supervisor accepts through the database: those of its control
 #: socket (``supervisor.commands``), which validates their arguments.
-COMMANDS = ("status", "kill", "scale", "reload", "drain")
+COMMANDS: tuple[str, ...] = tuple(Command)
 
 #: How long a requester waits for a reply before expiring its request.
 REPLY_TIMEOUT = 15.0

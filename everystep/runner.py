@@ -76,7 +76,6 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from enum import StrEnum
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +112,7 @@ from .models import (
     STEP_RETRYING,
     STEP_SLEEPING,
     STEP_STARTED,
+    Outcome,
     Run,
     StepRecord,
 )
@@ -131,26 +131,6 @@ logger = logging.getLogger("everystep")
 #: record. Raising ``SimulatedCrash`` there leaves the database exactly as a
 #: process death would.
 fault: Callable[[Context, str], None] | None = None
-
-class Outcome(StrEnum):
-    """Where one execution of a run left it: a run status, or one of the
-    three ways an execution ends without writing one."""
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    BLOCKED = "blocked"
-    CANCELLED = "cancelled"  # an operator cancelled it mid-run: nothing more was written
-    REQUEUED = "requeued"  # drained at a step boundary, back in the queue
-    RELEASED = "released"  # waits (sleep, retry backoff): back in the queue until its wake time
-    LOST = "lost"  # the claim moved on: nothing more was written
-    UNFINISHED = "unfinished"  # the database failed mid-run; still claimed, to be retried
-
-    @property
-    def settled(self) -> bool:
-        """The run reached a resting point (a status, or back in the queue)."""
-        return self not in (Outcome.LOST, Outcome.UNFINISHED)
-
 
 REQUEUED = Outcome.REQUEUED
 LOST_CLAIM = Outcome.LOST
