@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from types import CodeType
 
     from .resources import StepMeter
-    from .store import NewStep, Store
+    from .runner import HeldRecord
+    from .store import Store
 
 MAX_STEP_ID_LENGTH = 300
 # fullmatch, not match with "$": "$" also matches before a trailing newline.
@@ -124,11 +125,11 @@ class Execution:
     #: timeout of that attempt leads to).
     starting: dict[str, StepAttempt] = field(default_factory=dict)
     #: The code of the workflow body, once it runs: a step called from it
-    #: in tail position is the run's last act (see ``PendingRecord``).
+    #: in tail position is the run's last act (``runner.HeldRecord``).
     body_code: CodeType | None = None
     #: The record of the body's last step, held back to be written with the
     #: run's terminal status in one transaction.
-    pending: PendingRecord | None = None
+    held: HeldRecord | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -157,20 +158,6 @@ class Execution:
     def attempt_of(self, step_id: str) -> StepAttempt | None:
         """The attempt of step ``step_id``, while it is being started."""
         return self.starting.get(step_id)
-
-
-@dataclass(frozen=True)
-class PendingRecord:
-    """A finished step's record, not yet written: the step was the body's
-    last act (called in tail position at its top level, succeeded, safe to
-    repeat), so its record goes to the database with the run's terminal
-    status, in one transaction. Until then it is exactly as if the process
-    had died after the step's effect: a replay runs the step again."""
-
-    ctx: Context
-    entry: NewStep
-    decoded: StepRecord
-    token: Any
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .models import EXECUTION_ENDS
 from .observer import Observer
 from .store import utcnow
+from .vocabulary import INVALID_COMMAND, Command, RestartReason
 
 if TYPE_CHECKING:
     # Types only: importing prometheus_client here would fix its multiprocess
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("everystep")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-SUPERVISOR_COMMANDS = ("status", "kill", "scale", "reload", "drain")
-RESTART_REASONS = ("exit", "crash", "recycle", "timeout", "kill", "fenced", "cancelled", "resource")
+#: Label values made known at start, from the one vocabulary (``everystep.vocabulary``).
+SUPERVISOR_COMMANDS: tuple[str, ...] = tuple(Command)
+RESTART_REASONS: tuple[str, ...] = tuple(RestartReason)
 #: Buckets of the step cost histograms: CPU seconds, and bytes of peak RSS growth.
 CPU_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, float("inf"))
 RSS_BUCKETS = tuple(float(1 << shift) for shift in (16, 20, 22, 24, 26, 28, 30, 32)) + (float("inf"),)
@@ -203,7 +205,7 @@ def refresh_queue_gauges(store: Store) -> None:
 
 def control_command_label(command: object) -> str:
     """Hostile clients choose the command string: keep the label bounded."""
-    return command if isinstance(command, str) and command in SUPERVISOR_COMMANDS else "invalid"
+    return command if isinstance(command, str) and command in SUPERVISOR_COMMANDS else INVALID_COMMAND
 
 
 class MetricsObserver(Observer):
@@ -309,5 +311,5 @@ def runner_started(runner: str, pool_size: int, kind: str = "worker", workflows:
         metrics.step_timeouts.labels(runner)
         for reason in RESTART_REASONS:
             metrics.child_restarts.labels(runner, reason)
-        for command in (*SUPERVISOR_COMMANDS, "invalid"):
+        for command in (*SUPERVISOR_COMMANDS, INVALID_COMMAND):
             metrics.control_requests.labels(runner, command)

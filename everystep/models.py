@@ -296,3 +296,24 @@ class OperatorRequest:
 
 def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+class Outcome(StrEnum):
+    """Where one execution of a run left it: a run status, or one of the
+    ways an execution ends without writing one. The runner returns it;
+    runners (the worker, the supervisor's parent) count and log it."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"  # an operator cancelled it mid-run: nothing more was written
+    REQUEUED = "requeued"  # drained at a step boundary, back in the queue
+    RELEASED = "released"  # waits (sleep, retry backoff): back in the queue until its wake time
+    LOST = "lost"  # the claim moved on: nothing more was written
+    UNFINISHED = "unfinished"  # the database failed mid-run; still claimed, to be retried
+
+    @property
+    def settled(self) -> bool:
+        """The run reached a resting point (a status, or back in the queue)."""
+        return self not in (Outcome.LOST, Outcome.UNFINISHED)

@@ -100,7 +100,7 @@ def requeue(store: Store, claim: Claim) -> bool:
     return True
 
 
-#: How loudly each ``runner.Outcome`` is logged (completed runs: DEBUG).
+#: How loudly each ``models.Outcome`` is logged (completed runs: DEBUG).
 _LOG_LEVELS = {
     "failed": logging.WARNING,
     "blocked": logging.WARNING,

@@ -32,6 +32,7 @@ from .errors import EverystepError
 # The request row and its statuses live with the other rows (``models``), so
 # the store reads them without importing this module.
 from .models import REQUEST_KEEP_SECONDS, OperatorRequest, RequestStatus
+from .vocabulary import Command
 
 if TYPE_CHECKING:
     from .store import Store
@@ -42,7 +43,7 @@ REQUEST_CHANNEL = "everystep_request"
 
 #: Commands a supervisor accepts through the database: those of its control
 #: socket (``supervisor.commands``), which validates their arguments.
-COMMANDS = ("status", "kill", "scale", "reload", "drain")
+COMMANDS: tuple[str, ...] = tuple(Command)
 
 #: How long a requester waits for a reply before expiring its request.
 REPLY_TIMEOUT = 15.0

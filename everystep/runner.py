@@ -15,13 +15,18 @@ the end. The runner writes, for the run it was handed:
 The last step and the status together. When the body's last act is a step
 (``return step(...)`` or ``x = step(...); return x`` at the body's own top
 level, read from the bytecode by ``tail_position``) and that step succeeds
-and is safe to repeat, its record is held back (``Execution.pending``) and
-written with the ``completed`` status in one transaction
-(``Store.finish_run_with_step``): one commit less per run. If that write is
-refused, the step is written alone, which says why as any step write does;
-if anything but ``completed`` is to be written, the record goes first, on
-its own. Held back, the record is exactly as durable as a step whose
-process died after its effect: a replay runs that step again.
+and is safe to repeat, its record is held back (a ``HeldRecord``, in
+``Execution.held``) and committed with the ``completed`` status in one
+transaction (``Store.finish_run_with_step``): one commit less per run. If
+that write is refused, the step is flushed alone, which says why as any
+step write does; if anything but ``completed`` is to be written, or the
+body calls another step after all, the record is flushed first, on its
+own. Held back, the record is exactly as durable as a step whose process
+died after its effect: a replay runs that step again.
+
+Reading order: a step call (``run_step``: replay, begin, run, record),
+the held last step, durable sleeps, parallel forks, then a whole run
+(``execute``) and how it settles (``_settle``: a verdict, then its write).
 
 Fencing. Every claim bumps the run's epoch, so an execution superseded by a
 later claim (an operator's forced requeue, a re-claim by the same runner
@@ -68,6 +73,7 @@ finished through the one write a cancelled claim still allows, and stops.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import datetime as dt
@@ -76,7 +82,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from enum import StrEnum
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +92,6 @@ from .context import (
     Context,
     Execution,
     Flag,
-    PendingRecord,
     StepAttempt,
     _current,
     _in_step,
@@ -113,6 +118,7 @@ from .models import (
     STEP_RETRYING,
     STEP_SLEEPING,
     STEP_STARTED,
+    Outcome,
     Run,
     StepRecord,
 )
@@ -132,26 +138,7 @@ logger = logging.getLogger("everystep")
 #: process death would.
 fault: Callable[[Context, str], None] | None = None
 
-class Outcome(StrEnum):
-    """Where one execution of a run left it: a run status, or one of the
-    three ways an execution ends without writing one."""
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    BLOCKED = "blocked"
-    CANCELLED = "cancelled"  # an operator cancelled it mid-run: nothing more was written
-    REQUEUED = "requeued"  # drained at a step boundary, back in the queue
-    RELEASED = "released"  # waits (sleep, retry backoff): back in the queue until its wake time
-    LOST = "lost"  # the claim moved on: nothing more was written
-    UNFINISHED = "unfinished"  # the database failed mid-run; still claimed, to be retried
-
-    @property
-    def settled(self) -> bool:
-        """The run reached a resting point (a status, or back in the queue)."""
-        return self not in (Outcome.LOST, Outcome.UNFINISHED)
-
-
+# ``Outcome`` lives in ``models`` (runners import it from there); these names stay for callers.
 REQUEUED = Outcome.REQUEUED
 LOST_CLAIM = Outcome.LOST
 UNFINISHED = Outcome.UNFINISHED
@@ -173,48 +160,24 @@ def call_step(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 
 def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
-    """Replay or execute one step call in ``ctx``."""
+    """Replay or execute one step call in ``ctx``, in three phases: replay
+    (a recorded outcome returns or raises without running the step), begin
+    (checks before the effect; an unsafe step's ``started`` row claims the
+    effect), then run it and record how it ended (``_record``)."""
     ex = ctx.execution
-    if ex.pending is not None:
-        _flush(ex)
-    ex.check_interrupt()
-    step_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
-    recorded = ex.outcomes.get(step_id)
+    step_id = _next_id(ex, ctx, name)
     attempt = 1
+    recorded = ex.outcomes.get(step_id)
     if recorded is not None:
-        if recorded.name != step.name:
-            raise _diverged(ex, step_id, recorded.name, step.name)
-        if recorded.status == STEP_RETRYING:
-            if not _due(ex, recorded.wake_at):
-                raise _suspend(ex, recorded.wake_at)
-            attempt = recorded.attempt + 1  # its time has come: the next attempt runs
-        elif recorded.status != STEP_STARTED:
+        attempt = _attempt_to_run(ex, step, step_id, recorded)
+        if attempt == _RECORDED:
             return _replay(ex, recorded)
-        elif step.unsafe_to_repeat:
-            raise ex.interrupt_with(_uncertain(ex.run, step_id, step.name))
-        # A started row without outcome, for a step no longer marked unsafe:
-        # current code says it may repeat, so it runs again.
-    if ex.dry_run:
-        from .dryrun import StopBeforeStep
-
-        raise StopBeforeStep(step_id, step.name)
-    if ex.draining is not None and ex.draining.is_set():
-        raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
-    args_json = _fatal_on_error(ex, lambda: serde.dumps(list(args), f"arguments of step {step_id}"))
-    kwargs_json = _fatal_on_error(ex, lambda: serde.dumps(kwargs, f"keyword arguments of step {step_id}")) \
-        if kwargs else "{}"
-    started_at = utcnow()
+    entry = _begin(ex, step, step_id, args, kwargs, attempt)
     started: StepRecord | None = None
     if step.unsafe_to_repeat:
-        entry = NewStep(step_id, step.name, args_json, kwargs_json, started_at, attempt=attempt)
-        write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry))
-        if not write.ours:
-            if write.record.status == STEP_STARTED:
-                raise ex.interrupt_with(_uncertain(ex.run, step_id, step.name))
-            ex.outcomes[step_id] = write.record
-            return _replay(ex, write.record)
-        started = write.record
-        ex.outcomes[step_id] = started
+        started = _claim_effect(ex, step, entry)
+        if started.status != STEP_STARTED:
+            return _replay(ex, started)  # a racing execution recorded its outcome first
     policy = step.retry
     ex.starting[step_id] = StepAttempt(attempt, policy.delay_after(attempt, StepTimeout()) if policy else None)
     gauge = ex.meter.begin(ctx, step_id, step) if ex.meter is not None else None
@@ -228,6 +191,89 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     finally:
         if gauge is not None:
             cost = gauge.end()
+    return _record(ex, ctx, step, entry, started, args, kwargs, result, error, cost, token)
+
+
+def _next_id(ex: Execution, ctx: Context, name: str | None) -> str:
+    """Where every step, fork and sleep begins: a held record is written
+    first (the body went on after its last step after all), an interrupt
+    is re-raised (no step starts once the run is ending), then the id is
+    allocated; a bad name ends the run, even if the body catches it."""
+    if ex.held is not None:
+        ex.held.flush(ex)
+    ex.check_interrupt()
+    try:
+        return ctx.next_id(name)
+    except EverystepError as exc:
+        raise ex.interrupt_with(exc) from None
+
+
+#: ``_attempt_to_run``: the recorded outcome stands, the step does not run.
+_RECORDED = 0
+
+
+def _attempt_to_run(ex: Execution, step: StepFunction, step_id: str, recorded: StepRecord) -> int:
+    """The replay phase, for a step id with a row: which attempt of the step
+    runs now, or ``_RECORDED`` (its outcome is replayed). A retry not yet
+    due waits; an unsafe step started without outcome blocks the run."""
+    if recorded.name != step.name:
+        raise _diverged(ex, step_id, recorded.name, step.name)
+    if recorded.status == STEP_RETRYING:
+        if not _due(ex, recorded.wake_at):
+            raise _suspend(ex, recorded.wake_at)
+        return recorded.attempt + 1  # its time has come: the next attempt runs
+    if recorded.status != STEP_STARTED:
+        return _RECORDED
+    if step.unsafe_to_repeat:
+        raise ex.interrupt_with(_uncertain(ex.run, step_id, step.name))
+    # A started row without outcome, for a step no longer marked unsafe:
+    # current code says it may repeat, so it runs again.
+    return 1
+
+
+def _may_start(ex: Execution, step_id: str, name: str) -> None:
+    """No new step starts in a dry run (it stops before the first
+    unrecorded one) or once the runner drains (the run is requeued)."""
+    if ex.dry_run:
+        from .dryrun import StopBeforeStep
+
+        raise StopBeforeStep(step_id, name)
+    if ex.draining is not None and ex.draining.is_set():
+        raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
+
+
+def _begin(ex: Execution, step: StepFunction, step_id: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+           attempt: int) -> NewStep:
+    """The begin phase: the step may start, and its arguments are stored
+    as they are now, before the effect (unstorable ones end the run)."""
+    _may_start(ex, step_id, step.name)
+    try:
+        args_json = serde.dumps(list(args), f"arguments of step {step_id}")
+        kwargs_json = serde.dumps(kwargs, f"keyword arguments of step {step_id}") if kwargs else "{}"
+    except EverystepError as exc:
+        raise ex.interrupt_with(exc) from None
+    return NewStep(step_id, step.name, args_json, kwargs_json, utcnow(), attempt=attempt)
+
+
+def _claim_effect(ex: Execution, step: StepFunction, entry: NewStep) -> StepRecord:
+    """An unsafe step's ``started`` row, whose insert is the atomic claim on
+    its effect. Returns that row, or the outcome a racing execution already
+    recorded; one that started and has no outcome blocks the run."""
+    write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry))
+    if write.ours or write.record.status != STEP_STARTED:
+        ex.outcomes[entry.step_id] = write.record
+        return write.record
+    raise ex.interrupt_with(_uncertain(ex.run, entry.step_id, step.name))
+
+
+def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, started: StepRecord | None,
+            args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, error: Exception | None,
+            cost: StepCost | None, token: Any) -> Any:
+    """The record phase: write how the step ended and return its result (or
+    raise its error). A crash writes nothing; a failure the step's policy
+    retries is recorded as a wait; the body's last step is held back to go
+    with the run's status (``HeldRecord``)."""
+    step_id = entry.step_id
     if isinstance(error, Terminal):
         # The run stops now, not once this step's record is written: a
         # sibling branch must not start a new step during that write.
@@ -241,11 +287,10 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
         except SimulatedCrash as crash:
             ex.observer.step_finished(ctx, step_id, step.name, "crashed", crash, token)
             raise ex.interrupt_with(crash) from None
-    if error is not None and policy is not None:
-        delay = policy.delay_after(attempt, error)
+    if error is not None and step.retry is not None:
+        delay = step.retry.delay_after(entry.attempt, error)
         if delay is not None:
-            attempted = NewStep(step_id, step.name, args_json, kwargs_json, started_at, attempt=attempt)
-            return _retry_later(ex, ctx, step.name, attempted, args, kwargs, error, delay, token)
+            return _retry_later(ex, ctx, step.name, entry, args, kwargs, error, delay, token)
     if error is None:
         try:
             result_json = serde.dumps(result, f"result of step {step_id} ({step.name})")
@@ -262,14 +307,14 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     cpu_seconds, peak_rss = (cost.cpu_seconds, cost.peak_rss_bytes) if cost is not None else (None, None)
     decoded = StepRecord(
         workflow_id=ex.run.id, step_id=step_id, name=step.name, status=status, result=result,
-        error=encoded_error, args=list(args), kwargs=dict(kwargs), started_at=started_at, attempt=attempt,
-        cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss,
+        error=encoded_error, args=list(args), kwargs=dict(kwargs), started_at=entry.started_at,
+        attempt=entry.attempt, cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss,
     )
-    finished = NewStep(step_id, step.name, args_json, kwargs_json, started_at, status=status, result_json=result_json,
-                       error_json=error_json, attempt=attempt, cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss)
+    finished = NewStep(step_id, step.name, entry.args_json, entry.kwargs_json, entry.started_at, status=status,
+                       result_json=result_json, error_json=error_json, attempt=entry.attempt,
+                       cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss)
     if error is None and started is None and _is_last_act(ex, ctx):
-        # Its record goes with the run's terminal status, in one transaction.
-        ex.pending = PendingRecord(ctx, finished, decoded, token)
+        ex.held = HeldRecord(ctx, finished, decoded, token)
         return result
     try:
         if started is not None:
@@ -319,59 +364,6 @@ def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: t
     raise _suspend(ex, retry_at)
 
 
-#: Modules whose frames lie between a step call in the body and ``run_step``.
-_ENGINE_MODULES = frozenset({__name__, "everystep.api"})
-
-
-def _is_last_act(ex: Execution, ctx: Context) -> bool:
-    """Whether the step being recorded is the body's last act: called at the
-    body's own top level (not in a helper function, not in a parallel
-    branch) in tail position, so once it returns the body returns its result
-    and runs nothing more (``everystep.tail_position``)."""
-    if ctx.prefix or ex.body_code is None or ex.dry_run:
-        return False
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__") in _ENGINE_MODULES:
-        frame = frame.f_back
-    return (frame is not None and frame.f_code is ex.body_code and frame.f_back is not None
-            and frame.f_back.f_code is execute.__code__ and is_tail_call(frame.f_code, frame.f_lasti))
-
-
-def _flush(ex: Execution) -> StepWrite:
-    """Write the held-back record of the last step on its own, as any step
-    record: the body went on after all, or the run's terminal status cannot
-    go with it. Raises the interrupt a refused write causes, like any step
-    write (a cancel records the step through the cancelled claim)."""
-    pending, ex.pending = ex.pending, None
-    assert pending is not None
-    return _write_pending(ex, pending, lambda: ex.store.record_step(ex.claim, pending.entry, pending.decoded))
-
-
-def _flush_quietly(ex: Execution) -> None:
-    """``_flush`` where a refusal only has to be remembered: the interrupt
-    it raises is ``ex.interrupt`` from then on. A simulated crash writes
-    nothing, as a dead process would not."""
-    if isinstance(ex.interrupt, SimulatedCrash):
-        ex.pending = None
-        return
-    try:
-        _flush(ex)
-    except EverystepError:
-        pass
-
-
-def _write_pending(ex: Execution, pending: PendingRecord, write: Callable[[], StepWrite | None]) -> StepWrite:
-    entry = pending.entry
-    try:
-        written = _store_call(ex, write, entry)
-    except BaseException as exc:
-        ex.observer.step_finished(pending.ctx, entry.step_id, entry.name, "unrecorded", exc, pending.token)
-        raise
-    ex.outcomes[entry.step_id] = written.record
-    ex.observer.step_finished(pending.ctx, entry.step_id, entry.name, entry.status, None, pending.token)
-    return written
-
-
 def _due(ex: Execution, wake_at: dt.datetime | None) -> bool:
     """Whether a wait ending at ``wake_at`` is over: by this host's clock, or
     by the database's time of the claim (it only hands out due runs)."""
@@ -396,64 +388,6 @@ def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseEx
             f"calls {called!r}; the code diverged from the recorded run"
         )
     )
-
-
-# -- durable sleep -------------------------------------------------------------
-
-
-def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
-    """A durable sleep inside a workflow (see ``api.sleep``); outside one,
-    a plain ``time.sleep`` until ``wake_at``."""
-    ctx = recording_context()
-    if ctx is None:
-        import time
-
-        time.sleep(max((wake_at - utcnow()).total_seconds(), 0.0))
-        return
-    ex = ctx.execution
-    if ex.pending is not None:
-        _flush(ex)
-    ex.check_interrupt()
-    step_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
-    recorded = ex.outcomes.get(step_id)
-    if recorded is not None:
-        if recorded.name != SLEEP_STEP:
-            raise _diverged(ex, step_id, recorded.name, SLEEP_STEP)
-        if recorded.status != STEP_SLEEPING:
-            _replay(ex, recorded)
-            return
-        if not _due(ex, recorded.wake_at):
-            raise _suspend(ex, recorded.wake_at)
-        if ex.dry_run:
-            return  # it would wake now; a dry replay writes nothing
-        _record_sleep(ex, step_id, recorded.wake_at, recorded.started_at or utcnow(), STEP_DONE)
-        return
-    if ex.dry_run:
-        from .dryrun import StopBeforeStep
-
-        raise StopBeforeStep(step_id, SLEEP_STEP)
-    if ex.draining is not None and ex.draining.is_set():
-        raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
-    now = utcnow()
-    if wake_at <= now:
-        _record_sleep(ex, step_id, wake_at, now, STEP_DONE)
-        return
-    write = _record_sleep(ex, step_id, wake_at, now, STEP_SLEEPING)
-    if write.record.status == STEP_DONE:
-        return  # a racing execution recorded it over already
-    raise _suspend(ex, wake_at)
-
-
-def _record_sleep(ex: Execution, step_id: str, wake_at: dt.datetime | None, started_at: dt.datetime,
-                  status: str) -> StepWrite:
-    args_json = serde.dumps([wake_at], "sleep")
-    entry = NewStep(step_id, SLEEP_STEP, args_json, "{}", started_at, status=status,
-                    result_json="null" if status == STEP_DONE else None, wake_at=wake_at)
-    decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=SLEEP_STEP, status=status,
-                         args=[wake_at], started_at=started_at, wake_at=wake_at)
-    write = _store_call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded), entry)
-    ex.outcomes[step_id] = write.record
-    return write
 
 
 def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -488,15 +422,6 @@ def _uncertain(run: Run, step_id: str, name: str) -> EffectUncertain:
     )
 
 
-def _fatal_on_error(ex: Execution, action: Callable[[], Any]) -> Any:
-    """Engine misuse (bad step name, unstorable arguments) ends the run even
-    if the body catches it: carrying on would make replays diverge."""
-    try:
-        return action()
-    except EverystepError as exc:
-        raise ex.interrupt_with(exc) from None
-
-
 def _store_call(ex: Execution, action: Callable[[], StepWrite | None], outcome: NewStep | None = None) -> StepWrite:
     """Make a step write; a refused one interrupts the run: ``Cancelled`` if
     an operator cancelled it under this claim (``outcome``, the step just
@@ -526,6 +451,129 @@ def _refused(ex: Execution, outcome: NewStep | None = None) -> BaseException:
                      f"epoch {ex.claim.epoch}); stopping it without writing anything more")
 
 
+# -- the last step -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeldRecord:
+    """A finished step's record, not yet written: the step was the body's
+    last act (``_is_last_act``), succeeded and is safe to repeat, so its
+    record goes to the database with the run's terminal status. Until then
+    it is exactly as if the process had died after the step's effect: a
+    replay runs the step again. Two ways out: ``commit`` (with the run's
+    ``completed`` status, in one transaction) or ``flush`` (on its own, as
+    any step record)."""
+
+    ctx: Context
+    entry: NewStep
+    decoded: StepRecord
+    token: Any
+
+    def flush(self, ex: Execution) -> StepWrite:
+        """Write the record on its own: the body went on after all, or the
+        run's status cannot go with it. A refusal raises the interrupt it
+        causes, as any step write's does (a cancel records the step through
+        the cancelled claim)."""
+        ex.held = None
+        try:
+            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, self.entry, self.decoded), self.entry)
+        except BaseException as exc:
+            self._finished(ex, "unrecorded", exc)
+            raise
+        self._written(ex, write)
+        return write
+
+    def commit(self, ex: Execution, status: Outcome, result_json: str | None) -> bool:
+        """Write the record and the run's ``status`` in one transaction;
+        False if that was refused (nothing written: ``flush`` then says
+        why). The database failing raises its interrupt."""
+        ex.held = None
+        try:
+            write = ex.store.finish_run_with_step(ex.claim, self.entry, status, result_json, None, self.decoded)
+        except StoreUnavailable as exc:
+            self._finished(ex, "unrecorded", exc)
+            raise ex.interrupt_with(exc) from None
+        if write is LOST:
+            return False
+        self._written(ex, write)
+        return True
+
+    def _written(self, ex: Execution, write: StepWrite) -> None:
+        ex.outcomes[self.entry.step_id] = write.record
+        self._finished(ex, self.entry.status, None)
+
+    def _finished(self, ex: Execution, status: str, error: BaseException | None) -> None:
+        ex.observer.step_finished(self.ctx, self.entry.step_id, self.entry.name, status, error, self.token)
+
+
+#: Modules whose frames lie between a step call in the body and ``_record``.
+_ENGINE_MODULES = frozenset({__name__, "everystep.api"})
+
+
+def _is_last_act(ex: Execution, ctx: Context) -> bool:
+    """Whether the step being recorded is the body's last act: called at the
+    body's own top level (not in a helper function, not in a parallel
+    branch) in tail position, so once it returns the body returns its result
+    and runs nothing more (``everystep.tail_position``)."""
+    if ctx.prefix or ex.body_code is None or ex.dry_run:
+        return False
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in _ENGINE_MODULES:
+        frame = frame.f_back
+    return (frame is not None and frame.f_code is ex.body_code and frame.f_back is not None
+            and frame.f_back.f_code is execute.__code__ and is_tail_call(frame.f_code, frame.f_lasti))
+
+
+# -- durable sleep -------------------------------------------------------------
+
+
+def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
+    """A durable sleep inside a workflow (see ``api.sleep``); outside one,
+    a plain ``time.sleep`` until ``wake_at``."""
+    ctx = recording_context()
+    if ctx is None:
+        import time
+
+        time.sleep(max((wake_at - utcnow()).total_seconds(), 0.0))
+        return
+    ex = ctx.execution
+    step_id = _next_id(ex, ctx, name)
+    recorded = ex.outcomes.get(step_id)
+    if recorded is not None:
+        if recorded.name != SLEEP_STEP:
+            raise _diverged(ex, step_id, recorded.name, SLEEP_STEP)
+        if recorded.status != STEP_SLEEPING:
+            _replay(ex, recorded)
+            return
+        if not _due(ex, recorded.wake_at):
+            raise _suspend(ex, recorded.wake_at)
+        if ex.dry_run:
+            return  # it would wake now; a dry replay writes nothing
+        _record_sleep(ex, step_id, recorded.wake_at, recorded.started_at or utcnow(), STEP_DONE)
+        return
+    _may_start(ex, step_id, SLEEP_STEP)
+    now = utcnow()
+    if wake_at <= now:
+        _record_sleep(ex, step_id, wake_at, now, STEP_DONE)
+        return
+    write = _record_sleep(ex, step_id, wake_at, now, STEP_SLEEPING)
+    if write.record.status == STEP_DONE:
+        return  # a racing execution recorded it over already
+    raise _suspend(ex, wake_at)
+
+
+def _record_sleep(ex: Execution, step_id: str, wake_at: dt.datetime | None, started_at: dt.datetime,
+                  status: str) -> StepWrite:
+    args_json = serde.dumps([wake_at], "sleep")
+    entry = NewStep(step_id, SLEEP_STEP, args_json, "{}", started_at, status=status,
+                    result_json="null" if status == STEP_DONE else None, wake_at=wake_at)
+    decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=SLEEP_STEP, status=status,
+                         args=[wake_at], started_at=started_at, wake_at=wake_at)
+    write = _store_call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded), entry)
+    ex.outcomes[step_id] = write.record
+    return write
+
+
 # -- parallel ----------------------------------------------------------------
 
 
@@ -536,10 +584,7 @@ def run_parallel(branches: tuple[Any, ...], name: str | None) -> tuple[Any, ...]
     if ctx is None:
         return _gather([(body, None) for body in bodies])
     ex = ctx.execution
-    if ex.pending is not None:
-        _flush(ex)
-    ex.check_interrupt()
-    fork_id = _fatal_on_error(ex, lambda: ctx.next_id(name))
+    fork_id = _next_id(ex, ctx, name)
     token = ex.observer.fork_started(ctx, fork_id, len(bodies))
     error: BaseException | None = None
     try:
@@ -723,104 +768,107 @@ def execute_guarded(
     return status
 
 
-def _settle(ex: Execution, value: Any, raised: BaseException | None,
-            announced: bool = False) -> tuple[Outcome, BaseException | None]:
+#: Outcomes an execution writes as it ends (the others leave the run as it is).
+_WRITTEN = frozenset({Outcome.COMPLETED, Outcome.FAILED, Outcome.STOPPED, Outcome.BLOCKED, Outcome.RELEASED,
+                      Outcome.REQUEUED})
+
+
+def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Outcome, BaseException | None]:
     """Decide and write the run's outcome; returns (outcome, exception). A
     ``SimulatedCrash`` comes back as the exception with nothing written.
 
+    The body's held last step (``ex.held``) goes with a ``completed``
+    status, in one transaction. Any other outcome has it written first, on
+    its own; a refusal of that write is the run's interrupt from then on,
+    and decides. If the two together are refused, the step alone is
+    written, which says why the way every step write does (a cancel, a lost
+    claim, a racing execution's record), and the run settles from there."""
+    held, ex.held = ex.held, None
+    outcome, error, result_json = _verdict(ex, value, raised)
+    if held is not None and outcome != Outcome.COMPLETED:
+        if not isinstance(ex.interrupt, SimulatedCrash):  # a dead process would write nothing
+            with contextlib.suppress(EverystepError):
+                held.flush(ex)
+        held = None
+        if ex.interrupt is not None:
+            outcome, error, result_json = _verdict(ex, value, raised)
+    if outcome not in _WRITTEN:
+        return outcome, error
+    ex.observer.run_settling(ex.run, outcome)
+    if held is not None:
+        try:
+            if held.commit(ex, outcome, result_json):
+                return outcome, None
+            write = held.flush(ex)
+        except EverystepError:
+            pass  # the interrupt decides
+        else:
+            if not write.ours:
+                # A racing execution recorded this step first: its outcome
+                # is what the body returns, as on a replay.
+                value, raised = _replayed(ex, write.record)
+        outcome, error, result_json = _verdict(ex, value, raised)
+        if outcome not in _WRITTEN:
+            return outcome, error
+    return _write(ex, outcome, error, result_json)
+
+
+def _verdict(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Outcome, BaseException | None,
+                                                                                  str | None]:
+    """What the run comes to, before anything is written: its outcome, the
+    exception it ends with, and its result as JSON (``completed`` only).
+
     An interrupt decides first; then a wait (``ex.wake_at``: a scope sleeps
     or waits for a retry) releases the run whatever the body did after it;
-    then the body's exception or value. A held-back record of the last step
-    (``ex.pending``) goes with a ``completed`` status in one transaction,
-    and is written on its own first in every other case. ``announced``: the
-    observers already heard ``run_settling``."""
-    if ex.pending is not None and (ex.interrupt is not None or raised is not None or ex.wake_at is not None):
-        _flush_quietly(ex)
+    then the body's exception or value (one that cannot be stored fails
+    the run)."""
     outcome = ex.interrupt or raised
-    if isinstance(outcome, SimulatedCrash):
-        return Outcome.LOST, outcome
-    if isinstance(outcome, (ClaimLost, StoreUnavailable)):
-        return (Outcome.LOST if isinstance(outcome, ClaimLost) else Outcome.UNFINISHED), outcome
+    if isinstance(outcome, (SimulatedCrash, ClaimLost)):
+        return Outcome.LOST, outcome, None
+    if isinstance(outcome, StoreUnavailable):
+        return Outcome.UNFINISHED, outcome, None
     if isinstance(outcome, Cancelled):
-        return Outcome.CANCELLED, outcome
+        return Outcome.CANCELLED, outcome, None
     if isinstance(outcome, DrainOrphan) or (ex.interrupt is None and ex.wake_at is not None):
         # Back to the queue: drained, or waiting (until its wake time).
-        waiting = ex.wake_at is not None
-        if not announced:
-            ex.observer.run_settling(ex.run, Outcome.RELEASED if waiting else Outcome.REQUEUED)
-        try:
-            if ex.wake_at is not None:
-                back = outcomes.release(ex.store, ex.claim, ex.wake_at)
-            else:
-                back = outcomes.requeue(ex.store, ex.claim)
-        except StoreUnavailable as exc:
-            return Outcome.UNFINISHED, exc
-        if not back:
-            return _lost(ex), outcome
-        return (Outcome.RELEASED if waiting else Outcome.REQUEUED), outcome
-    result_json = None
+        return (Outcome.RELEASED if ex.wake_at is not None else Outcome.REQUEUED), outcome, None
     if isinstance(outcome, Terminal):
-        status = Outcome.STOPPED
-    elif isinstance(outcome, EffectUncertain):
-        status = Outcome.BLOCKED
-    elif outcome is not None:
-        status = Outcome.FAILED
-    else:
-        try:
-            result_json = serde.dumps(value, f"result of run {ex.run.id}")
-            status = Outcome.COMPLETED
-        except EverystepError as exc:
-            status, outcome = Outcome.FAILED, exc
-    if ex.pending is not None and status != Outcome.COMPLETED:
-        _flush_quietly(ex)
-        if ex.interrupt is not None:
-            return _settle(ex, value, raised, announced)
-    error_json = serde.dumps(serde.encode_exception(outcome), "run error") if outcome is not None else None
-    if not announced:
-        ex.observer.run_settling(ex.run, status)
-    if ex.pending is not None:
-        return _complete_with_last_step(ex, value, status, result_json)
+        return Outcome.STOPPED, outcome, None
+    if isinstance(outcome, EffectUncertain):
+        return Outcome.BLOCKED, outcome, None
+    if outcome is not None:
+        return Outcome.FAILED, outcome, None
     try:
-        written = ex.store.finish_run(ex.claim, status, result_json, error_json)
-    except StoreUnavailable as exc:
-        return Outcome.UNFINISHED, exc
-    if not written:
-        return _lost(ex), outcome
-    return status, outcome
+        return Outcome.COMPLETED, None, serde.dumps(value, f"result of run {ex.run.id}")
+    except EverystepError as exc:
+        return Outcome.FAILED, exc, None
 
 
-def _complete_with_last_step(ex: Execution, value: Any, status: Outcome,
-                             result_json: str | None) -> tuple[Outcome, BaseException | None]:
-    """Write the last step's record and the run's status in one transaction.
-    If nothing was written, the step is written on its own, which says why
-    the way every step write does (a cancel, a lost claim, a racing
-    execution's record), and the run settles from there."""
-    pending, ex.pending = ex.pending, None
-    assert pending is not None
-    entry = pending.entry
+def _write(ex: Execution, outcome: Outcome, error: BaseException | None,
+           result_json: str | None) -> tuple[Outcome, BaseException | None]:
+    """Write the run's outcome, fenced by the claim: back to the queue
+    (until its wake time, if it waits), or its terminal status."""
     try:
-        write = ex.store.finish_run_with_step(ex.claim, entry, status, result_json, None, pending.decoded)
+        if outcome == Outcome.RELEASED:
+            assert ex.wake_at is not None
+            written = outcomes.release(ex.store, ex.claim, ex.wake_at)
+        elif outcome == Outcome.REQUEUED:
+            written = outcomes.requeue(ex.store, ex.claim)
+        else:
+            error_json = serde.dumps(serde.encode_exception(error), "run error") if error is not None else None
+            written = ex.store.finish_run(ex.claim, outcome, result_json, error_json)
     except StoreUnavailable as exc:
-        ex.observer.step_finished(pending.ctx, entry.step_id, entry.name, "unrecorded", exc, pending.token)
         return Outcome.UNFINISHED, exc
-    if write is not LOST:
-        ex.outcomes[entry.step_id] = write.record
-        ex.observer.step_finished(pending.ctx, entry.step_id, entry.name, entry.status, None, pending.token)
-        return status, None
-    ex.pending = pending
+    return (outcome if written else _lost(ex)), error
+
+
+def _replayed(ex: Execution, recorded: StepRecord) -> tuple[Any, BaseException | None]:
+    """What the body returns when its last step's recorded outcome is
+    ``recorded``: (value, None), or (None, the exception it raises)."""
     try:
-        write = _flush(ex)
-    except EverystepError:
-        return _settle(ex, value, None, announced=True)  # the interrupt decides
-    raised: BaseException | None = None
-    if not write.ours:
-        # A racing execution recorded this step first: its outcome is what
-        # the body returns, as on a replay.
-        try:
-            value = _replay(ex, write.record)
-        except Exception as exc:
-            raised = exc
-    return _settle(ex, value, raised, announced=True)
+        return _replay(ex, recorded), None
+    except Exception as exc:
+        return None, exc
 
 
 def _lost(ex: Execution) -> Outcome:

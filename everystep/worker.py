@@ -40,9 +40,8 @@ from .context import SignalFlag
 from .errors import EverystepError
 from .exposition import ThreadedMetricsServer
 from .lease import DEFAULT_LEASE, Lease
-from .models import Run
+from .models import Outcome, Run
 from .observer import Observer
-from .runner import Outcome
 from .store import Store, default_store
 
 logger = logging.getLogger("everystep")

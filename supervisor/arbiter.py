@@ -120,7 +120,7 @@ class Arbiter:
             raise
         self.signals.install(self.selector)
         try:
-            self.http = reporting.metrics_server(self)
+            self.http = reporting.metrics_server(self, self.selector)
             self.listener.open()
             self.budgets.open()
             self._spawn_missing()
@@ -335,7 +335,7 @@ class Arbiter:
         ordered = sorted(self._active_children(), key=lambda kid: (kid.state in busy, -kid.slot))
         for kid in ordered[:extra]:
             if kid.state in busy:
-                kid.state = ChildState.RETIRING
+                kid.retire()
             else:
                 self.channels.ask_exit(kid, ByeReason.SCALE)
 
@@ -368,13 +368,11 @@ class Arbiter:
     def _on_exit(self, kid: Child, status: int) -> None:
         self.channels.last_words(kid)
         how, _ = describe_exit(status, kid.kill_reason)
-        if kid.finishing_run is not None or not kid.delivered:
-            # The run handed to it last never started there (it was still in
-            # the channel, behind the one settling or not even delivered):
-            # another child takes it; the settling one, if any, is the victim.
-            if kid.run is not None:
-                self.ledger.redispatch(kid.run)
-            kid.run, kid.finishing_run = kid.finishing_run, None
+        unstarted = kid.reaped()
+        if unstarted is not None:
+            # It never started there: another child takes it; the run it was
+            # settling, if any, is the one its death is about.
+            self.ledger.redispatch(unstarted)
         run = kid.run
         clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == child_process.BOOT_ERROR and kid.runs_done == 0:
@@ -420,18 +418,11 @@ class Arbiter:
 
     def _give(self, kid: Child, run: Run) -> None:
         self.fences.fence_older(self.children.values(), run)
-        if kid.state == ChildState.FINISHING:
-            kid.finishing_run = kid.run
         with traces.dispatch_span(run):
             message = Dispatch(run=child_process.run_to_message(run), trace=traces.inject())
-        kid.state = ChildState.BUSY
-        kid.run = run
-        kid.run_started = time.monotonic()
+        kid.hand(run, time.monotonic())
         self.budgets.handed_run(kid)
-        kid.timed_steps.clear()
-        kid.delivered = False
-        if self.channels.send(kid, message) and not kid.channel.pending:
-            kid.delivered = True
+        self.channels.send(kid, message)
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == FENCE_CHANNEL:
@@ -483,7 +474,7 @@ class Arbiter:
             if kid.state in (ChildState.IDLE, ChildState.BOOTING):
                 self.channels.ask_exit(kid, reason)
             elif kid.state in (ChildState.BUSY, ChildState.FINISHING, ChildState.RETIRING):
-                kid.bye_reason = kid.bye_reason or reason
+                kid.leaving(reason)
                 kid.terminate()
             else:
                 continue

@@ -35,7 +35,7 @@ from everystep.resources import Resource, describe
 from .cgroups import CgroupError, CgroupTree, ChildGroup
 from .children import Child
 from .fate import Overrun
-from .protocol import StepInFlight
+from .states import StepInFlight
 
 logger = logging.getLogger("everystep.supervisor")
 

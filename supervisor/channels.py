@@ -5,9 +5,9 @@ Apart from the arbiter because it is how things are said, not what is
 decided: the arbiter chooses which child gets which run and when it must
 go; this module carries that out without ever blocking (a child that stops
 reading leaves its channel ``stalled_since``, and ``deadlines`` kills it),
-and keeps the child's own bookkeeping as its messages arrive (booted, a
-timed step started or ended, the terminal write under way, leaving). A
-closed channel is never an error here: the child's exit, seen by the
+and tells the child's record what its messages say (booted, a timed step
+started or ended, the terminal write under way, leaving), through the
+transitions ``Child`` owns. A closed channel is never an error here: the child's exit, seen by the
 reaper, says what happened. Two events need the arbiter and go to it: a
 child that booted (``on_ready``) and a run that ended (``on_done``).
 """
@@ -17,8 +17,7 @@ from __future__ import annotations
 import selectors
 from collections.abc import Callable
 
-from everystep.models import Run
-from everystep.runner import Outcome
+from everystep.models import Outcome, Run
 
 from .children import Child
 from .protocol import Bye, ChannelClosed, Done, Exit, Finishing, Message, Ready, StepEnded, StepStarted
@@ -44,11 +43,13 @@ class ChildChannels:
         except ChannelClosed:
             kid.kill(KillReason.UNRESPONSIVE)
             return False
+        if not kid.channel.pending:
+            kid.flushed()
         self._interest(kid)
         return True
 
     def ask_exit(self, kid: Child, reason: ByeReason) -> None:
-        kid.state = ChildState.RETIRING
+        kid.retire()
         self.send(kid, Exit(reason))
 
     def last_words(self, kid: Child) -> None:
@@ -79,7 +80,7 @@ class ChildChannels:
             except ChannelClosed:
                 pass  # the EOF on the read side says it
             if not kid.channel.pending:
-                kid.delivered = True
+                kid.flushed()
                 self._interest(kid)
         if mask & selectors.EVENT_READ:
             messages, closed = kid.channel.read_available()
@@ -89,51 +90,25 @@ class ChildChannels:
                 self.close(kid)
 
     def _on_message(self, kid: Child, message: Message) -> None:
-        run = kid.run
         if isinstance(message, Ready):
             self.on_ready(kid, message)
-            if kid.state == ChildState.BOOTING:
-                kid.state = ChildState.IDLE
+            kid.ready()
         elif isinstance(message, StepStarted):
-            if run is not None and message.step.run == run.id:
-                kid.timed_steps[message.step.step] = message.step
+            kid.step_timed(message.step)
         elif isinstance(message, StepEnded):
-            kid.timed_steps.pop(message.step, None)
+            kid.step_ended(message.step)
         elif isinstance(message, Finishing):
-            if kid.state == ChildState.BUSY and run is not None and message.run == run.id:
-                kid.state = ChildState.FINISHING
-                kid.timed_steps.clear()
+            kid.finishing(message.run)
         elif isinstance(message, Done):
             self._run_done(kid, message)
         elif isinstance(message, Bye):
-            kid.bye_reason = kid.bye_reason or _bye_reason(message.reason)
-            if kid.active:
-                kid.state = ChildState.RETIRING
+            kid.said_bye(ByeReason.parse(message.reason))
 
     def _run_done(self, kid: Child, done: Done) -> None:
-        finished_early = kid.finishing_run is not None and done.run == kid.finishing_run.id
-        run = kid.finishing_run if finished_early else kid.run
-        if run is None or done.run != run.id:
+        run = kid.done(done.run, done.rss)
+        if run is None:
             return
-        kid.rss = done.rss or kid.rss
-        kid.runs_done += 1
-        if finished_early:
-            kid.finishing_run = None  # ``kid.run`` is its next run, already handed over
-        else:
-            kid.run = None
-            kid.run_started = None
-            kid.timed_steps.clear()
         self.on_done(kid, run, Outcome(done.outcome))
-        if finished_early:
-            return
-        if kid.state in (ChildState.BUSY, ChildState.FINISHING):
-            kid.state = ChildState.IDLE
-        elif kid.state == ChildState.RETIRING and kid.bye_reason is None:
+        if kid.run is None and kid.state == ChildState.RETIRING and kid.bye_reason is None:
+            # Retired while busy (scale down), and nothing else waits for it.
             self.ask_exit(kid, ByeReason.SCALE)
-
-
-def _bye_reason(text: str) -> ByeReason:
-    try:
-        return ByeReason(text)
-    except ValueError:
-        return ByeReason.EXIT

@@ -50,10 +50,9 @@ from .protocol import (
     Message,
     Ready,
     StepEnded,
-    StepInFlight,
     StepStarted,
 )
-from .states import ByeReason
+from .states import ByeReason, StepInFlight
 from .stepboard import StepBoard, encode_step
 
 logger = logging.getLogger("everystep.supervisor")
@@ -292,7 +291,7 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
         except (ChannelClosed, OSError):
             return 0
         if isinstance(message, Exit):
-            reporter.send(Bye(_bye_reason(message.reason)))
+            reporter.send(Bye(ByeReason.parse(message.reason)))
             return 0
         if not isinstance(message, Dispatch):
             continue
@@ -339,13 +338,6 @@ def _join_cgroup(spec: ChildSpec) -> OpenGroup | None:
         logger.warning("everystep-supervisor child %d: %s; bounding step memory with RLIMIT_DATA instead",
                        spec.slot, exc)
         return None
-
-
-def _bye_reason(text: str) -> ByeReason:
-    try:
-        return ByeReason(text)
-    except ValueError:
-        return ByeReason.EXIT
 
 
 def _recycle_reason(spec: ChildSpec, runs_done: int, rss: int) -> ByeReason | None:

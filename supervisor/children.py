@@ -1,4 +1,28 @@
-"""What the supervisor parent knows about each child process."""
+"""What the supervisor parent knows about each child process, and the one
+place that changes it.
+
+A child's state, the run it executes, the run it is finishing and whether
+that run reached it are changed only by the transitions below, each the
+parent's reading of an event: an order it gave (``hand``, ``retire``,
+``terminate``, ``kill``) or a message the child sent (``ready``,
+``finishing``, ``done``, ``said_bye``)::
+
+                 ready              hand(R)               finishing(R)
+    BOOTING ──────────▶ IDLE ─────────────▶ BUSY ───────────────────▶ FINISHING
+                          ▲                  │ ▲   hand(R2): R settles,  │
+                          │     done(R)      │ └──── R2 waits behind it ─┘
+                          └──────────────────┴──── done(R) ◀─────────────┘
+    retire():     BOOTING, IDLE, BUSY, FINISHING ──▶ RETIRING (leaves after its run)
+    said_bye():   an active child ──▶ RETIRING
+    terminate():  any but KILLED ──▶ STOPPING (SIGTERM: drains at the next step boundary)
+    kill():       any ──▶ KILLED (SIGKILL; the reaper says what became of its run)
+
+An order the parent gives from a state where it makes no sense is a bug in
+the parent and raises ``IllegalTransition``. A message may be stale (the
+parent killed the child, or retired it, while the message was on its way),
+so a message that does not fit the child's state changes nothing, and its
+transition says so by its return value.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +37,18 @@ from everystep.models import Run
 
 from .cgroups import ChildGroup
 from .fate import Overrun
-from .protocol import Channel, ProtocolError, StepInFlight, build
+from .protocol import Channel, ProtocolError, build
 from .stepboard import StepBoard
-from .states import ByeReason, ChildState, KillReason
+from .states import ByeReason, ChildState, KillReason, StepInFlight
+
+
+class IllegalTransition(AssertionError):
+    """The parent ordered a child into a state it cannot reach from where
+    it is: a bug in the parent, never a runtime condition."""
+
+
+_CAN_BE_HANDED = (ChildState.IDLE, ChildState.FINISHING)
+_CAN_RETIRE = (ChildState.BOOTING, ChildState.IDLE, ChildState.BUSY, ChildState.FINISHING, ChildState.RETIRING)
 
 
 @dataclass(eq=False)
@@ -24,10 +57,6 @@ class Child:
     pid: int
     channel: Channel
     spawned: float
-    state: ChildState = ChildState.BOOTING
-    run: Run | None = None
-    finishing_run: Run | None = None  # settling while ``run`` waits in the channel
-    run_started: float | None = None
     board: StepBoard | None = None
     #: Steps with a deadline or a budget, announced by message as they start;
     #: every step in flight, timed or not, is on ``board``.
@@ -38,50 +67,100 @@ class Child:
     overdue_steps: list[StepInFlight] = field(default_factory=list)
     bye_reason: ByeReason | None = None
     channel_open: bool = True
-    #: The last run handed over has left the parent's buffer entirely (until
-    #: then the child cannot have started it).
-    delivered: bool = True
     #: Its own cgroup, if it has one (``budgets.py``).
     group: ChildGroup | None = None
     #: The budget one of its steps went over, when the parent killed it for that.
     overrun: Overrun | None = None
     #: The host's OOM-kill count when it was handed its run (without a cgroup).
     oom_baseline: int | None = None
-    _process: psutil.Process | None = None
+    #: When it was handed the run it executes (``time.monotonic()``).
+    run_started: float | None = None
+    _state: ChildState = field(default=ChildState.BOOTING, init=False)
+    _run: Run | None = field(default=None, init=False)
+    _finishing_run: Run | None = field(default=None, init=False)
+    _delivered: bool = field(default=True, init=False)
+    _process: psutil.Process | None = field(default=None, init=False)
+
+    # -- what it is doing (read-only: the transitions below write it) ------------------
+
+    @property
+    def state(self) -> ChildState:
+        return self._state
+
+    @property
+    def run(self) -> Run | None:
+        """The run handed to it last: executing, or waiting in its channel
+        behind ``finishing_run``."""
+        return self._run
+
+    @property
+    def finishing_run(self) -> Run | None:
+        """The run whose terminal write is under way while ``run`` waits in
+        the channel."""
+        return self._finishing_run
+
+    @property
+    def delivered(self) -> bool:
+        """The last run handed over has left the parent's buffer entirely
+        (until then the child cannot have started it)."""
+        return self._delivered
 
     @property
     def active(self) -> bool:
-        return self.state.active
+        return self._state.active
 
     @property
     def executing(self) -> Run | None:
         """The run this child executes now (not one merely queued in its
         channel behind a run it is finishing)."""
-        if self.finishing_run is not None or self.state == ChildState.KILLED:
+        if self._finishing_run is not None or self._state == ChildState.KILLED:
             return None
-        return self.run
+        return self._run
 
-    def in_flight(self) -> list[StepInFlight]:
-        """Every step the child is executing, oldest first (parallel branches
-        may run several), from its step board."""
-        if self.board is None or self.run is None:
-            return []
-        steps = []
-        for entry in self.board.read():
-            try:
-                step = build(StepInFlight, entry)
-            except ProtocolError:
-                continue
-            if step.run == self.run.id:
-                steps.append(step)
-        return steps
+    # -- the parent's orders -----------------------------------------------------------
+
+    def hand(self, run: Run, now: float) -> None:
+        """Give it ``run``: an idle child starts it; a finishing one reads it
+        once the run it is finishing is written."""
+        if self._state not in _CAN_BE_HANDED or self._finishing_run is not None:
+            raise IllegalTransition(f"child {self.slot} cannot be handed a run while {self._state}"
+                                    f"{' and finishing another' if self._finishing_run else ''}")
+        if self._state == ChildState.FINISHING:
+            self._finishing_run = self._run
+        self._state = ChildState.BUSY
+        self._run = run
+        self.run_started = now
+        self.timed_steps.clear()
+        self._delivered = False
+
+    def flushed(self) -> None:
+        """Its channel's buffer emptied: whatever was handed to it reached it."""
+        self._delivered = True
+
+    def retire(self) -> None:
+        """It leaves: at once if idle (the parent sends ``Exit``), after its
+        run if busy."""
+        if self._state not in _CAN_RETIRE:
+            raise IllegalTransition(f"child {self.slot} cannot retire while {self._state}")
+        self._state = ChildState.RETIRING
+
+    def terminate(self) -> None:
+        """SIGTERM: drain at the next step boundary, then exit."""
+        if self._state == ChildState.KILLED:
+            return
+        self._state = ChildState.STOPPING
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except OSError:
+            pass
 
     def kill(self, reason: KillReason) -> None:
         """SIGKILL the child's whole process group (steps may have spawned
-        grandchildren); the parent acts on the death when it reaps it."""
+        grandchildren); the parent acts on the death when it reaps it. The
+        first reason given is the one its death is read by."""
         if self.kill_reason is None:
             self.kill_reason = reason
-        self.state = ChildState.KILLED
+        self._state = ChildState.KILLED
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
@@ -90,15 +169,86 @@ class Child:
             except OSError:
                 pass
 
-    def terminate(self) -> None:
-        """SIGTERM: drain at the next step boundary, then exit."""
-        if self.state == ChildState.KILLED:
-            return
-        self.state = ChildState.STOPPING
-        try:
-            os.kill(self.pid, signal.SIGTERM)
-        except OSError:
-            pass
+    # -- what it said ----------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """It booted (``Ready``); False if it was retired or stopped meanwhile."""
+        if self._state != ChildState.BOOTING:
+            return False
+        self._state = ChildState.IDLE
+        return True
+
+    def step_timed(self, step: StepInFlight) -> None:
+        """A step with a deadline or a budget started (``StepStarted``)."""
+        if self._run is not None and step.run == self._run.id:
+            self.timed_steps[step.step] = step
+
+    def step_ended(self, step_id: str) -> None:
+        self.timed_steps.pop(step_id, None)
+
+    def finishing(self, run_id: str) -> bool:
+        """Its run's body is done and the terminal write under way
+        (``Finishing``): it can be handed its next run."""
+        if self._state != ChildState.BUSY or self._run is None or self._run.id != run_id:
+            return False
+        self._state = ChildState.FINISHING
+        self.timed_steps.clear()
+        return True
+
+    def done(self, run_id: str, rss: int) -> Run | None:
+        """Its execution of ``run_id`` ended (``Done``); returns that run, or
+        None if it is none of this child's (a stale message). A child that
+        was finishing it stays busy with the run handed to it since."""
+        finished_early = self._finishing_run is not None and self._finishing_run.id == run_id
+        run = self._finishing_run if finished_early else self._run
+        if run is None or run.id != run_id:
+            return None
+        self.rss = rss or self.rss
+        self.runs_done += 1
+        if finished_early:
+            self._finishing_run = None  # ``run`` is its next run, already handed over
+            return run
+        self._run = None
+        self.run_started = None
+        self.timed_steps.clear()
+        if self._state in (ChildState.BUSY, ChildState.FINISHING):
+            self._state = ChildState.IDLE
+        return run
+
+    def said_bye(self, reason: ByeReason) -> None:
+        """It is leaving on its own (``Bye``), after its run if it has one."""
+        self.leaving(reason)
+        if self.active:
+            self._state = ChildState.RETIRING
+
+    def leaving(self, reason: ByeReason) -> None:
+        """Why it leaves, if nothing said so before (the first reason stands)."""
+        self.bye_reason = self.bye_reason or reason
+
+    def reaped(self) -> Run | None:
+        """It exited. Returns the run handed to it that it never started (it
+        was still in the channel, behind the one settling, or not even
+        delivered), for another child to take; ``run`` is then the one it
+        was settling, if any: the run its death is about."""
+        if self._finishing_run is None and self._delivered:
+            return None
+        unstarted, self._run, self._finishing_run = self._run, self._finishing_run, None
+        return unstarted
+
+    def in_flight(self) -> list[StepInFlight]:
+        """Every step the child is executing, oldest first (parallel branches
+        may run several), from its step board."""
+        if self.board is None or self._run is None:
+            return []
+        steps = []
+        for entry in self.board.read():
+            try:
+                step = build(StepInFlight, entry)
+            except ProtocolError:
+                continue
+            if step.run == self._run.id:
+                steps.append(step)
+        return steps
 
     def process(self) -> psutil.Process:
         if self._process is None:

@@ -37,12 +37,12 @@ from .reload import reload
 from .states import KillReason
 
 if TYPE_CHECKING:
-    from .arbiter import Arbiter
+    from .view import Operable
 
 logger = logging.getLogger("everystep.supervisor")
 
 
-def handle(arbiter: Arbiter, request: Request, who: str) -> Reply:
+def handle(arbiter: Operable, request: Request, who: str) -> Reply:
     """Carry out ``request``; ``who`` asked (a ctl client's pid and uid, or
     an operator request relayed through the database)."""
     if isinstance(request, StatusRequest):
@@ -70,7 +70,7 @@ def handle(arbiter: Arbiter, request: Request, who: str) -> Reply:
     return ErrorReply(f"unsupported command {request.TAG!r}")
 
 
-def _kill(arbiter: Arbiter, request: KillRequest, who: str) -> Reply:
+def _kill(arbiter: Operable, request: KillRequest, who: str) -> Reply:
     if not request.run:
         return ErrorReply('kill needs "run": RUN_ID')
     found = [(kid, run) for kid, run in executing(arbiter.children.values(), settling=True) if run.id == request.run]

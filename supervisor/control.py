@@ -22,6 +22,9 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from everystep.vocabulary import INVALID_COMMAND
+
 from .protocol import MAX_CONTROL_LINE, ErrorReply, LineReader, ProtocolError, Reply, Request, decode, encode
 
 logger = logging.getLogger("everystep.supervisor")
@@ -217,7 +220,7 @@ class ControlServer:
             request = decode(line, Request.KEY)
         except ProtocolError as exc:
             if self.on_request is not None and b'"cmd"' in line:
-                self.on_request("invalid")
+                self.on_request(INVALID_COMMAND)
             return ErrorReply(str(exc))
         if self.on_request is not None:
             self.on_request(request.TAG)

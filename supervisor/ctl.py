@@ -11,24 +11,23 @@ from everystep.cliutil import fail, format_table, print_json
 from .protocol import (
     MAX_CONTROL_LINE,
     DrainReply,
-    DrainRequest,
     ErrorReply,
     KillReply,
     KillRequest,
     LineReader,
     ProtocolError,
+    REQUESTS,
     ReloadReply,
-    ReloadRequest,
     Reply,
     Request,
     ScaleReply,
     ScaleRequest,
     StatusReply,
-    StatusRequest,
     decode_reply,
     frame,
     parse,
 )
+from .states import Command
 
 PROG = "everystep-supervisor ctl"
 
@@ -101,11 +100,11 @@ def render_status(reply: StatusReply) -> str:
 
 
 def build_request(args: argparse.Namespace) -> Request:
-    if args.action == "kill":
+    if args.action == Command.KILL:
         return KillRequest(run=args.run_id, requeue=args.requeue)
-    if args.action == "scale":
+    if args.action == Command.SCALE:
         return ScaleRequest(procs=args.procs)
-    return {"status": StatusRequest, "reload": ReloadRequest, "drain": DrainRequest}[args.action]()
+    return REQUESTS[args.action]()  # a command without arguments
 
 
 def describe(reply: Reply) -> str:

@@ -51,8 +51,7 @@ from everystep.errors import Cancelled, ChildCrashed, EverystepError, StepKilled
 from everystep.models import Run
 from everystep.resources import Resource, exceeded_message
 
-from .protocol import StepInFlight
-from .states import ByeReason, KillReason, RestartReason
+from .states import ByeReason, KillReason, RestartReason, StepInFlight
 
 
 class Action(StrEnum):

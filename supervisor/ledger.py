@@ -22,8 +22,7 @@ from collections.abc import Callable, Iterable
 from everystep import outcomes
 from everystep.claimloop import ClaimLoop
 from everystep.errors import EverystepError, StoreUnavailable
-from everystep.models import Run
-from everystep.runner import Outcome
+from everystep.models import Outcome, Run
 from everystep.store import Store
 
 from .children import Child

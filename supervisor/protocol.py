@@ -47,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from .states import Command, StepInFlight
+
 MAX_CHANNEL_LINE = 64 * 1024 * 1024
 """A run's arguments may be up to 16 MiB of JSON, escaped once more here."""
 MAX_CONTROL_LINE = 64 * 1024
@@ -143,40 +145,6 @@ class Message:
         return {self.KEY: self.TAG, **plain(self)}
 
 
-@dataclass(frozen=True)
-class StepInFlight:
-    """A step a child is executing: on its step board (every step) and in a
-    ``StepStarted`` message (steps with a deadline). ``started`` is
-    ``time.monotonic()`` in the child; the clock is system-wide on Linux, so
-    the parent compares it with its own."""
-
-    run: str
-    step: str
-    name: str
-    started: float
-    timeout: float | None = None
-    unsafe: bool = False
-    #: Which attempt of the step this is, and what a timeout of it leads to:
-    #: the next attempt ``retry_in`` seconds later, or (None) a final failure.
-    attempt: int = 1
-    retry_in: float | None = None
-    #: A bounded step's budget (``supervisor.meter.Budget``): bytes it may
-    #: add to its process and CPU seconds it may use, and the process's CPU
-    #: seconds and memory bytes as it started (cgroup figures where the
-    #: child has a cgroup that counts them, else the process's own).
-    memory_limit: int | None = None
-    cpu_limit: float | None = None
-    cpu_start: float | None = None
-    memory_start: int | None = None
-
-    def overdue(self, now: float) -> bool:
-        return self.timeout is not None and now - self.started >= self.timeout
-
-    @property
-    def bounded(self) -> bool:
-        return self.memory_limit is not None or self.cpu_limit is not None
-
-
 # Parent → child.
 
 @dataclass(frozen=True)
@@ -255,33 +223,37 @@ class Request(Message):
 
 @dataclass(frozen=True)
 class StatusRequest(Request):
-    TAG: ClassVar[str] = "status"
+    TAG: ClassVar[str] = Command.STATUS
 
 
 @dataclass(frozen=True)
 class KillRequest(Request):
-    TAG: ClassVar[str] = "kill"
+    TAG: ClassVar[str] = Command.KILL
     run: str
     requeue: bool = False
 
 
 @dataclass(frozen=True)
 class ScaleRequest(Request):
-    TAG: ClassVar[str] = "scale"
+    TAG: ClassVar[str] = Command.SCALE
     procs: int
 
 
 @dataclass(frozen=True)
 class ReloadRequest(Request):
-    TAG: ClassVar[str] = "reload"
+    TAG: ClassVar[str] = Command.RELOAD
 
 
 @dataclass(frozen=True)
 class DrainRequest(Request):
-    TAG: ClassVar[str] = "drain"
+    TAG: ClassVar[str] = Command.DRAIN
 
 
-COMMANDS = tuple(cls.TAG for cls in (StatusRequest, KillRequest, ScaleRequest, ReloadRequest, DrainRequest))
+#: Every request by its command: one per ``Command`` (``test_protocol`` holds them to it).
+REQUESTS: dict[str, type[Request]] = {
+    cls.TAG: cls for cls in (StatusRequest, KillRequest, ScaleRequest, ReloadRequest, DrainRequest)
+}
+COMMANDS: tuple[str, ...] = tuple(Command)
 
 
 # Control replies.
@@ -362,13 +334,13 @@ class DrainReply(Reply):
 
 M = TypeVar("M")
 
-_BY_TAG: dict[tuple[str, str], type[Message]] = {
-    (cls.KEY, cls.TAG): cls
-    for cls in (Dispatch, Exit, Ready, StepStarted, StepEnded, Finishing, Done, Bye,
-                StatusRequest, KillRequest, ScaleRequest, ReloadRequest, DrainRequest)
-}
-_REPLIES: dict[str, type[Reply]] = {
-    "status": StatusReply, "kill": KillReply, "scale": ScaleReply, "reload": ReloadReply, "drain": DrainReply,
+_MESSAGES: tuple[type[Message], ...] = (Dispatch, Exit, Ready, StepStarted, StepEnded, Finishing, Done, Bye,
+                                        *REQUESTS.values())
+_BY_TAG: dict[tuple[str, str], type[Message]] = {(cls.KEY, cls.TAG): cls for cls in _MESSAGES}
+#: Every reply by the command it answers.
+REPLIES: dict[str, type[Reply]] = {
+    Command.STATUS: StatusReply, Command.KILL: KillReply, Command.SCALE: ScaleReply, Command.RELOAD: ReloadReply,
+    Command.DRAIN: DrainReply,
 }
 
 
@@ -408,7 +380,7 @@ def decode_reply(command: str, payload: dict[str, Any]) -> Reply:
     if not payload.get("ok"):
         return ErrorReply(error=str(payload.get("error") or "request failed"))
     payload = {name: value for name, value in payload.items() if name != "ok"}
-    return build(_REPLIES[command], payload)
+    return build(REPLIES[command], payload)
 
 
 def build(cls: type[M], payload: dict[str, Any]) -> M:

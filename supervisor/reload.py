@@ -24,7 +24,7 @@ from .reporting import plural, status_line
 from .states import ByeReason
 
 if TYPE_CHECKING:
-    from .arbiter import Arbiter
+    from .view import Operable
 
 logger = logging.getLogger("everystep.supervisor")
 
@@ -46,7 +46,7 @@ def reimport(modules: Sequence[str]) -> list[str]:
     return list(modules)
 
 
-def reload(arbiter: Arbiter, who: str) -> Reply:
+def reload(arbiter: Operable, who: str) -> Reply:
     """Re-import the app modules, then replace every child. A module that
     fails to import leaves everything as it was, and says so."""
     if arbiter.stopping:

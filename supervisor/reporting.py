@@ -2,12 +2,13 @@
 systemd STATUS= line, the progress line and the summary at exit, the
 process-tree gauges and the metrics port, and whether a ``--burst`` run is
 over. Apart from the arbiter because none of it manages a process: it reads
-the arbiter's state and says it."""
+the arbiter's state (``view.SupervisorView``) and says it."""
 
 from __future__ import annotations
 
 import logging
 import os
+import selectors
 import time
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from .protocol import ChildStatus, StatusReply
 from .states import ChildState
 
 if TYPE_CHECKING:
-    from .arbiter import Arbiter
+    from .view import SupervisorView
     from .children import Child
     from .sdnotify import Notifier
 
@@ -56,7 +57,7 @@ def _child_status(kid: Child, now: float) -> ChildStatus:
     )
 
 
-def status(arbiter: Arbiter) -> StatusReply:
+def status(arbiter: SupervisorView) -> StatusReply:
     """The ``ctl status`` reply."""
     now = time.monotonic()
     return StatusReply(
@@ -74,38 +75,38 @@ def status(arbiter: Arbiter) -> StatusReply:
     )
 
 
-def busy(arbiter: Arbiter) -> int:
+def busy(arbiter: SupervisorView) -> int:
     return sum(1 for kid in arbiter.children.values() if kid.run is not None)
 
 
-def finished(arbiter: Arbiter) -> int:
+def finished(arbiter: SupervisorView) -> int:
     return sum(arbiter.ledger.counts[status] for status in TERMINAL_STATUSES)
 
 
-def status_line(arbiter: Arbiter) -> str:
+def status_line(arbiter: SupervisorView) -> str:
     """For systemd's STATUS=."""
     return (f"{busy(arbiter)}/{arbiter.procs} busy, {plural(finished(arbiter), 'run', 'runs')} finished"
             + (", draining" if arbiter.stopping else ""))
 
 
-def finished_summary(arbiter: Arbiter) -> str:
+def finished_summary(arbiter: SupervisorView) -> str:
     counts = arbiter.ledger.counts
     parts = [f"{counts[status]} {status}" for status in TERMINAL_STATUSES if counts[status]]
     return ", ".join(parts) or "nothing"
 
 
-def progress_line(arbiter: Arbiter, queued: int | None) -> str:
+def progress_line(arbiter: SupervisorView, queued: int | None) -> str:
     return (f"progress: {finished(arbiter)} finished ({finished_summary(arbiter)}), {busy(arbiter)} running, "
             f"{'?' if queued is None else queued} queued")
 
 
-def summary_line(arbiter: Arbiter) -> str:
+def summary_line(arbiter: SupervisorView) -> str:
     elapsed = time.monotonic() - arbiter.started
     return (f"done: {plural(finished(arbiter), 'run', 'runs')} in {elapsed:.1f}s ({finished_summary(arbiter)}); "
             f"{plural(sum(arbiter.restarts.values()), 'child restart', 'child restarts')}")
 
 
-def queued(arbiter: Arbiter) -> int | None:
+def queued(arbiter: SupervisorView) -> int | None:
     """Runs waiting for this supervisor's workflows (None: the database is away)."""
     try:
         return arbiter.store.count_scheduled(arbiter.loop.names)
@@ -113,7 +114,7 @@ def queued(arbiter: Arbiter) -> int | None:
         return None
 
 
-def gauge_children(arbiter: Arbiter) -> None:
+def gauge_children(arbiter: SupervisorView) -> None:
     """The process-tree gauges (set when scraped and once a second)."""
     alive, running = len(arbiter.children), busy(arbiter)
 
@@ -125,13 +126,13 @@ def gauge_children(arbiter: Arbiter) -> None:
     metrics.record(update)
 
 
-def metrics_server(arbiter: Arbiter) -> LoopHTTPServer | None:
-    """The metrics port, served from the arbiter's loop, if configured."""
+def metrics_server(arbiter: SupervisorView, selector: selectors.BaseSelector) -> LoopHTTPServer | None:
+    """The metrics port, served from the arbiter's loop (``selector``), if configured."""
     config = arbiter.config
     if not config.metrics_port:
         return None
     try:
-        http = LoopHTTPServer(config.metrics_bind, config.metrics_port, arbiter.selector,
+        http = LoopHTTPServer(config.metrics_bind, config.metrics_port, selector,
                               lambda path: respond_http(arbiter, path))
     except OSError as exc:
         raise ControlSocketError(exposition.bind_error(config.metrics_bind, config.metrics_port, exc)) from None
@@ -139,7 +140,7 @@ def metrics_server(arbiter: Arbiter) -> LoopHTTPServer | None:
     return http
 
 
-def respond_http(arbiter: Arbiter, path: str) -> tuple[int, str, bytes]:
+def respond_http(arbiter: SupervisorView, path: str) -> tuple[int, str, bytes]:
     """The metrics port's answer to ``path``."""
     gauge_children(arbiter)  # gauges of the process tree are read when scraped
     return exposition.respond(path, arbiter.store)
@@ -157,7 +158,7 @@ class Progress:
         self._last_progress = 0.0
         self._last_line = ""
 
-    def tick(self, arbiter: Arbiter, now: float) -> None:
+    def tick(self, arbiter: SupervisorView, now: float) -> None:
         if now - self._last_status >= STATUS_EVERY:
             self._last_status = now
             self.notifier.status(status_line(arbiter))
@@ -169,7 +170,7 @@ class Progress:
                 logger.info("%s: %s", arbiter.who, line)
 
 
-def burst_over(arbiter: Arbiter) -> bool:
+def burst_over(arbiter: SupervisorView) -> bool:
     """``--burst``: nothing is left to claim and every child is idle (the
     arbiter then drains)."""
     if not arbiter.config.burst or arbiter.stopping or arbiter.ledger.ready:

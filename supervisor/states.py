@@ -1,14 +1,19 @@
 """The supervisor's vocabulary, said once: what a child is doing, why it was
-killed, why it left, why it was replaced, how the supervisor is stopping.
+killed, why it left, how the supervisor is stopping, and what a step in
+flight is.
 
 Run statuses, step statuses and what one execution of a run came to are the
-engine's (``everystep.models.RunStatus``, ``StepStatus``,
-``everystep.runner.Outcome``).
+engine's (``everystep.models.RunStatus``, ``StepStatus``, ``Outcome``); the
+words the library speaks about the supervisor too (its commands, why it
+replaces a child) are in ``everystep.vocabulary``, re-exported here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+
+from everystep.vocabulary import Command, RestartReason
 
 
 class ChildState(StrEnum):
@@ -80,18 +85,14 @@ class ByeReason(StrEnum):
     def recycles(self) -> bool:
         return self in (ByeReason.RELOAD, ByeReason.MAX_RUNS, ByeReason.MAX_MEMORY)
 
-
-class RestartReason(StrEnum):
-    """Label of ``everystep_supervisor_child_restarts_total``."""
-
-    EXIT = "exit"
-    CRASH = "crash"
-    RECYCLE = "recycle"
-    TIMEOUT = "timeout"
-    KILL = "kill"
-    FENCED = "fenced"
-    CANCELLED = "cancelled"
-    RESOURCE = "resource"  # a step went over its budget, or the kernel ran out of memory for it
+    @classmethod
+    def parse(cls, text: str) -> ByeReason:
+        """The reason a message gives; one this side does not know (a child
+        or parent of another version) reads as a plain ``EXIT``."""
+        try:
+            return cls(text)
+        except ValueError:
+            return cls.EXIT
 
 
 class StopMode(StrEnum):
@@ -99,4 +100,42 @@ class StopMode(StrEnum):
     QUIT = "quit"    # QUIT (or a second INT): kill and requeue now
 
 
-__all__ = ["ByeReason", "ChildState", "KillReason", "RestartReason", "StopMode"]
+
+
+@dataclass(frozen=True)
+class StepInFlight:
+    """A step a child is executing: on its step board (every step) and in a
+    ``StepStarted`` message (steps with a deadline). ``started`` is
+    ``time.monotonic()`` in the child; the clock is system-wide on Linux, so
+    the parent compares it with its own. Here, not in ``protocol``, because
+    it is what the supervisor knows of a step, which ``fate`` decides on,
+    whatever carried it."""
+
+    run: str
+    step: str
+    name: str
+    started: float
+    timeout: float | None = None
+    unsafe: bool = False
+    #: Which attempt of the step this is, and what a timeout of it leads to:
+    #: the next attempt ``retry_in`` seconds later, or (None) a final failure.
+    attempt: int = 1
+    retry_in: float | None = None
+    #: A bounded step's budget (``supervisor.meter.Budget``): bytes it may
+    #: add to its process and CPU seconds it may use, and the process's CPU
+    #: seconds and memory bytes as it started (cgroup figures where the
+    #: child has a cgroup that counts them, else the process's own).
+    memory_limit: int | None = None
+    cpu_limit: float | None = None
+    cpu_start: float | None = None
+    memory_start: int | None = None
+
+    def overdue(self, now: float) -> bool:
+        return self.timeout is not None and now - self.started >= self.timeout
+
+    @property
+    def bounded(self) -> bool:
+        return self.memory_limit is not None or self.cpu_limit is not None
+
+
+__all__ = ["ByeReason", "ChildState", "Command", "KillReason", "RestartReason", "StepInFlight", "StopMode"]

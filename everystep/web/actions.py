@@ -24,11 +24,12 @@ from .. import admin, registry, relay, serde
 from ..errors import EverystepError
 from ..models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
+from ..vocabulary import Command
 
 logger = logging.getLogger("everystep.console")
 
 #: Supervisor commands the console sends (the supervisor validates them again).
-RUNNER_COMMANDS = ("kill", "scale")
+RUNNER_COMMANDS: tuple[str, ...] = (Command.KILL, Command.SCALE)
 MAX_PROCS = 256
 
 
@@ -145,7 +146,7 @@ def kill(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str,
     if run.status != RUNNING or not run.claimed_by:
         raise admin.AdminError(f"run {run.id} is {run.status}, not running: there is no step to kill")
     requeue_after = bool(body.get("requeue", False))
-    return runner_command(store, run.claimed_by, "kill", {"run": run.id, "requeue": requeue_after}, who)
+    return runner_command(store, run.claimed_by, Command.KILL, {"run": run.id, "requeue": requeue_after}, who)
 
 
 RUN_HANDLERS: dict[str, Callable[[Store, str, dict[str, Any], str], dict[str, Any]]] = {
@@ -161,14 +162,14 @@ def runner_command(store: Store, runner: str, command: str, args: dict[str, Any]
     """Send ``command`` to a live supervisor; returns the request to wait on."""
     if command not in RUNNER_COMMANDS:
         raise ValueError(f"unknown supervisor command {command[:40]!r}; expected one of: {', '.join(RUNNER_COMMANDS)}")
-    if command == "scale":
+    if command == Command.SCALE:
         procs = args.get("procs")
         if isinstance(procs, str) and procs.strip().isdigit():
             procs = int(procs)
         if not isinstance(procs, int) or isinstance(procs, bool) or not 0 <= procs <= MAX_PROCS:
             raise ValueError(f"scale needs procs: an integer from 0 to {MAX_PROCS}")
         args = {"procs": procs}
-    elif command == "kill":
+    elif command == Command.KILL:
         if not isinstance(args.get("run"), str) or not args["run"]:
             raise ValueError("kill needs run: the id of the run to kill")
         args = {"run": args["run"], "requeue": bool(args.get("requeue", False))}
