@@ -14,6 +14,7 @@ from .procs import Workdir
 @dataclass(frozen=True)
 class Settings:
     quick: bool = False
+    mode: str = "full"
     procs: tuple[int, ...] = (1, 2, 4)
     reps: int = 3
     throughput_runs: int = 2000
@@ -46,11 +47,23 @@ class Settings:
     lever_runs: int = 300
 
     @classmethod
-    def for_mode(cls, quick: bool) -> Settings:
+    def for_mode(cls, quick: bool, smoke: bool = False) -> Settings:
+        """``full``; ``quick``: fewer runs and repetitions, the same cases;
+        ``smoke``: the smallest sizes that still run every case and write
+        every table, for the test suite (its figures mean nothing)."""
+        if smoke:
+            return cls(
+                quick=True, mode="smoke", procs=(1, 2), reps=1, throughput_runs=30, pgbench_seconds=0.5,
+                cpu_runs=2, cpu_seconds=0.05, latency_notify_runs=10, latency_poll_runs=5, peer_reps=1,
+                peer_runs=30, overhead_steps=20, overhead_reps=1, respawn_reps=1, memory_procs=2,
+                depth_history=(0, 2_000), depth_backlog=(500,), depth_runs=50, depth_probes=10, depth_reps=1,
+                history_reps=1, scale_supervisors=(1, 2), scale_single_procs=2, scale_runs=60, scale_reps=1,
+                prune_history=2_000, prune_phase_seconds=0.5, profile_runs=60, lever_runs=20,
+            )
         if not quick:
             return cls()
         return cls(
-            quick=True, throughput_runs=200, pgbench_seconds=1.0, cpu_runs=4, cpu_seconds=0.15,
+            quick=True, mode="quick", throughput_runs=200, pgbench_seconds=1.0, cpu_runs=4, cpu_seconds=0.15,
             latency_notify_runs=60, latency_poll_runs=30, peer_reps=1, peer_runs=200,
             overhead_steps=100, overhead_reps=3, respawn_reps=3, memory_procs=2,
             depth_history=(0, 20_000), depth_backlog=(2_000,), depth_runs=300, depth_probes=60, depth_reps=1,

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quick", action="store_true",
                         help="fewer runs and repetitions (a few minutes); same cases")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest sizes that run every case and write every table; its figures mean "
+                             "nothing (the test suite's check of the harness)")
     parser.add_argument("--database", metavar="URL",
                         help="an existing PostgreSQL server (its URL; databases are created on it and dropped); "
                              "default: $EVERYSTEP_BENCH_DATABASE_URL, else a throwaway local cluster")
@@ -64,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = Settings.for_mode(args.quick)
+    settings = Settings.for_mode(args.quick, smoke=args.smoke)
     only = {f"case{part.strip()}" if part.strip().isdigit() else part.strip()
             for part in args.only.split(",") if part.strip()}
     if "case2" in only:
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Workdir(Path(tempfile.mkdtemp(prefix="everystep-bench-")))
     facts = pg.machine()
     started = time.monotonic()
-    print(f"[bench] {'quick' if args.quick else 'full'} run; work directory {work.path}", flush=True)
+    print(f"[bench] {settings.mode} run; work directory {work.path}", flush=True)
     server = pg.start(args.database)
     ctx = Context(settings=settings, server=server, work=work, pgbench=pg.find_tool("pgbench"))
     sections: list[Section] = []
@@ -208,11 +211,13 @@ def _scaling_section(ctx: Context, charts: list[str]) -> list[str]:
 def _document(ctx: Context, facts: dict[str, str], server: dict[str, str], sections: list[Section],
               drawer: str, seconds: float, charts: list[str] | None = None) -> str:
     s = ctx.settings
-    mode = "quick (`--quick`: fewer runs and repetitions)" if s.quick else "full"
+    mode = {"quick": "quick (`--quick`: fewer runs and repetitions)",
+            "smoke": "smoke (`--smoke`: the smallest sizes; the figures mean nothing)"}.get(s.mode, "full")
+    flag = {"quick": " --quick", "smoke": " --smoke"}.get(s.mode, "")
     lines = [
         "# everystep benchmarks",
         "",
-        f"Produced by `python -m bench{' --quick' if s.quick else ''}` on {facts['date']} ({mode}); "
+        f"Produced by `python -m bench{flag}` on {facts['date']} ({mode}); "
         f"total wall time {seconds:.0f} s. Every case ran against the same PostgreSQL server in this one "
         "invocation; tables give the median of the repetitions and the min–max in parentheses.",
         "",

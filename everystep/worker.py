@@ -197,7 +197,17 @@ class Worker:
                         self.stop()  # another instance holds our name now
                         break
                     executing = [run.id for run in self._active.values()]
-                    self._submit(executor, self.loop.take(now, self._capacity(), executing))
+                    taken = self.loop.take(now, self._capacity(), executing)
+                    if self._stopping.is_set():
+                        # stop() came during the claim: a run that its drain
+                        # just requeued at a step boundary may be among these.
+                        # Hand them back unrun; stop() sets the flag before any
+                        # run drains, so a claim that finished before this
+                        # check never took a drained run.
+                        for run in taken:
+                            self.loop.requeue(run)
+                        break
+                    self._submit(executor, taken)
                     if selector.select(self._wait_time(time.monotonic())):
                         self._drain_wake_pipe()
             finally:

@@ -4,8 +4,6 @@ stale runner that comes back unable to overwrite the new claimant's work."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,6 +14,7 @@ from everystep.errors import EverystepError
 from everystep.lease import Lease
 from everystep.models import COMPLETED, RUNNING, SCHEDULED
 from everystep.store import connect
+from tests.support.cli import run_in_process
 from tests.support.runs import execute_run
 
 
@@ -161,16 +160,15 @@ def test_worker_recovers_runs_of_a_dead_runner(store):
 
 def test_runners_cli(db_url, subprocess_env, tmp_path):
     store = connect(db_url)
-    Lease(store, "cli-a", "supervisor", lease=5).register()
+    # A lease far longer than the test: what is listed is alive, however slow the machine.
+    Lease(store, "cli-a", "supervisor", lease=600).register()
     run = schedule(lease_flow, 1, database=store)
     _claim_as(store, "cli-a", run.id)
-    out = subprocess.run([sys.executable, "-m", "everystep.cli", "runners", "--database", db_url, "--json"],
-                         env=subprocess_env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    out = run_in_process(["runners", "--database", db_url, "--json"], env=subprocess_env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     [row] = json.loads(out.stdout)
     assert (row["name"], row["kind"], row["running"], row["expired"]) == ("cli-a", "supervisor", 1, False)
-    table = subprocess.run([sys.executable, "-m", "everystep.cli", "runners", "--database", db_url],
-                           env=subprocess_env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    table = run_in_process(["runners", "--database", db_url], env=subprocess_env, cwd=tmp_path)
     assert "cli-a" in table.stdout and "alive" in table.stdout
     assert store.get_run(run.id).status == RUNNING
     store.close()

@@ -24,6 +24,7 @@ import dataclasses
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,6 +114,26 @@ class Supervisor:
         if self.alive:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Until the control socket answers ``status``: from then on the
+        supervisor has its signal handlers, so SIGTERM drains it. A process
+        still booting (restarted a moment ago) would die of the signal's
+        default action instead, exit -15, and say nothing of draining."""
+        deadline = time.monotonic() + timeout
+        path = str(self.workdir / f"{self.name}.sock")
+        while self.alive and time.monotonic() < deadline:
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                    client.settimeout(5)
+                    client.connect(path)
+                    client.sendall(b'{"cmd": "status"}\n')
+                    if client.makefile("rb").readline().strip():
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.2)
+        return False
 
     def terminate(self, timeout: float) -> int | None:
         if not self.alive:
@@ -355,6 +376,8 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
         if not _wait_settled(url, supervisors, settle_until + 60):
             report.violations.append("runs did not settle after resolving blocked runs")
         for sup in supervisors:
+            if not sup.wait_ready(120):
+                report.violations.append(f"supervisor {sup.name} never answered on its control socket")
             code = sup.terminate(config.drain + 30)
             if code != 0:
                 report.violations.append(f"supervisor {sup.name} stopped with exit code {code}")
