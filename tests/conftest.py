@@ -65,6 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers per core. Most of the suite waits on child
     processes, sockets and the database rather than computing, so a core

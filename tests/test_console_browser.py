@@ -162,7 +162,13 @@ def test_scale_and_kill_a_real_supervisor_from_the_runners_page(pg_url: str, bro
         page.goto(console.url + "/runners")
         section = page.locator(f"section.runner[data-runner='{sup.name}']")
         expect(section.locator("table.children tbody tr")).to_have_count(1)
+        # The page re-renders on every update: what is typed must survive
+        # one (it used to be reset to the published count, so a slow click
+        # scaled from 1 to 1).
+        rendered = section.element_handle()
         section.locator("input.procs").fill("2")
+        page.wait_for_function("section => !section.isConnected", arg=rendered, timeout=60_000)
+        expect(section.locator("input.procs")).to_have_value("2")
         section.locator("form.scale button").click()
         expect(page.locator(".toast-ok")).to_contain_text(f"{sup.name}: ok")
         expect(section.locator("table.children tbody tr")).to_have_count(2)

@@ -41,16 +41,33 @@ export function runnersPage(main) {
     return runner.heartbeat_at ? Math.max((Date.now() - Date.parse(runner.heartbeat_at)) / 1000, 0) : null;
   }
 
+  // The page is re-rendered on every update (ages move every tick), so the
+  // scale forms outlive renders: a number being typed is neither reset to
+  // the published count nor loses focus until it is submitted.
+  const scaleForms = new Map();
+
   function scaleForm(runner) {
-    const input = h("input", { type: "number", min: 0, max: 256, value: runner.detail ? runner.detail.procs : "",
-                               "aria-label": `children of ${runner.name}`, class: "procs" });
-    const form = h("form", { class: "scale" }, h("label", {}, "children ", input),
-      h("button", { type: "submit", text: "Scale" }));
-    form.addEventListener("submit", async (event) => {
-      event.preventDefault();
-      await supervisorCommand(runner.name, "scale", { procs: Number(input.value) });
-    });
-    return form;
+    let entry = scaleForms.get(runner.name);
+    if (!entry) {
+      const input = h("input", { type: "number", min: 0, max: 256, "aria-label": `children of ${runner.name}`,
+                                 class: "procs" });
+      const form = h("form", { class: "scale" }, h("label", {}, "children ", input),
+        h("button", { type: "submit", text: "Scale" }));
+      const state = { form, input, edited: false };
+      input.addEventListener("input", () => { state.edited = true; });
+      form.addEventListener("submit", async (event) => {
+        event.preventDefault();
+        const procs = Number(input.value);
+        state.edited = false;
+        await supervisorCommand(runner.name, "scale", { procs });
+      });
+      entry = state;
+      scaleForms.set(runner.name, entry);
+    }
+    if (!entry.edited && document.activeElement !== entry.input) {
+      entry.input.value = runner.detail ? runner.detail.procs : "";
+    }
+    return entry.form;
   }
 
   function children(runner) {
@@ -89,6 +106,10 @@ export function runnersPage(main) {
       replace(list, h("p", { class: "empty", text: "No runner is registered: start everystep-supervisor or everystep worker." }));
       return;
     }
+    for (const name of scaleForms.keys()) {
+      if (!data.runners.some((runner) => runner.name === name)) scaleForms.delete(name);
+    }
+    const focused = list.contains(document.activeElement) ? document.activeElement : null;
     replace(list, data.runners.map((runner) => {
       const detail = runner.detail;
       return h("section", { class: `runner${runner.expired ? " expired" : ""}`, dataset: { runner: runner.name } },
@@ -108,6 +129,7 @@ export function runnersPage(main) {
           detail ? [h("dt", { text: "Children" }), h("dd", { text: detail.procs })] : null),
         children(runner));
     }));
+    if (focused && focused.isConnected) focused.focus();
   }
 
   new Live("runners", {}, render, (message) => { problem.hidden = false; problem.textContent = message; }).start();
