@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -65,8 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends the run through its ``finally``: the throwaway cluster
+    is stopped and the work directory removed, not left behind."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     settings = Settings.for_mode(args.quick, smoke=args.smoke)
     only = {f"case{part.strip()}" if part.strip().isdigit() else part.strip()
             for part in args.only.split(",") if part.strip()}

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
 
 from everystep import runner
 from everystep.store import Store, close_default_stores, connect
 from tests.support import lanes
 from tests.support.pgserver import PgServer, start_server
-from tests.support.watchdog import Watchdog, grace_from_environment
+from tests.support.watchdog import Watchdog, grace_from_environment, timeout_of
 
 if TYPE_CHECKING:
     from tests.support.mariadbserver import MariaDBServer
@@ -73,10 +74,33 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 2 * (len(os.sched_getaffinity(0)) or 1)
 
 
+# Tests deselected here (by backend, or ``slow`` under CI). Under xdist the
+# workers collect and deselect; each reports its count to the controller,
+# which writes the summary (every worker collects the same tests).
+_deselected = 0
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    global _deselected
+    _deselected += len(items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["everystep_deselected"] = _deselected
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    global _deselected
+    _deselected = max(_deselected, int(getattr(node, "workeroutput", {}).get("everystep_deselected", 0)))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The lanes' counts and the skip reasons, at the end of every run."""
     terminalreporter.write_sep("=", "lanes")
-    for line in lanes.summary_lines(terminalreporter.stats):
+    for line in lanes.summary_lines(terminalreporter.stats, _deselected):
         terminalreporter.write_line(line)
 
 
@@ -113,6 +137,12 @@ def _fail_if_processes_started(item: pytest.Item) -> None:
                     "tests/support/lanes.py must learn how it starts one", pytrace=False)
 
 
+# Property tests run beside process tests on a loaded machine: a drawn
+# example's wall time says nothing about the code, so neither Hypothesis's
+# per-example deadline nor its "too slow to generate" check may fail a run.
+settings.register_profile("everystep", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("everystep")
+
 _watchdog: Watchdog | None = None
 
 
@@ -129,7 +159,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     global _outside_procs_lane
     if _watchdog is not None:
-        _watchdog.entering(item.nodeid)
+        _watchdog.entering(item.nodeid, timeout_of(item))
     _outside_procs_lane = None if item.get_closest_marker("procs") is not None else item
     try:
         yield

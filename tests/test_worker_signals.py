@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -194,12 +193,10 @@ def test_drain_deadline_requeues_a_step_that_never_ends_and_exits_promptly(
 
     a.send(signum)
     a.wait_for_log("draining 1 run(s)")
-    started = time.monotonic()
+    # The step never ends: exiting at all proves the worker did not join its
+    # thread, and the log says the deadline (not the step) ended the drain.
     assert a.wait_exit() == 0, a.output()
-    elapsed = time.monotonic() - started
-    # The deadline is 1s; allow a slow machine plenty, but far less than
-    # the step (which never ends) or a join of its thread would take.
-    assert elapsed < 15, f"exit took {elapsed:.1f}s after the drain began"
+    assert "drain deadline of 1.0s passed with 1 run(s) mid-step; requeued 1" in a.output(), a.output()
     assert run_state(store, run.id) == (SCHEDULED, None, [("1", STEP_DONE)])
 
     open_gate(tmp_path, "release")

@@ -262,7 +262,7 @@ def _lane_of(report: pytest.TestReport) -> tuple[str, str]:
     return str(properties.get("lane", "?")), str(properties.get("backends", "?"))
 
 
-def summary_lines(stats: dict[str, list[Any]]) -> list[str]:
+def summary_lines(stats: dict[str, list[Any]], deselected: int) -> list[str]:
     """Counts of passed, failed and skipped tests by lane and backend, the
     deselected count, and every skip reason with how often it struck: a run
     that left out a backend or the browsers says so in its last screen."""
@@ -283,7 +283,7 @@ def summary_lines(stats: dict[str, list[Any]]) -> list[str]:
     for (lane, backends), row in sorted(counts.items()):
         lines.append(f"{lane:<11} {backends:<16} {row.get('passed', 0):>7} "
                      f"{row.get('failed', 0) + row.get('error', 0):>7} {row.get('skipped', 0):>8}")
-    lines.append(f"deselected: {len(stats.get('deselected', []))}")
+    lines.append(f"deselected: {deselected}")
     for reason, count in sorted(reasons.items(), key=lambda pair: -pair[1]):
         lines.append(f"skipped {count}: {reason}")
     return lines
