@@ -58,12 +58,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lanes.mark_process_tests(items)
     for item in items:
         lanes.label(item)
-    if os.environ.get("CI") or config.getoption("markexpr"):
-        return
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+    if not (os.environ.get("CI") or config.getoption("markexpr")):
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+    # The longest first (slow, then process tests, then the quick in-process
+    # ones): under xdist the long tests then overlap the rest of the run
+    # instead of making its tail. A stable sort, so every worker collects
+    # the same order.
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("procs") is None))
 
 
 @pytest.hookimpl(optionalhook=True)
