@@ -35,7 +35,7 @@ from .cliutil import (
     version,
 )
 from .context import step_sort_key
-from .errors import EverystepError, StoreUnavailable
+from .errors import EverystepError, StoreMisconfigured, StoreUnavailable
 from .cron import CronSchedule
 from .models import PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run, StepRecord
 from .waiting import effect_uncertain, waiting_for
@@ -65,7 +65,8 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="everystep", description="Durable workflows recorded step by step in SQL.",
         epilog="Exit codes: 0 done; 1 the command ran and reports a problem (check-deploy, remote); "
-               "2 bad input or a refused request; 3 the database is unreachable.",
+               "2 bad input or a refused request, including a database that refuses the configuration (no "
+               "such database or role, a bad password or option); 3 the database is unreachable.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
@@ -138,7 +139,10 @@ def build_parser() -> OneLineParser:
 
     sub = _command(commands, "check-deploy", "dry-replay every unfinished run against the code in --app",
                    "Replay each unfinished run's body against its recorded steps with the code in --app, never "
-                   "executing a step; exit 1 if any would fail with WorkflowCodeError or names a missing workflow.")
+                   "executing a step. Exit 1 if any would fail: code_error (a step id now calls another "
+                   "function: WorkflowCodeError), missing (its workflow is gone), fails (code between steps "
+                   "raises on the recorded results) or timeout (the replay did not stop within --timeout); "
+                   "0 otherwise.")
     sub.add_argument("--json", action="store_true", help="print JSON (default: a table)")
     sub.add_argument("--all", action="store_true",
                      help="list every run checked, not only those that would fail (default: off)")
@@ -249,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         registry.import_apps(args.app)
         return _dispatch(args)
+    except StoreMisconfigured as exc:
+        fail(str(exc))  # no waiting fixes it: a bad command line, in effect
     except StoreUnavailable as exc:
         fail(str(exc), code=EXIT_UNAVAILABLE)
     except EverystepError as exc:

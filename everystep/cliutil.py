@@ -6,7 +6,9 @@ Exit codes (documented in the README):
 - 0: done;
 - 1: the command ran and has bad news (``check-deploy`` found runs that
   would fail, ``remote`` got no reply or a refusal);
-- 2: bad input or a refused request (one line on stderr says why);
+- 2: bad input or a refused request (one line on stderr says why), and a
+  database that refuses the configuration (``StoreMisconfigured``: no such
+  database or role, a bad password or connection option);
 - 3: the database could not be reached.
 """
 

@@ -93,6 +93,17 @@ class StoreUnavailable(EverystepError):
     """The database could not be reached or refused the operation."""
 
 
+class StoreMisconfigured(StoreUnavailable):
+    """The database refused this configuration: no such database or role, a
+    rejected password, an invalid connection option (``sslmode=bogus``).
+
+    Waiting does not fix it, so a command, or a runner that is starting,
+    stops at once (exit 2) with the server's message. It remains a kind of
+    ``StoreUnavailable``: a runner already running treats it as an outage,
+    as it would a database being restored from a backup.
+    """
+
+
 class SchemaMissing(EverystepError):
     """The database has no everystep tables yet: run ``everystep migrate``."""
 
@@ -214,6 +225,7 @@ __all__ = [
     "StepKilled",
     "StepResourceExceeded",
     "StepTimeout",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "Suspended",
     "Terminal",

@@ -26,7 +26,7 @@ from everystep.cliutil import (
     setup_logging,
     version,
 )
-from everystep.errors import EverystepError, NameInUse, SchemaMissing, StoreUnavailable
+from everystep.errors import EverystepError, NameInUse, SchemaMissing, StoreMisconfigured, StoreUnavailable
 from everystep.resources import parse_size
 from everystep.store import Store, connect
 
@@ -53,7 +53,8 @@ def build_parser() -> OneLineParser:
         epilog="Signals: TERM/INT drain (a second INT stops at once), QUIT fast stop, HUP reload, TTIN/TTOU "
                f"one child more/less. Control a running supervisor with '{PROG} ctl --help'. Exit codes: 0 "
                "done, 1 stopped by a failure (children failing to boot, runner name taken over), 2 bad "
-               "command line, 3 database unreachable at start.",
+               "command line or a database that refuses the configuration (no such database or role, a bad "
+               "password or option), 3 database unreachable at start.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     parser.add_argument("-A", "--app", metavar="MODULE[,MODULE]", default="",
@@ -259,6 +260,8 @@ def _run(config: Config) -> int:
         registry.import_apps(config.app)
         store = connect(config.database, statement_timeout=config.db_timeout)
         _check_database(store)
+    except StoreMisconfigured as exc:
+        fail(str(exc), prog=PROG)  # no waiting fixes it
     except StoreUnavailable as exc:
         fail(str(exc), prog=PROG, code=EXIT_UNAVAILABLE)
     except EverystepError as exc:

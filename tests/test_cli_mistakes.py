@@ -1,0 +1,86 @@
+"""Mistakes a new user makes with the ``everystep`` command, and what it
+answers: exactly one line on stderr and the exit code that tells a script
+what happened (2: fix the command line or the configuration; 3: the
+database is away, try again later)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from tests.support.cli import run_in_process
+from tests.support.supervisor import supervisor_command
+
+pytestmark = [pytest.mark.timeout(120)]
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def cli(subprocess_env: dict[str, str], tmp_path: Path) -> Cli:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_in_process(args, env=subprocess_env, cwd=tmp_path)
+
+    return run
+
+
+def refused(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    """Exit ``code``, nothing on stdout, one line on stderr holding every fragment."""
+    lines = result.stderr.splitlines()
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert len(lines) == 1 and lines[0].startswith("everystep: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def _with_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+# -- exit codes: a configuration the database refuses is not an outage ------------------------
+
+
+def test_a_missing_database_is_a_configuration_error(cli: Cli, pg_server) -> None:
+    url = pg_server.url_for("everystep_no_such_database")
+    refused(cli("runs", "--database", url), 2, 'database "everystep_no_such_database" does not exist')
+
+
+def test_a_missing_role_is_a_configuration_error(cli: Cli, pg_server) -> None:
+    url = _with_user(pg_server.admin_url, "everystep_no_such_role")
+    refused(cli("runs", "--database", url), 2, 'role "everystep_no_such_role" does not exist')
+
+
+def test_an_invalid_connection_option_is_a_configuration_error(cli: Cli, pg_server) -> None:
+    refused(cli("runs", "--database", pg_server.admin_url + "?sslmode=bogus"), 2, 'invalid sslmode value: "bogus"')
+
+
+def test_a_server_that_does_not_answer_is_still_unreachable(cli: Cli) -> None:
+    refused(cli("runs", "--database", "postgresql://everystep@127.0.0.1:1/nowhere?connect_timeout=2"), 3,
+            "unavailable")
+
+
+def test_check_deploy_help_lists_every_verdict_that_exits_1(cli: Cli) -> None:
+    result = cli("check-deploy", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for verdict in ("code_error", "missing", "fails", "timeout"):
+        assert verdict in text, text
+
+
+def test_a_supervisor_refused_by_the_database_stops_with_exit_2(pg_server, subprocess_env, tmp_path: Path) -> None:
+    url = pg_server.url_for("everystep_no_such_database")
+    result = subprocess.run([*supervisor_command(), "--database", url, "--socket", str(tmp_path / "s.sock"),
+                             "--procs", "1"], env=subprocess_env, capture_output=True, text=True, timeout=90,
+                            stdin=subprocess.DEVNULL, cwd=tmp_path)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("everystep-supervisor: error: "), result.stderr
+    assert 'database "everystep_no_such_database" does not exist' in lines[0]
