@@ -2,7 +2,7 @@
 
 Every command takes ``--database URL`` (else ``EVERYSTEP_DATABASE_URL``, else
 ``sqlite:///everystep.db``) and ``--app MODULE[,MODULE]`` to import the
-user's workflows. Bad input prints one line on stderr and exits 2.
+user's workflows, before the command or after it. Bad input prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
@@ -69,6 +69,11 @@ def build_parser() -> OneLineParser:
                "such database or role, a bad password or option); 3 the database is unreachable.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    # The options every command takes are accepted before the command too
+    # (`everystep -A myapp runs`, as `celery -A proj worker`).
+    _common(parser)
+    parser.add_argument("-l", "--log-level", default="info", choices=LOG_LEVELS, metavar="LEVEL",
+                        help=f"for worker and ui: one of {', '.join(LOG_LEVELS)} (default info)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     commands.required = True
 
@@ -190,7 +195,26 @@ def build_parser() -> OneLineParser:
                    "Claim runs and execute them on a thread pool in this process (the supervisor is the runner "
                    "for CPU-bound work and step timeouts).")
     add_worker_arguments(sub)
+    _given_before_or_after(commands)
     return parser
+
+
+#: Options taken before the command as well as after it.
+GLOBAL_OPTIONS = ("database", "app", "log_level")
+
+
+def _given_before_or_after(commands: argparse._SubParsersAction[OneLineParser]) -> None:
+    """A command's own copy of a global option must not reset what was
+    given before the command: argparse copies every default of the
+    command's parser over the values parsed before it. Without a default
+    (SUPPRESS), an option given after the command still wins, one given
+    before stays, and one given nowhere keeps the top-level default."""
+    for parser in commands.choices.values():
+        for action in parser._actions:
+            if action.dest in GLOBAL_OPTIONS:
+                action.default = argparse.SUPPRESS
+            elif isinstance(action, argparse._SubParsersAction):
+                _given_before_or_after(action)
 
 
 # The options of the commands a host framework also exposes (Django's

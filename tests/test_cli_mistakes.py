@@ -84,3 +84,26 @@ def test_a_supervisor_refused_by_the_database_stops_with_exit_2(pg_server, subpr
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and lines[0].startswith("everystep-supervisor: error: "), result.stderr
     assert 'database "everystep_no_such_database" does not exist' in lines[0]
+
+
+# -- the global options go before the command as well as after it -------------------------------
+
+
+def test_global_options_before_the_command(cli: Cli, db_url: str) -> None:
+    scheduled = cli("-A", "tests.apps.workers", "--database", db_url, "schedule", "tests.apps.workers.add_one", "1",
+                    "--queue", "later")
+    assert scheduled.returncode == 0, scheduled.stderr
+    run_id = scheduled.stdout.strip()
+    listed = cli("-A", "tests.apps.workers", "--database", db_url, "-l", "debug", "runs")
+    assert listed.returncode == 0 and run_id in listed.stdout, listed.stderr
+    paused = cli("--database", db_url, "queue", "pause", "later")
+    assert (paused.returncode, paused.stdout.strip()) == (0, "queue later paused: nothing is claimed from it")
+
+
+def test_an_option_after_the_command_wins_over_one_before(cli: Cli, db_url: str, tmp_path: Path) -> None:
+    elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    scheduled = cli("--database", elsewhere, "schedule", "tests.apps.workers.add_one", "1",
+                    "--database", db_url, "--app", "tests.apps.workers")
+    assert scheduled.returncode == 0, scheduled.stderr
+    assert scheduled.stdout.strip() in cli("runs", "--database", db_url).stdout
+    assert scheduled.stdout.strip() not in cli("runs", "--database", elsewhere).stdout
