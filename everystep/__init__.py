@@ -34,6 +34,7 @@ from .errors import (
     StoreMisconfigured,
     StoreUnavailable,
     Terminal,
+    WorkflowArgumentsError,
     WorkflowCodeError,
 )
 from .models import Run, StepRecord
@@ -59,6 +60,7 @@ __all__ = [
     "StoreMisconfigured",
     "StoreUnavailable",
     "Terminal",
+    "WorkflowArgumentsError",
     "WorkflowCodeError",
     "WorkflowFunction",
     "get_run",

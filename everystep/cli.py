@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import admin, dryrun, queue_commands, registry, relay, resources, retention, serde
-from .api import workflow_placement
+from .api import check_arguments, workflow_placement
 from .queues import Placement
 from .cliutil import (
     EXIT_UNAVAILABLE,
@@ -337,6 +337,11 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
         raise EverystepError(f"unknown workflow {args.workflow!r}; registered: {known}")
     value = parse_json(args.args, "ARGS_JSON")
     positional = value if isinstance(value, list) else [value]
+    try:
+        check_arguments(args.workflow, positional)
+    except EverystepError as exc:
+        raise EverystepError(f"{exc} (ARGS_JSON is the JSON array of its positional arguments: "
+                             "'[[1, 2]]' passes one list)") from None
     if args.idempotency_key is not None:
         # An empty key is almost always an unset shell variable: it would
         # silently merge every run scheduled that way into the first one.

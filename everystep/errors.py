@@ -75,6 +75,12 @@ class ClaimLost(EverystepError):
     """
 
 
+class WorkflowArgumentsError(EverystepError, TypeError):
+    """``schedule()`` was given arguments the workflow's signature cannot
+    take; nothing was scheduled (the run would only fail with TypeError
+    once claimed)."""
+
+
 class NameInUse(EverystepError):
     """Another live runner holds the runner name this one was started under.
 
@@ -229,5 +235,6 @@ __all__ = [
     "StoreUnavailable",
     "Suspended",
     "Terminal",
+    "WorkflowArgumentsError",
     "WorkflowCodeError",
 ]

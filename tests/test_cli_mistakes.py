@@ -107,3 +107,26 @@ def test_an_option_after_the_command_wins_over_one_before(cli: Cli, db_url: str,
     assert scheduled.returncode == 0, scheduled.stderr
     assert scheduled.stdout.strip() in cli("runs", "--database", db_url).stdout
     assert scheduled.stdout.strip() not in cli("runs", "--database", elsewhere).stdout
+
+
+# -- schedule checks the arguments against the workflow's signature -----------------------------
+
+
+def test_schedule_refuses_arguments_the_workflow_cannot_take(cli: Cli, db_url: str) -> None:
+    line = refused(cli("schedule", "--app", "tests.apps.workers", "tests.apps.workers.add_one", "[1,2,3,4,5]",
+                       "--database", db_url), 2, "tests.apps.workers.add_one(n)", "too many positional arguments")
+    assert "ARGS_JSON" in line
+    assert cli("runs", "--database", db_url).stdout.count("add_one") == 0
+    refused(cli("schedule", "--app", "tests.apps.workers", "tests.apps.workers.add_one", "[]",
+                "--database", db_url), 2, "missing a required argument: 'n'")
+
+
+def test_schedule_in_python_refuses_arguments_the_workflow_cannot_take(store) -> None:
+    from everystep import WorkflowArgumentsError, schedule
+    from tests.apps.workers import add_one
+
+    with pytest.raises(WorkflowArgumentsError, match=r"add_one\(n\) cannot take 2 argument\(s\)") as caught:
+        schedule(add_one, 1, 2, database=store)
+    assert isinstance(caught.value, TypeError)
+    assert store.list_runs() == []
+    assert schedule(add_one, 1, database=store).args == [1]
