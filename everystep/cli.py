@@ -45,6 +45,9 @@ from .lease import DEFAULT_LEASE
 from .worker import Worker, refuse_step_limits
 
 MAX_COUNT = 1_000_000
+#: The runner kind a supervisor registers under: the only one that answers
+#: ``remote`` requests.
+SUPERVISOR = "supervisor"
 DEFAULT_RUNS_LIMIT = 50
 
 
@@ -639,6 +642,7 @@ def cmd_remote(store: Store, args: argparse.Namespace) -> int:
         raise EverystepError(f"remote {args.remote_command} takes no argument")
     if not args.timeout > 0:
         raise EverystepError("--timeout must be a positive number of seconds")
+    _check_live_supervisor(store, args.runner)
     who = f"cli {os.environ.get('USER') or os.getuid()}@{socket.gethostname()}"
     sent = relay.submit(store, args.runner, args.remote_command, request, who)
     answer = relay.wait_reply(store, sent.id, timeout=args.timeout)
@@ -649,6 +653,21 @@ def cmd_remote(store: Store, args: argparse.Namespace) -> int:
     if answer.status != relay.RequestStatus.ANSWERED:
         return 1
     return 0 if (answer.reply or {}).get("ok") else 1
+
+
+def _check_live_supervisor(store: Store, name: str) -> None:
+    """Only a live supervisor answers a request: refuse at once, naming the
+    live ones, rather than wait out the timeout on a typo."""
+    runners = store.list_runners()
+    live = sorted(runner.name for runner in runners if not runner.expired and runner.kind == SUPERVISOR)
+    listed = ", ".join(live) or "none"
+    for runner in runners:
+        if runner.name == name and not runner.expired and runner.kind != SUPERVISOR:
+            raise EverystepError(f"runner {name!r} is a threaded {runner.kind}: only supervisors answer remote "
+                                 f"commands (live supervisors: {listed})")
+    if name not in live:
+        raise EverystepError(f"no live supervisor is named {name!r} (live supervisors: {listed}; "
+                             "see 'everystep runners')")
 
 
 def cmd_ui(store: Store, args: argparse.Namespace) -> int:

@@ -130,3 +130,37 @@ def test_schedule_in_python_refuses_arguments_the_workflow_cannot_take(store) ->
     assert isinstance(caught.value, TypeError)
     assert store.list_runs() == []
     assert schedule(add_one, 1, database=store).args == [1]
+
+
+# -- typos in names: refused at once ------------------------------------------------------------
+
+
+def test_an_unknown_queue_is_refused_unless_created(cli: Cli, db_url: str) -> None:
+    line = refused(cli("queue", "pause", "nosuchqueue", "--database", db_url), 2, "no queue named 'nosuchqueue'",
+                   "--create")
+    assert "default" in line  # the known queues are listed
+    refused(cli("queue", "set", "nosuchqueue", "--concurrency", "2", "--database", db_url), 2,
+            "no queue named 'nosuchqueue'")
+    assert cli("queues", "--json", "--database", db_url).stdout.strip() == "[]"  # nothing was written
+    created = cli("queue", "pause", "nosuchqueue", "--create", "--database", db_url)
+    assert (created.returncode, created.stdout.strip()) == (0, "queue nosuchqueue paused: nothing is claimed from it")
+    assert cli("queue", "resume", "nosuchqueue", "--database", db_url).returncode == 0  # a setting names it now
+
+
+def test_a_queue_named_only_by_finished_runs_or_the_app_is_known(cli: Cli, db_url: str, store) -> None:
+    from everystep import schedule
+    from everystep.models import CANCELLED
+    from tests.apps.workers import add_one
+
+    run = schedule(add_one, 1, database=store, queue="nightly")
+    assert cli("cancel", run.id, "--database", db_url).returncode == 0
+    assert store.get_run(run.id).status == CANCELLED
+    assert cli("queue", "pause", "nightly", "--database", db_url).returncode == 0
+    # a queue the app's workflows declare
+    assert cli("queue", "pause", "reports", "--app", "tests.apps.queued", "--database", db_url).returncode == 0
+
+
+def test_remote_to_a_runner_that_is_not_live_is_refused_at_once(cli: Cli, db_url: str) -> None:
+    # the default --timeout is long: a refusal that waited it out would fail the test's own timeout
+    refused(cli("remote", "nosuchrunner", "status", "--database", db_url), 2,
+            "no live supervisor is named 'nosuchrunner'", "live supervisors: none")
