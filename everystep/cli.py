@@ -225,7 +225,8 @@ def _given_before_or_after(commands: argparse._SubParsersAction[OneLineParser]) 
 
 
 def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--status", choices=RUN_STATUSES, metavar="STATUS",
+    # Plain strings: argparse lists the choices with repr() when refusing one.
+    parser.add_argument("--status", choices=[str(status) for status in RUN_STATUSES], metavar="STATUS",
                         help=f"only runs in this status: {', '.join(RUN_STATUSES)} (default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
     parser.add_argument("--limit", type=count(1, 100_000), default=DEFAULT_RUNS_LIMIT, metavar="N",

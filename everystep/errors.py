@@ -8,6 +8,8 @@ them).
 
 from __future__ import annotations
 
+import importlib
+import os
 import traceback
 from typing import Any
 
@@ -200,6 +202,13 @@ class Terminal(EverystepError):
         return str(self.reason)
 
 
+def _in_importlib(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)) == _IMPORTLIB_DIR
+
+
+_IMPORTLIB_DIR = os.path.dirname(os.path.abspath(importlib.__file__))
+
+
 def describe(exc: BaseException) -> str:
     """``Type: message (file:line)`` on one line, the line being where the
     failure happened (the deepest frame, or a SyntaxError's own position):
@@ -210,7 +219,10 @@ def describe(exc: BaseException) -> str:
         text = exc.msg
         where = f"{exc.filename}:{exc.lineno}"
     else:
-        frames = traceback.extract_tb(exc.__traceback__)
+        # The import machinery's own frames (<frozen importlib._bootstrap>)
+        # say nothing about the app: name the deepest frame of real code.
+        frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+                  if not frame.filename.startswith("<") and not _in_importlib(frame.filename)]
         if frames:
             where = f"{frames[-1].filename}:{frames[-1].lineno}"
     return f"{type(exc).__name__}: {text}" + (f" ({where})" if where else "")

@@ -164,3 +164,39 @@ def test_remote_to_a_runner_that_is_not_live_is_refused_at_once(cli: Cli, db_url
     # the default --timeout is long: a refusal that waited it out would fail the test's own timeout
     refused(cli("remote", "nosuchrunner", "status", "--database", db_url), 2,
             "no live supervisor is named 'nosuchrunner'", "live supervisors: none")
+
+
+# -- small things: what the messages and tables print --------------------------------------------
+
+
+def test_an_unknown_status_lists_the_plain_values(cli: Cli, tmp_path: Path) -> None:
+    line = refused(cli("runs", "--status", "runing", "--database", f"sqlite:///{tmp_path / 'x.db'}"), 2,
+                   "invalid choice: 'runing' (choose from 'scheduled', 'running',")
+    assert "RunStatus" not in line
+
+
+def test_a_bound_is_printed_as_a_plain_number(cli: Cli) -> None:
+    refused(cli("schedule", "x", "--count", "0"), 2, "must be between 1 and 1000000")
+
+
+def test_a_missing_app_module_is_named(cli: Cli, tmp_path: Path) -> None:
+    line = refused(cli("--app", "ncap", "runs", "--database", f"sqlite:///{tmp_path / 'x.db'}"), 2,
+                   "cannot import app module 'ncap': no module named 'ncap'")
+    assert "frozen" not in line
+
+
+def test_a_missing_dependency_of_the_app_names_the_line_that_imports_it(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "needs_a_dependency.py").write_text("import os\nimport everystep_no_such_dependency\n")
+    line = refused(cli("--app", "needs_a_dependency", "runs", "--database", f"sqlite:///{tmp_path / 'x.db'}"), 2,
+                   "No module named 'everystep_no_such_dependency'", "needs_a_dependency.py:2)")
+    assert "frozen" not in line
+
+
+@pytest.mark.parametrize("seconds, shown", [
+    (0.0, "0s"), (9e-05, "0.09 ms"), (0.0005, "0.5 ms"), (0.0123, "12.3 ms"), (0.25, "250 ms"),
+    (2.92, "2.92s"), (30.0, "30s"), (123.45, "123.5s"),
+])
+def test_cpu_time_is_printed_for_people(seconds: float, shown: str) -> None:
+    from everystep.resources import format_cpu
+
+    assert format_cpu(seconds) == shown
