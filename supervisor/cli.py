@@ -283,6 +283,8 @@ def _run(config: Config) -> int:
         return arbiter.run()
     except (ControlSocketError, NameInUse) as exc:
         fail(str(exc), prog=PROG)
+    except StoreUnavailable as exc:  # gone again between the wait and taking the runner name
+        fail(str(exc), prog=PROG, code=EXIT_UNAVAILABLE)
 
 
 def _check_database(store: Store) -> None:
