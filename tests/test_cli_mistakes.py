@@ -13,7 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.support.cli import run_in_process
-from tests.support.supervisor import supervisor_command
+from tests.support.supervisor import supervisor_command, supervisors  # noqa: F401
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -200,3 +201,13 @@ def test_cpu_time_is_printed_for_people(seconds: float, shown: str) -> None:
     from everystep.resources import format_cpu
 
     assert format_cpu(seconds) == shown
+
+
+@pytest.mark.backends("sqlite", "postgres")  # processes: MariaDB runs the engine modules only
+def test_a_queue_a_supervisor_claims_from_is_known(cli: Cli, db_url: str, supervisors) -> None:
+    sup = supervisors(db_url, procs=1, args=["--queues", "overnight"]).start()
+
+    def known() -> bool:
+        return cli("queue", "pause", "overnight", "--database", db_url).returncode == 0
+
+    wait_until(known, "the supervisor's --queues to be published", timeout=60, detail=sup.log)
