@@ -31,8 +31,10 @@ from .errors import (
     StepKilled,
     StepResourceExceeded,
     StepTimeout,
+    StoreMisconfigured,
     StoreUnavailable,
     Terminal,
+    WorkflowArgumentsError,
     WorkflowCodeError,
 )
 from .models import Run, StepRecord
@@ -55,8 +57,10 @@ __all__ = [
     "StepRecord",
     "StepResourceExceeded",
     "StepTimeout",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "Terminal",
+    "WorkflowArgumentsError",
     "WorkflowCodeError",
     "WorkflowFunction",
     "get_run",

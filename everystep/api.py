@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
 from . import borrowed, registry, resources, runner, serde
 from .cron import CronSchedule
-from .errors import EverystepError
+from .errors import EverystepError, WorkflowArgumentsError
 from .models import TERMINAL_STATUSES, Run, StepRecord
 from .provider import ConnectionProvider, connection_provider
 from .queues import Placement
@@ -302,6 +303,7 @@ def schedule(
     host's connection, in whatever transaction it has open.
     """
     name = _workflow_name(wf)
+    check_arguments(name, args)
     args_json = serde.dumps(list(args), f"arguments of workflow {name}")
     if idempotency_key is not None and not isinstance(idempotency_key, str):
         raise EverystepError("idempotency_key must be a string")
@@ -314,6 +316,32 @@ def schedule(
         with provider() as provided:
             return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement)
     return _store(database).schedule(name, args_json, idempotency_key, not_before, placement)
+
+
+def check_arguments(name: str, args: Sequence[Any]) -> None:
+    """Refuse (``WorkflowArgumentsError``) positional ``args`` that the
+    workflow registered as ``name`` cannot take, before a run is written;
+    a workflow not importable here is not checked."""
+    wf = registry.get_workflow(name)
+    if not isinstance(wf, WorkflowFunction):
+        return
+    try:
+        signature = inspect.signature(wf.fn)
+    except (TypeError, ValueError):  # a callable without one (a builtin): nothing to check against
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        bare = signature.replace(  # the names say enough; annotations may be unevaluated strings
+            parameters=[p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()],
+            return_annotation=inspect.Signature.empty)
+        raise WorkflowArgumentsError(
+            f"workflow {name}{bare} cannot take {len(args)} argument(s) {_preview(args)}: {exc}") from None
+
+
+def _preview(args: Sequence[Any]) -> str:
+    text = repr(list(args))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def workflow_placement(name: str) -> Placement:

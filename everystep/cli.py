@@ -2,7 +2,7 @@
 
 Every command takes ``--database URL`` (else ``EVERYSTEP_DATABASE_URL``, else
 ``sqlite:///everystep.db``) and ``--app MODULE[,MODULE]`` to import the
-user's workflows. Bad input prints one line on stderr and exits 2.
+user's workflows, before the command or after it. Bad input prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import admin, dryrun, queue_commands, registry, relay, resources, retention, serde
-from .api import workflow_placement
+from .api import check_arguments, workflow_placement
 from .queues import Placement
 from .cliutil import (
     EXIT_UNAVAILABLE,
@@ -35,7 +35,7 @@ from .cliutil import (
     version,
 )
 from .context import step_sort_key
-from .errors import EverystepError, StoreUnavailable
+from .errors import EverystepError, StoreMisconfigured, StoreUnavailable
 from .cron import CronSchedule
 from .models import PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run, StepRecord
 from .waiting import effect_uncertain, waiting_for
@@ -45,6 +45,9 @@ from .lease import DEFAULT_LEASE
 from .worker import Worker, refuse_step_limits
 
 MAX_COUNT = 1_000_000
+#: The runner kind a supervisor registers under: the only one that answers
+#: ``remote`` requests.
+SUPERVISOR = "supervisor"
 DEFAULT_RUNS_LIMIT = 50
 
 
@@ -65,9 +68,15 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="everystep", description="Durable workflows recorded step by step in SQL.",
         epilog="Exit codes: 0 done; 1 the command ran and reports a problem (check-deploy, remote); "
-               "2 bad input or a refused request; 3 the database is unreachable.",
+               "2 bad input or a refused request, including a database that refuses the configuration (no "
+               "such database or role, a bad password or option); 3 the database is unreachable.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    # The options every command takes are accepted before the command too
+    # (`everystep -A myapp runs`, as `celery -A proj worker`).
+    _common(parser)
+    parser.add_argument("-l", "--log-level", default="info", choices=LOG_LEVELS, metavar="LEVEL",
+                        help=f"for worker and ui: one of {', '.join(LOG_LEVELS)} (default info)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     commands.required = True
 
@@ -138,7 +147,10 @@ def build_parser() -> OneLineParser:
 
     sub = _command(commands, "check-deploy", "dry-replay every unfinished run against the code in --app",
                    "Replay each unfinished run's body against its recorded steps with the code in --app, never "
-                   "executing a step; exit 1 if any would fail with WorkflowCodeError or names a missing workflow.")
+                   "executing a step. Exit 1 if any would fail: code_error (a step id now calls another "
+                   "function: WorkflowCodeError), missing (its workflow is gone), fails (code between steps "
+                   "raises on the recorded results) or timeout (the replay did not stop within --timeout); "
+                   "0 otherwise.")
     sub.add_argument("--json", action="store_true", help="print JSON (default: a table)")
     sub.add_argument("--all", action="store_true",
                      help="list every run checked, not only those that would fail (default: off)")
@@ -186,7 +198,26 @@ def build_parser() -> OneLineParser:
                    "Claim runs and execute them on a thread pool in this process (the supervisor is the runner "
                    "for CPU-bound work and step timeouts).")
     add_worker_arguments(sub)
+    _given_before_or_after(commands)
     return parser
+
+
+#: Options taken before the command as well as after it.
+GLOBAL_OPTIONS = ("database", "app", "log_level")
+
+
+def _given_before_or_after(commands: argparse._SubParsersAction[OneLineParser]) -> None:
+    """A command's own copy of a global option must not reset what was
+    given before the command: argparse copies every default of the
+    command's parser over the values parsed before it. Without a default
+    (SUPPRESS), an option given after the command still wins, one given
+    before stays, and one given nowhere keeps the top-level default."""
+    for parser in commands.choices.values():
+        for action in parser._actions:
+            if action.dest in GLOBAL_OPTIONS:
+                action.default = argparse.SUPPRESS
+            elif isinstance(action, argparse._SubParsersAction):
+                _given_before_or_after(action)
 
 
 # The options of the commands a host framework also exposes (Django's
@@ -194,7 +225,8 @@ def build_parser() -> OneLineParser:
 
 
 def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--status", choices=RUN_STATUSES, metavar="STATUS",
+    # Plain strings: argparse lists the choices with repr() when refusing one.
+    parser.add_argument("--status", choices=[str(status) for status in RUN_STATUSES], metavar="STATUS",
                         help=f"only runs in this status: {', '.join(RUN_STATUSES)} (default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
     parser.add_argument("--limit", type=count(1, 100_000), default=DEFAULT_RUNS_LIMIT, metavar="N",
@@ -249,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         registry.import_apps(args.app)
         return _dispatch(args)
+    except StoreMisconfigured as exc:
+        fail(str(exc))  # no waiting fixes it: a bad command line, in effect
     except StoreUnavailable as exc:
         fail(str(exc), code=EXIT_UNAVAILABLE)
     except EverystepError as exc:
@@ -307,6 +341,11 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
         raise EverystepError(f"unknown workflow {args.workflow!r}; registered: {known}")
     value = parse_json(args.args, "ARGS_JSON")
     positional = value if isinstance(value, list) else [value]
+    try:
+        check_arguments(args.workflow, positional)
+    except EverystepError as exc:
+        raise EverystepError(f"{exc} (ARGS_JSON is the JSON array of its positional arguments: "
+                             "'[[1, 2]]' passes one list)") from None
     if args.idempotency_key is not None:
         # An empty key is almost always an unset shell variable: it would
         # silently merge every run scheduled that way into the first one.
@@ -604,6 +643,7 @@ def cmd_remote(store: Store, args: argparse.Namespace) -> int:
         raise EverystepError(f"remote {args.remote_command} takes no argument")
     if not args.timeout > 0:
         raise EverystepError("--timeout must be a positive number of seconds")
+    _check_live_supervisor(store, args.runner)
     who = f"cli {os.environ.get('USER') or os.getuid()}@{socket.gethostname()}"
     sent = relay.submit(store, args.runner, args.remote_command, request, who)
     answer = relay.wait_reply(store, sent.id, timeout=args.timeout)
@@ -614,6 +654,21 @@ def cmd_remote(store: Store, args: argparse.Namespace) -> int:
     if answer.status != relay.RequestStatus.ANSWERED:
         return 1
     return 0 if (answer.reply or {}).get("ok") else 1
+
+
+def _check_live_supervisor(store: Store, name: str) -> None:
+    """Only a live supervisor answers a request: refuse at once, naming the
+    live ones, rather than wait out the timeout on a typo."""
+    runners = store.list_runners()
+    live = sorted(runner.name for runner in runners if not runner.expired and runner.kind == SUPERVISOR)
+    listed = ", ".join(live) or "none"
+    for runner in runners:
+        if runner.name == name and not runner.expired and runner.kind != SUPERVISOR:
+            raise EverystepError(f"runner {name!r} is a threaded {runner.kind}: only supervisors answer remote "
+                                 f"commands (live supervisors: {listed})")
+    if name not in live:
+        raise EverystepError(f"no live supervisor is named {name!r} (live supervisors: {listed}; "
+                             "see 'everystep runners')")
 
 
 def cmd_ui(store: Store, args: argparse.Namespace) -> int:

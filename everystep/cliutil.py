@@ -6,7 +6,9 @@ Exit codes (documented in the README):
 - 0: done;
 - 1: the command ran and has bad news (``check-deploy`` found runs that
   would fail, ``remote`` got no reply or a refusal);
-- 2: bad input or a refused request (one line on stderr says why);
+- 2: bad input or a refused request (one line on stderr says why), and a
+  database that refuses the configuration (``StoreMisconfigured``: no such
+  database or role, a bad password or connection option);
 - 3: the database could not be reached.
 """
 
@@ -66,13 +68,21 @@ def number(kind: Callable[[str], float], minimum: float | None = None, maximum: 
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}")
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            bounds = (f"between {minimum:g} and {maximum:g}" if minimum is not None and maximum is not None
-                      else f"at least {minimum:g}" if minimum is not None else f"at most {maximum:g}")
+            bounds = (f"between {_plain(minimum)} and {_plain(maximum)}"
+                      if minimum is not None and maximum is not None
+                      else f"at least {_plain(minimum)}" if minimum is not None else f"at most {_plain(maximum)}")
             raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: must be {bounds}")
         return value
 
     parse.__name__ = what  # argparse names the type in its messages
     return parse
+
+
+def _plain(bound: float | None) -> str:
+    """A bound as people write it: 1000000, 0.01, never 1e+06."""
+    if bound is not None and float(bound).is_integer():
+        return str(int(bound))
+    return f"{bound}"
 
 
 def seconds(minimum: float = 0.0, maximum: float = 365 * 86400.0) -> Callable[[str], Any]:

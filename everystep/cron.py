@@ -150,18 +150,26 @@ class Ticker:
         if not self.schedules or now < self._retry_at:
             return []
         created: list[Run] = []
+        # Only a real round trip may end an outage: a call with no tick due
+        # touches nothing, and reporting success from it would announce the
+        # database back while it is still away (then the next failure of
+        # another activity would start the outage again, once per retry).
+        touched = False
         try:
             if not self._started:
+                touched = True
                 created += self._start()
             wall = self.clock()
             for name, due in sorted(self._next.items()):
                 if due <= wall:
+                    touched = True
                     created += self._enqueue(name, self.schedules[name].latest_at_or_before(wall))
         except EverystepError as exc:
             self._outage.failed(exc, "enqueueing periodic runs")
             self._retry_at = now + RETRY_SECONDS
             return created
-        self._outage.ok()
+        if touched:
+            self._outage.ok()
         return created
 
     def _start(self) -> list[Run]:

@@ -8,6 +8,8 @@ them).
 
 from __future__ import annotations
 
+import importlib
+import os
 import traceback
 from typing import Any
 
@@ -75,6 +77,12 @@ class ClaimLost(EverystepError):
     """
 
 
+class WorkflowArgumentsError(EverystepError, TypeError):
+    """``schedule()`` was given arguments the workflow's signature cannot
+    take; nothing was scheduled (the run would only fail with TypeError
+    once claimed)."""
+
+
 class NameInUse(EverystepError):
     """Another live runner holds the runner name this one was started under.
 
@@ -91,6 +99,17 @@ class RunNotFound(EverystepError, LookupError):
 
 class StoreUnavailable(EverystepError):
     """The database could not be reached or refused the operation."""
+
+
+class StoreMisconfigured(StoreUnavailable):
+    """The database refused this configuration: no such database or role, a
+    rejected password, an invalid connection option (``sslmode=bogus``).
+
+    Waiting does not fix it, so a command, or a runner that is starting,
+    stops at once (exit 2) with the server's message. It remains a kind of
+    ``StoreUnavailable``: a runner already running treats it as an outage,
+    as it would a database being restored from a backup.
+    """
 
 
 class SchemaMissing(EverystepError):
@@ -183,6 +202,13 @@ class Terminal(EverystepError):
         return str(self.reason)
 
 
+def _in_importlib(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)) == _IMPORTLIB_DIR
+
+
+_IMPORTLIB_DIR = os.path.dirname(os.path.abspath(importlib.__file__))
+
+
 def describe(exc: BaseException) -> str:
     """``Type: message (file:line)`` on one line, the line being where the
     failure happened (the deepest frame, or a SyntaxError's own position):
@@ -193,7 +219,10 @@ def describe(exc: BaseException) -> str:
         text = exc.msg
         where = f"{exc.filename}:{exc.lineno}"
     else:
-        frames = traceback.extract_tb(exc.__traceback__)
+        # The import machinery's own frames (<frozen importlib._bootstrap>)
+        # say nothing about the app: name the deepest frame of real code.
+        frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+                  if not frame.filename.startswith("<") and not _in_importlib(frame.filename)]
         if frames:
             where = f"{frames[-1].filename}:{frames[-1].lineno}"
     return f"{type(exc).__name__}: {text}" + (f" ({where})" if where else "")
@@ -214,8 +243,10 @@ __all__ = [
     "StepKilled",
     "StepResourceExceeded",
     "StepTimeout",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "Suspended",
     "Terminal",
+    "WorkflowArgumentsError",
     "WorkflowCodeError",
 ]

@@ -12,9 +12,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from . import registry
+from .api import workflow_placement
 from .cliutil import format_table, print_json
 from .errors import EverystepError
-from .queues import QueueSettings, format_rate, parse_rate, queue_name
+from .queues import DEFAULT_QUEUE, QueueSettings, format_rate, parse_rate, queue_name
 from .store import Store
 
 UNLIMITED = "none"
@@ -48,7 +50,8 @@ def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) 
                                  description="Set a queue's limits; 'none' removes one. Options not given keep "
                                              "their value.")
     _common_after(setting)
-    setting.add_argument("queue", metavar="NAME", help="the queue (it need not have runs yet)")
+    setting.add_argument("queue", metavar="NAME", help="the queue (one that nothing names yet needs --create)")
+    _create(setting)
     setting.add_argument("--concurrency", type=_limit(0), metavar="N|none",
                          help="at most N of its runs running at once, across every runner (default: unchanged)")
     setting.add_argument("--key-concurrency", type=_limit(1), metavar="N|none",
@@ -59,11 +62,40 @@ def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) 
                             ("resume", "claim from it again")):
         paused = actions.add_parser(action, help=summary, description=summary[0].upper() + summary[1:] + ".")
         paused.add_argument("queue", metavar="NAME", help="the queue")
+        _create(paused)
         _common_after(paused)
     sub = command(commands, "queues", "list queues with their counts and limits",
                   "Every queue that has runs scheduled, running or blocked, or limits or a pause flag: counts, "
                   "limits, whether it is paused, and the age of its oldest due run.")
     sub.add_argument("--json", action="store_true", help="print JSON (default: a table)")
+
+
+def _create(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--create", action="store_true",
+                        help="act on a queue that no run, runner or setting names yet (default: refuse it, "
+                             "as a typo)")
+
+
+def known_queues(store: Store) -> set[str]:
+    """Queue names something names: settings and unfinished runs, the
+    workflows in --app, the runners' --queues (as supervisors publish
+    them), and the default queue. (Finished runs: ``queue_has_runs``.)"""
+    names = {queue.name for queue in store.queues()} | {DEFAULT_QUEUE}
+    names |= {workflow_placement(name).queue for name in registry.workflow_names()}
+    for detail in store.runner_details().values():
+        names |= {queue for queue in detail.get("queues") or () if isinstance(queue, str)}
+    return names
+
+
+def _check_known(store: Store, name: str, action: str) -> None:
+    """A queue nothing names is almost always a typo: acting on it would
+    succeed and change nothing the operator meant."""
+    known = known_queues(store)
+    if name in known or store.queue_has_runs(name):
+        return
+    listed = ", ".join(sorted(known))
+    raise EverystepError(f"no queue named {name!r}: no run, runner or setting names it (known: {listed}); "
+                         f"add --create to {action} it anyway")
 
 
 def _common_after(parser: argparse.ArgumentParser) -> None:
@@ -77,16 +109,19 @@ def _common_after(parser: argparse.ArgumentParser) -> None:
 
 def cmd_queue(store: Store, args: argparse.Namespace) -> int:
     name = queue_name(args.queue)
+    rate: tuple[int | None, float | None] | None = None
+    if args.queue_action == "set":
+        if args.concurrency is None and args.key_concurrency is None and args.rate is None:
+            raise EverystepError("queue set needs --concurrency, --key-concurrency or --rate")
+        if args.rate is not None:
+            rate = (None, None) if args.rate.strip().lower() == UNLIMITED else parse_rate(args.rate)
+    if not args.create:
+        _check_known(store, name, args.queue_action)
     if args.queue_action in ("pause", "resume"):
         paused = args.queue_action == "pause"
         store.update_queue(name, lambda current: dataclasses.replace(current, paused=paused))
         print(f"queue {name} {'paused: nothing is claimed from it' if paused else 'resumed'}")
         return 0
-    if args.concurrency is None and args.key_concurrency is None and args.rate is None:
-        raise EverystepError("queue set needs --concurrency, --key-concurrency or --rate")
-    rate: tuple[int | None, float | None] | None = None
-    if args.rate is not None:
-        rate = (None, None) if args.rate.strip().lower() == UNLIMITED else parse_rate(args.rate)
 
     def change(current: QueueSettings) -> QueueSettings:
         new = current

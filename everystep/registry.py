@@ -80,6 +80,13 @@ def import_apps(spec: str | Iterable[str] | None) -> list[str]:
             continue
         try:
             importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+                # The module itself (or its package) is not there: no code
+                # ran, so there is no file and line to name, only the module.
+                raise EverystepError(f"cannot import app module {module!r}: no module named {exc.name!r} "
+                                     f"(on the path: the working directory {os.getcwd()} and sys.path)") from exc
+            raise EverystepError(f"cannot import app module {module!r}: {describe(exc)}") from exc
         except Exception as exc:
             raise EverystepError(f"cannot import app module {module!r}: {describe(exc)}") from exc
         imported.append(module)

@@ -86,7 +86,15 @@ def format_size(size: float) -> str:
 
 
 def format_cpu(seconds: float) -> str:
-    """``2.92s``, ``30s``, ``123.5s``."""
+    """``0.09 ms``, ``12.5 ms``, ``2.92s``, ``30s``, ``123.5s``: never an
+    exponent."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        milliseconds = seconds * 1000
+        text = f"{milliseconds:.2g}" if milliseconds < 1 else f"{milliseconds:.3g}" if milliseconds < 100 \
+            else f"{milliseconds:.0f}"
+        return f"{text} ms"
     if seconds < 10:
         return f"{seconds:.3g}s"
     return f"{seconds:.1f}".removesuffix(".0") + "s"

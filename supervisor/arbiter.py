@@ -97,7 +97,7 @@ class Arbiter:
         self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)
         self.fences = FenceWatch(store, config.name, self.loop.lease.beat_every)
         self.remote = RemoteControl(store, config.name, self.loop.lease.instance, handle_request,
-                                    outage=self.loop.outage)
+                                    outage=self.loop.outage, queues=config.queues)
         self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
         self.deadlines = Deadlines(self.who, config.name, config.stall_timeout, self.budgets)
         self.channels = ChildChannels(self.selector, self._on_ready, self.ledger.ended)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,35 @@ class IllegalTransition(AssertionError):
 
 _CAN_BE_HANDED = (ChildState.IDLE, ChildState.FINISHING)
 _CAN_RETIRE = (ChildState.BOOTING, ChildState.IDLE, ChildState.BUSY, ChildState.FINISHING, ChildState.RETIRING)
+
+
+#: CPU% is measured over at least this long. Over a few milliseconds (two
+#: status requests in a row) the answer is the kernel's tick granularity:
+#: a child spinning in Python read 0 %, a single-threaded one 163 %.
+CPU_WINDOW = 1.0
+
+
+@dataclass
+class CpuSampler:
+    """A process's CPU% over a real interval: the CPU seconds it used
+    between two samples at least ``window`` apart, over the wall time
+    between them. Between such samples it answers the last value; before
+    the first full window, None. The supervisor samples every child at
+    least every 2 s (it publishes its status), so the value is recent."""
+
+    window: float = CPU_WINDOW
+    percent: float | None = None
+    _mark: tuple[float, float] | None = None
+
+    def sample(self, now: float, cpu_seconds: float) -> float | None:
+        """``now``: ``time.monotonic()``; ``cpu_seconds``: user + system so far."""
+        if self._mark is None:
+            self._mark = (now, cpu_seconds)
+        elif now - self._mark[0] >= self.window:
+            then, used = self._mark
+            self.percent = round(max(cpu_seconds - used, 0.0) / (now - then) * 100, 1)
+            self._mark = (now, cpu_seconds)
+        return self.percent
 
 
 @dataclass(eq=False)
@@ -80,6 +110,7 @@ class Child:
     _finishing_run: Run | None = field(default=None, init=False)
     _delivered: bool = field(default=True, init=False)
     _process: psutil.Process | None = field(default=None, init=False)
+    _cpu: CpuSampler = field(default_factory=CpuSampler, init=False)
 
     # -- what it is doing (read-only: the transitions below write it) ------------------
 
@@ -256,13 +287,16 @@ class Child:
         return self._process
 
     def usage(self) -> dict[str, Any]:
-        """RSS and CPU% (since the previous call) from psutil."""
+        """RSS, and CPU% over the last window of at least ``CPU_WINDOW``
+        (``CpuSampler``), from psutil (``/proc/<pid>/stat``)."""
         try:
             process = self.process()
             with process.oneshot():
-                return {"rss": process.memory_info().rss, "cpu_percent": process.cpu_percent(None)}
+                rss = process.memory_info().rss
+                times = process.cpu_times()
         except (psutil.Error, OSError):
-            return {"rss": self.rss, "cpu_percent": None}
+            return {"rss": self.rss, "cpu_percent": self._cpu.percent}
+        return {"rss": rss, "cpu_percent": self._cpu.sample(time.monotonic(), times.user + times.system)}
 
 
 def describe_exit(status: int, kill_reason: KillReason | None = None) -> tuple[str, bool]:

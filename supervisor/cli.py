@@ -26,7 +26,7 @@ from everystep.cliutil import (
     setup_logging,
     version,
 )
-from everystep.errors import EverystepError, NameInUse, SchemaMissing, StoreUnavailable
+from everystep.errors import EverystepError, NameInUse, SchemaMissing, StoreMisconfigured, StoreUnavailable
 from everystep.resources import parse_size
 from everystep.store import Store, connect
 
@@ -53,7 +53,8 @@ def build_parser() -> OneLineParser:
         epilog="Signals: TERM/INT drain (a second INT stops at once), QUIT fast stop, HUP reload, TTIN/TTOU "
                f"one child more/less. Control a running supervisor with '{PROG} ctl --help'. Exit codes: 0 "
                "done, 1 stopped by a failure (children failing to boot, runner name taken over), 2 bad "
-               "command line, 3 database unreachable at start.",
+               "command line or a database that refuses the configuration (no such database or role, a bad "
+               "password or option), 3 database still unreachable when --wait-for-database ran out.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     parser.add_argument("-A", "--app", metavar="MODULE[,MODULE]", default="",
@@ -116,6 +117,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 0: off)")
     parser.add_argument("--metrics-bind", default=defaults.metrics_bind, metavar="ADDR",
                         help=f"address for --metrics-port (default {defaults.metrics_bind})")
+    parser.add_argument("--wait-for-database", type=seconds(0), default=None, metavar="S",
+                        help="at start, wait up to S seconds for an unreachable database, retrying with backoff "
+                             "(systemd sees STATUS=waiting for the database), then exit 3; 0 exits 3 at once "
+                             "(default: wait as long as it takes). A database refusing the configuration (no "
+                             "such database or role) exits 2 at once")
     parser.add_argument("--db-timeout", type=seconds(0.1, 3600), default=defaults.db_timeout, metavar="S",
                         help="bound on every database statement the parent makes, and on connecting "
                              f"(default {defaults.db_timeout:g}); children are not bounded")
@@ -203,6 +209,7 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         control_timeout=args.control_timeout,
         stall_timeout=args.stall_timeout,
         queues=args.queues,
+        wait_for_database=args.wait_for_database,
     )
     _check_socket_path(config.socket)
     return config
@@ -255,20 +262,29 @@ def _run(config: Config) -> int:
     from .control import ControlSocketError
     from .sdnotify import Notifier
 
+    from .startup import wait_for_database
+
+    notifier = Notifier.from_env(unset=True)
     try:
         registry.import_apps(config.app)
         store = connect(config.database, statement_timeout=config.db_timeout)
-        _check_database(store)
+        wait_for_database(lambda: _check_database(store), limit=config.wait_for_database, notifier=notifier,
+                          logger=logger, who=f"{PROG} {config.name}", where=store.describe())
+    except StoreMisconfigured as exc:
+        fail(str(exc), prog=PROG)  # no waiting fixes it
     except StoreUnavailable as exc:
         fail(str(exc), prog=PROG, code=EXIT_UNAVAILABLE)
     except EverystepError as exc:
         fail(str(exc), prog=PROG)
-    notifier = Notifier.from_env(unset=True)
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C while waiting for the database: nothing started yet
     arbiter = Arbiter(config, store, notifier)
     try:
         return arbiter.run()
     except (ControlSocketError, NameInUse) as exc:
         fail(str(exc), prog=PROG)
+    except StoreUnavailable as exc:  # gone again between the wait and taking the runner name
+        fail(str(exc), prog=PROG, code=EXIT_UNAVAILABLE)
 
 
 def _check_database(store: Store) -> None:

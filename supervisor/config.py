@@ -55,6 +55,9 @@ class Config:
     before_fork: list[Callable[[], None]] = field(default_factory=list)
     #: Claim only from these queues (None: every queue).
     queues: list[str] | None = None
+    #: At start, seconds to wait for an unreachable database (None: as long
+    #: as it takes; 0: exit 3 at once).
+    wait_for_database: float | None = None
 
     @property
     def show_progress(self) -> bool:

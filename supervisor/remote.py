@@ -57,9 +57,12 @@ Handler = Callable[[Request, str], Reply]
 
 class RemoteControl:
     def __init__(self, store: Store, name: str, instance: str, handle: Handler,
-                 outage: OutageLog | None = None) -> None:
+                 outage: OutageLog | None = None, queues: list[str] | None = None) -> None:
         self.store = store
         self.name = name
+        #: The queues this runner claims from (None: every queue), published
+        #: so that operator commands know the names in use.
+        self.queues = queues
         self.instance = instance
         self.handle = handle
         self.served = 0
@@ -143,6 +146,7 @@ class RemoteControl:
         if not isinstance(reply, StatusReply):
             return False
         detail = snapshot(plain(reply), self.instance, time.time())
+        detail["queues"] = self.queues
         key = _structure(detail)
         if key == self._last_key and now < self._last_full + REFRESH_EVERY:
             return False

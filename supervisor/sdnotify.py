@@ -83,6 +83,12 @@ class Notifier:
         """``STATUS=``: the one-line state shown by ``systemctl status``."""
         return self._send(STATUS=text)
 
+    def starting(self, text: str, extend_seconds: float) -> bool:
+        """``STATUS=`` while start-up waits on something (the database),
+        with ``EXTEND_TIMEOUT_USEC=``: systemd (236+) allows that much more
+        time for ``READY=1`` before ``TimeoutStartSec`` fails the start."""
+        return self._send(STATUS=text, EXTEND_TIMEOUT_USEC=int(extend_seconds * 1_000_000))
+
     def stopping(self) -> bool:
         """``STOPPING=1``: a drain started, so systemd shows "deactivating"."""
         return self._send(STOPPING=1)

@@ -346,7 +346,8 @@ def test_schedule_count_json_prints_every_id(db_url: str, store: Any, subprocess
 def test_an_unreachable_database_has_its_own_exit_code(subprocess_env: dict[str, str], tmp_path: Path) -> None:
     unreachable = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2"
     one_line(everystep_cli(subprocess_env, "runs", "--database", unreachable), EXIT_UNAVAILABLE)
-    one_line(supervisor_cli(subprocess_env, "--database", unreachable, "--socket", str(tmp_path / "s.sock")),
+    one_line(supervisor_cli(subprocess_env, "--database", unreachable, "--socket", str(tmp_path / "s.sock"),
+                            "--wait-for-database", "0"),
              EXIT_UNAVAILABLE, "everystep-supervisor")
 
 

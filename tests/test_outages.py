@@ -26,6 +26,7 @@ from tests.apps import supervised
 from tests.apps.outages import outage_flow
 from tests.support.pgserver import PgServer, start_server
 from tests.support.supervisor import supervisors  # noqa: F401
+from tests.support.waiting import wait_until
 
 # Processes and subprocesses: MariaDB runs the engine modules only.
 pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
@@ -184,3 +185,31 @@ def test_worker_resumes_a_run_rolled_back_to_running_under_its_name(db_url):
     finally:
         worker.stop()
         thread.join(60)
+
+
+def test_supervisor_logs_one_line_per_outage_with_a_periodic_workflow(private_pg, outage_url, supervisors):
+    """A periodic workflow in the app: the parent's ticker has nothing due
+    most of the time and must not report the database reachable then, or
+    every retry of the other activities starts the outage again."""
+    store = connect(outage_url)
+    sup = supervisors(outage_url, procs=2,
+                      args=["--poll", "0.1",
+                            "--app", "tests.apps.supervised,tests.apps.outages,tests.apps.periodic"]).start()
+    runs = [schedule(outage_flow, index, database=store).id for index in range(30)]
+    wait_until(lambda: any(store.get_steps(run_id) for run_id in runs), "runs in flight", timeout=60)
+    private_pg.stop("fast")
+    time.sleep(12.0)  # the outage itself: every activity of the parent retries meanwhile
+    assert sup.alive(), sup.log()
+    private_pg.start()
+    statuses = _wait_all(store, runs, 120)
+    assert statuses == {run_id: COMPLETED for run_id in runs}, sup.log()
+    parent = f"[{sup.pid}]"
+
+    def parent_lines(text: str) -> list[str]:
+        return [line for line in sup.log().splitlines() if parent in line and text in line]
+
+    wait_until(lambda: parent_lines("database reachable again"), "the parent to see the database back",
+               timeout=60, detail=sup.log)
+    assert sup.stop() == 0, sup.log()
+    started, ended = parent_lines("database unreachable"), parent_lines("database reachable again")
+    assert (len(started), len(ended)) == (1, 1), "\n".join(started + ended)

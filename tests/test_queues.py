@@ -503,7 +503,7 @@ def run_cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
 
 def test_queue_commands_set_pause_resume_and_list(store: Store, db_url: str, capsys: Any) -> None:
     code, out, _ = run_cli(capsys, "queue", "set", "reports", "--concurrency", "4", "--key-concurrency", "1",
-                           "--rate", "100/60s", "--database", db_url)
+                           "--rate", "100/60s", "--create", "--database", db_url)
     assert code == 0 and "concurrency 4, per key 1, rate 100/60s" in out
     assert run_cli(capsys, "queue", "--database", db_url, "pause", "reports")[0] == 0
     code, out, _ = run_cli(capsys, "queue", "set", "reports", "--rate", "none", "--database", db_url)

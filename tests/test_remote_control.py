@@ -184,7 +184,8 @@ def test_the_remote_command(db_url, store, supervisors, subprocess_env, tmp_path
     assert status["status"] == "answered" and status["reply"]["name"] == sup.name
     refused = remote(db_url, subprocess_env, sup.name, "kill", "not-running")
     assert refused.returncode == 1 and "refused: run not-running is not executing" in refused.stdout
-    nobody = remote(db_url, subprocess_env, "nobody-here", "status", "--timeout", "0.5")
-    assert nobody.returncode == 1 and "not answering" in nobody.stdout
+    nobody = remote(db_url, subprocess_env, "nobody-here", "status")  # refused at once, not at the timeout
+    assert nobody.returncode == 2 and len(nobody.stderr.splitlines()) == 1, nobody
+    assert "no live supervisor is named 'nobody-here'" in nobody.stderr and sup.name in nobody.stderr
     usage = remote(db_url, subprocess_env, sup.name, "scale")
     assert usage.returncode == 2 and "needs N" in usage.stderr

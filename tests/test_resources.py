@@ -20,6 +20,7 @@ from everystep.models import STEP_DONE
 from everystep.resources import (
     Resource,
     exceeded_message,
+    format_cpu,
     format_size,
     parse_cpu,
     parse_size,
@@ -200,7 +201,7 @@ def test_show_prints_each_step_cost_and_the_run_total(store: Store, meter: Child
     text = capsys.readouterr().out
     total = run_cost(steps)
     assert total is not None
-    assert f"cost       {total.cpu_seconds:.3g}s CPU in 3 measured step(s); largest peak RSS growth " \
+    assert f"cost       {format_cpu(total.cpu_seconds)} CPU in 3 measured step(s); largest peak RSS growth " \
            f"{format_size(total.peak_rss_bytes)}" in text
     rows = [line.split() for line in text.splitlines()[text.splitlines().index("") + 1:]]
     assert rows[0] == ["STEP", "STATUS", "FUNCTION", "CPU", "PEAK", "RSS", "OUTCOME"]

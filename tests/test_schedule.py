@@ -36,6 +36,11 @@ def greet(name: str) -> str:
 
 
 @workflow
+def keep(*values: Any) -> list[Any]:
+    return list(values)
+
+
+@workflow
 def other_workflow(name: str) -> str:
     return name
 
@@ -49,10 +54,10 @@ def all_runs(store: Any) -> list[Any]:
 
 def test_schedule_returns_the_scheduled_run(store: Any) -> None:
     when = dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc)
-    run = schedule(greet, "ada", when, (1, 2), database=store)
+    run = schedule(keep, "ada", when, (1, 2), database=store)
     assert isinstance(run, everystep.Run)
     assert uuid.UUID(run.id).version == 7
-    assert run.name == "tests.test_schedule.greet"
+    assert run.name == "tests.test_schedule.keep"
     assert run.status == "scheduled"
     assert run.args == ["ada", when, (1, 2)]
     assert run.idempotency_key is None and run.claimed_by is None and run.claimed_at is None

@@ -69,6 +69,9 @@ DEADLOCK = 1213
 #: Times a script in its own transaction is run again after a deadlock.
 DEADLOCK_RETRIES = 3
 TRANSIENT_CODES = frozenset({1040, 1053, 1205, 1213, 1290, 1792, 1836, 1927, 1969, 3024})
+#: Refusals at the door that no waiting fixes: access denied to the
+#: database, access denied (user or password), unknown database.
+MISCONFIGURED_CODES = frozenset({1044, 1045, 1049})
 
 
 class _Readable:
@@ -257,6 +260,10 @@ class MariaDBStore(Store):
         self.connect_timeout = min(CONNECT_TIMEOUT_SECONDS, statement_timeout) if statement_timeout else (
             CONNECT_TIMEOUT_SECONDS)
 
+    def _misconfigured(self, exc: BaseException) -> bool:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+        return code in MISCONFIGURED_CODES
+
     def _open(self) -> _Connection:
         timeout = self.statement_timeout
         try:
@@ -272,8 +279,8 @@ class MariaDBStore(Store):
                 write_timeout=int(math.ceil(timeout)) + 5 if timeout else None,
             )
         except pymysql.err.Error as exc:
-            # Refused at the door (unknown host, database or user, bad
-            # password): unavailable, as psycopg reports it on PostgreSQL.
+            # Refused at the door: unavailable (an unknown database, user or
+            # password is told apart by ``_misconfigured``).
             raise Unreachable(*exc.args) from exc
         conn = _Connection(raw)
         setup: list[tuple[str, dict[str, Any] | None]] = [

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -43,6 +44,15 @@ NOTIFY_CHANNEL = "everystep_scheduled"
 HOT_STATEMENTS = ("claim", "record_step", "finish_run_with_step")
 #: Payload "RUNNER RUN_ID": a run RUNNER holds was taken from it (requeue --force).
 FENCE_CHANNEL = "everystep_fenced"
+
+
+#: Connection failures that are a configuration the server or libpq
+#: refuses, which no amount of waiting fixes (a server down, starting up or
+#: unknown to DNS yet is waited for instead).
+_MISCONFIGURED = re.compile(
+    r'database ".*" does not exist|role ".*" does not exist|password authentication failed'
+    r'|no pg_hba\.conf entry|invalid \w+ value|invalid connection option|invalid URI'
+    r'|missing "=" after|server does not support SSL|no password supplied')
 
 
 class PostgresStore(Store):
@@ -99,6 +109,11 @@ class PostgresStore(Store):
 
     def _healthy(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken
+
+    def _misconfigured(self, exc: BaseException) -> bool:
+        # libpq reports a refused connection with no SQLSTATE: its message
+        # (libpq's own, or the server's FATAL in English) is all there is.
+        return isinstance(exc, psycopg.OperationalError) and bool(_MISCONFIGURED.search(str(exc)))
 
     def _schema_missing(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UndefinedTable) and "everystep_" in str(exc)

@@ -9,7 +9,9 @@ the next checkout opens a fresh one; the transaction it held is rolled back
 by the server, never half committed.
 
 Driver errors leave through one choke point (``connection()``):
-``StoreUnavailable`` when the database cannot be reached, ``SchemaMissing``
+``StoreUnavailable`` when the database cannot be reached (its subclass
+``StoreMisconfigured`` when it refuses the configuration: no such database
+or role, a bad password or option), ``SchemaMissing``
 when everystep's tables do not exist, ``EverystepError`` for anything else
 it refused, each with the driver's exception chained.
 
@@ -28,7 +30,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from ...errors import EverystepError, SchemaMissing, StoreUnavailable
+from ...errors import EverystepError, SchemaMissing, StoreMisconfigured, StoreUnavailable
 from ...models import Claim, Run, StepRecord
 from .. import queries
 from .values import Notifications, checked_run_id, float_or_none, int_or_none, utcnow
@@ -116,6 +118,12 @@ class StoreCore(abc.ABC):
         """Whether a driver error says everystep's tables do not exist."""
         return False
 
+    def _misconfigured(self, exc: BaseException) -> bool:
+        """Whether a connection error is a configuration the database
+        refuses (no such database or role, bad password, bad option), as
+        opposed to a server that is down or restarting."""
+        return False
+
     @classmethod
     def _names(cls, names: Sequence[str]) -> Any:
         return list(names)
@@ -142,7 +150,8 @@ class StoreCore(abc.ABC):
     def connection(self) -> Iterator[Any]:
         """Check out a connection for this thread; broken ones are discarded.
 
-        Driver errors come out as ``StoreUnavailable`` (connection trouble),
+        Driver errors come out as ``StoreUnavailable`` (connection trouble;
+        ``StoreMisconfigured`` when the database refuses this configuration),
         ``SchemaMissing`` (no everystep tables: ``everystep migrate``) or
         ``EverystepError`` (anything else the database refused), with the
         driver's exception chained.
@@ -157,6 +166,9 @@ class StoreCore(abc.ABC):
             yield conn
         except self._unavailable as exc:
             self._discard(conn)
+            if self._misconfigured(exc):
+                raise StoreMisconfigured(
+                    f"database {self.describe()} refused the connection: {_first_line(exc)}") from exc
             raise StoreUnavailable(f"database {self.describe()} unavailable: {_first_line(exc)}") from exc
         except self._driver_errors as exc:
             self._release_after_error(conn)

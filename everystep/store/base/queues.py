@@ -43,6 +43,10 @@ class Queues(StoreCore):
         """The queues that have a row (limits or a pause flag), by name."""
         return {row["name"]: self._queue_settings(row) for row in self._fetchall("queue_settings", {})}
 
+    def queue_has_runs(self, name: str) -> bool:
+        """Whether any run, in any status, is in queue ``name``."""
+        return self._fetchone("queue_has_runs", {"name": name}) is not None
+
     def queues(self) -> list[QueueInfo]:
         """Every queue that has settings or runs scheduled, running or
         blocked, with its counts (a scan of those runs: for operators and

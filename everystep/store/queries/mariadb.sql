@@ -671,6 +671,11 @@ ON DUPLICATE KEY UPDATE
 -- name: queue_settings
 SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue ORDER BY name
 
+-- name: queue_has_runs
+-- Whether any run, finished or not, names the queue (an operator command
+-- checking a name; a name no run has scans the table).
+SELECT 1 AS found FROM everystep_workflow WHERE queue = %(name)s LIMIT 1
+
 -- name: queue_counts
 -- Per queue: due and waiting scheduled runs, running and blocked ones, and
 -- the age of the oldest due run (by the database's clock).

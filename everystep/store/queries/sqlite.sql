@@ -581,6 +581,11 @@ SET concurrency = excluded.concurrency, key_concurrency = excluded.key_concurren
 -- name: queue_settings
 SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue ORDER BY name
 
+-- name: queue_has_runs
+-- Whether any run, finished or not, names the queue (an operator command
+-- checking a name; a name no run has scans the table).
+SELECT 1 AS found FROM everystep_workflow WHERE queue = :name LIMIT 1
+
 -- name: queue_counts
 SELECT queue,
        sum(CASE WHEN status = 'scheduled' AND coalesce(not_before, created_at) <= :now THEN 1 ELSE 0 END)

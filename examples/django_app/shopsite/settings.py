@@ -58,6 +58,10 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": BASE_DIR / "db.sqlite3",
+        # Wait up to 20 s for a lock instead of failing at once with
+        # "database is locked": web requests and the supervisor's children
+        # write to the same file (everystep keeps its transactions short).
+        "OPTIONS": {"timeout": 20},
     }
 }
 

@@ -1,0 +1,95 @@
+"""Waiting for the database at start, instead of exiting.
+
+A supervisor is often started while its database is not there yet: a host
+booting, a deploy overlapping a database restart, a pod scheduled before
+the database's. Exiting at once (exit 3) makes the service manager restart
+it every few seconds, and systemd gives up after five starts in ten
+seconds; Kubernetes backs off (CrashLoopBackOff). So the parent waits:
+
+- it tries the database with a growing pause (``FIRST_PAUSE`` doubling up
+  to ``MAX_PAUSE``), logs one line when it starts waiting and one when the
+  database answers;
+- it tells systemd ``STATUS=waiting for the database…`` with
+  ``EXTEND_TIMEOUT_USEC`` (so ``TimeoutStartSec`` does not kill a
+  supervisor that is merely waiting), feeds the watchdog, and sends
+  ``READY=1`` only later, once the arbiter runs on a database that answered;
+- ``--wait-for-database S`` bounds the wait (then exit 3, as before);
+  ``0`` does not wait at all.
+
+Only an unreachable database is waited for. A database that refuses the
+configuration (``StoreMisconfigured``: no such database or role, a bad
+password or option) or has no schema is a mistake waiting cannot fix:
+the caller exits 2 at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from everystep.errors import StoreMisconfigured, StoreUnavailable
+
+from .sdnotify import Notifier
+
+FIRST_PAUSE = 0.5
+MAX_PAUSE = 10.0
+#: How much longer systemd should wait for READY=1 at each retry: the next
+#: pause and then some, so a live wait never hits TimeoutStartSec while a
+#: hung one still does.
+EXTEND_MARGIN = 30.0
+
+
+def wait_for_database(check: Callable[[], None], *, limit: float | None, notifier: Notifier,
+                      logger: logging.Logger, who: str, where: str,
+                      sleep: Callable[[float], None] = time.sleep) -> None:
+    """Call ``check`` until it stops raising ``StoreUnavailable``.
+
+    ``limit``: seconds to keep trying (None: as long as it takes; 0: one
+    try). The last ``StoreUnavailable`` is raised once the limit is
+    passed; ``StoreMisconfigured`` and any other error at once.
+    """
+    started = time.monotonic()
+    pause = FIRST_PAUSE
+    waiting = False
+    while True:
+        try:
+            check()
+        except StoreMisconfigured:
+            raise
+        except StoreUnavailable as exc:
+            now = time.monotonic()
+            left = None if limit is None else limit - (now - started)
+            if left is not None and left <= 0:
+                raise
+            reason = _first_line(exc)
+            if not waiting:
+                waiting = True
+                bound = "as long as it takes" if limit is None else f"up to {limit:g}s"
+                logger.warning("%s: database %s unreachable (%s); waiting for it, %s (--wait-for-database)",
+                               who, where, reason, bound, extra={"event": "waiting_for_database"})
+            nap = pause if left is None else min(pause, left)
+            notifier.starting(f"waiting for the database: {reason}", extend_seconds=nap + EXTEND_MARGIN)
+            _sleep_feeding_watchdog(nap, notifier, sleep)
+            pause = min(pause * 2, MAX_PAUSE)
+            continue
+        if waiting:
+            logger.warning("%s: database %s reachable after %.1fs of waiting; starting", who, where,
+                           time.monotonic() - started, extra={"event": "database_reached"})
+        return
+
+
+def _sleep_feeding_watchdog(seconds: float, notifier: Notifier, sleep: Callable[[float], None]) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return
+        notifier.maybe_watchdog(now)
+        until_ping = notifier.seconds_until_watchdog(now)
+        sleep(min(deadline - now, until_ping if until_ping is not None and until_ping > 0 else deadline - now))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
