@@ -14,6 +14,7 @@ of a test, which proves the page was updated live and never reloaded.
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -225,3 +226,30 @@ def test_authentication(db_url: str, browser: Any, page_errors: list[str], subpr
             server.wait()
         if server.stdout is not None:
             server.stdout.close()
+
+
+def test_a_scale_typed_in_survives_the_page_updating(console: ConsoleServer, browser: Any,
+                                                     page_errors: list[str]) -> None:
+    # The runners page is rebuilt whenever the runner table changes (every
+    # heartbeat, every child that boots); the number typed must survive it.
+    store = console.store
+    store.register_runner("sup-typed", "inst-1", "supervisor", "host-a", 4242, 60, vet=lambda holder: None)
+
+    def publish(state: str) -> None:
+        store.publish_runner_detail("sup-typed", "inst-1", {
+            "instance": "inst-1", "published_at": time.time(), "procs": 1,
+            "children": [{"slot": 1, "pid": 99, "state": state, "run_id": None}]})
+
+    publish("booting")
+    page = open_page(browser, page_errors)
+    page.goto(console.url + "/runners")
+    section = page.locator("section.runner[data-runner='sup-typed']")
+    expect(section.locator("table.children .badge")).to_have_text("booting")
+    section.locator("input.procs").fill("2")
+    publish("idle")
+    expect(section.locator("table.children .badge")).to_have_text("idle")
+    expect(section.locator("input.procs")).to_have_value("2")
+    section.locator("form.scale button").click()
+    wait_until(lambda: [request.args for request in store.take_requests("sup-typed")] == [{"procs": 2}],
+               "the scale request to ask for 2 children")
+    assert real_errors(page_errors) == []

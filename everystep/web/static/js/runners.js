@@ -41,16 +41,36 @@ export function runnersPage(main) {
     return runner.heartbeat_at ? Math.max((Date.now() - Date.parse(runner.heartbeat_at)) / 1000, 0) : null;
   }
 
+  // One scale form per supervisor, kept across updates: the page is rebuilt
+  // whenever the runner table changes (every heartbeat), and a form rebuilt
+  // from the published number of children would drop what the operator typed
+  // between typing it and pressing Scale.
+  const scaleForms = new Map();
+
   function scaleForm(runner) {
-    const input = h("input", { type: "number", min: 0, max: 256, value: runner.detail ? runner.detail.procs : "",
-                               "aria-label": `children of ${runner.name}`, class: "procs" });
-    const form = h("form", { class: "scale" }, h("label", {}, "children ", input),
-      h("button", { type: "submit", text: "Scale" }));
-    form.addEventListener("submit", async (event) => {
-      event.preventDefault();
-      await supervisorCommand(runner.name, "scale", { procs: Number(input.value) });
-    });
-    return form;
+    const published = runner.detail ? String(runner.detail.procs) : "";
+    let entry = scaleForms.get(runner.name);
+    if (!entry) {
+      const input = h("input", { type: "number", min: 0, max: 256, value: published,
+                                 "aria-label": `children of ${runner.name}`, class: "procs" });
+      const form = h("form", { class: "scale" }, h("label", {}, "children ", input),
+        h("button", { type: "submit", text: "Scale" }));
+      entry = { form, input, edited: false };
+      input.addEventListener("input", () => { entry.edited = true; });
+      form.addEventListener("submit", async (event) => {
+        event.preventDefault();
+        const procs = Number(input.value);
+        try {
+          await supervisorCommand(runner.name, "scale", { procs });
+        } finally {
+          entry.edited = false;
+        }
+      });
+      scaleForms.set(runner.name, entry);
+    } else if (!entry.edited && document.activeElement !== entry.input) {
+      entry.input.value = published;
+    }
+    return entry.form;
   }
 
   function children(runner) {
