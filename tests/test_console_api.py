@@ -319,7 +319,8 @@ def test_supervisor_commands_become_requests(console: ConsoleServer, client: Any
     taken = store.take_requests("sup-1")
     store.answer_request(taken[0].id, {"ok": True, "procs": 3, "previous": 1})
     answer = client.get(f"/api/requests/{request['id']}").json()
-    assert answer["done"] and answer["reply"]["procs"] == 3 and answer["outcome"].startswith("ok")
+    assert answer["done"] and answer["reply"]["procs"] == 3
+    assert answer["outcome"] == "ok, scaled from 1 to 3 children."
 
     unanswered = client.act("/api/runners/sup-1/scale", {"procs": 1}).json()["request"]
     expired = client.act(f"/api/requests/{unanswered['id']}/expire").json()
@@ -340,6 +341,11 @@ def test_kill_is_sent_to_the_runner_holding_the_run(console: ConsoleServer, clie
     execute_run(store, finished.id)
     refused = client.act(f"/api/runs/{finished.id}/kill")
     assert refused.status_code == 409 and "not running" in refused.json()["error"]
+    # The supervisor's answer, by hand, reads as a sentence.
+    taken = store.take_requests("tester")
+    store.answer_request(taken[0].id, {"ok": True, "run": run_id, "pid": 26026, "slot": 2, "action": "requeued"})
+    answer = client.get(f"/api/requests/{request['id']}").json()
+    assert answer["outcome"] == f"ok, killed child 2 (pid 26026) running run {run_id}; the run was requeued."
 
 
 # -- the live stream -----------------------------------------------------------------------------
