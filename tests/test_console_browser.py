@@ -104,6 +104,17 @@ def test_resolve_a_blocked_run_on_its_node_and_watch_it_resume(console: ConsoleS
     node.click()
     form = page.locator("form.resolve-form")
     expect(form).to_be_visible()
+    # The CLI line is wrapped inside the panel, whole, with a copy button.
+    command = f"everystep resolve-step {run.id} 1 --result JSON | --error MESSAGE | --discard"
+    cli = form.locator(".command code")
+    expect(cli).to_have_text(command)
+    assert cli.evaluate("el => el.scrollWidth <= el.clientWidth + 1")
+    panel_box, cli_box = page.locator("aside.panel").bounding_box(), cli.bounding_box()
+    assert cli_box["x"] + cli_box["width"] <= panel_box["x"] + panel_box["width"]
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=console.url)
+    form.locator(".command button.copy").click()
+    expect(form.locator(".command button.copy")).to_have_text("copied")
+    assert page.evaluate("navigator.clipboard.readText()") == command
     form.locator("textarea").fill('{"charged": 7}')
     form.locator("button[type=submit]").click()
 
