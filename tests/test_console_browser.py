@@ -268,3 +268,18 @@ def test_a_scale_typed_in_survives_the_page_updating(console: ConsoleServer, bro
     store.answer_request(taken[0].id, {"ok": True, "procs": 2, "previous": 1})
     expect(page.locator(".toast-ok .toast-text")).to_have_text("sup-typed: ok, scaled from 1 to 2 children.")
     assert real_errors(page_errors) == []
+
+
+def test_an_untaken_handler_has_no_step_number_of_its_own(console: ConsoleServer, browser: Any,
+                                                          page_errors: list[str]) -> None:
+    run = schedule(shapes.guarded, {}, database=console.store)
+    assert execute_run(console.store, run.id) == COMPLETED
+    page = open_page(browser, page_errors)
+    page.goto(console.url + f"/runs/{run.id}")
+    expect(page.locator("button.node[data-step='3']")).to_have_attribute("data-state", "done")
+    handler = page.locator(".handlers button.node")
+    expect(handler).to_have_attribute("data-state", "skipped")
+    expect(handler.locator(".node-id")).to_have_text("–")
+    numbers = page.locator("button.node .node-id").all_text_contents()
+    assert sorted(numbers) == ["1", "2", "3", "–"]
+    assert real_errors(page_errors) == []

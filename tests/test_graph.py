@@ -267,3 +267,15 @@ def test_every_record_is_drawn_exactly_once(records: list[tuple[str, str, str]],
     graph = build_graph(analyse(wf), rows, active=active)
     placed = [node["id"] for node in drawn(graph) if node["record"] is not None]
     assert sorted(placed) == sorted(step_id for step_id, _, _ in records)
+
+
+def test_an_untaken_handler_does_not_take_the_next_steps_number(lite: Store) -> None:
+    status, graph = run_graph(lite, shapes.guarded, {})
+    assert status == "completed" and graph["unplaced"] == []
+    block = graph["nodes"][0]
+    handler = [(n["id"], n["state"]) for n in block["handlers"][0]["nodes"] if n["kind"] == "step"]
+    assert handler == [(None, "skipped")]
+    assert [(n["id"], n["label"]) for n in graph["nodes"][1:] if n["kind"] == "step"] == [("3", "store_it")]
+    # While the body is ahead, where a failure would land is not known either.
+    graph = build_graph(analyse(shapes.guarded), [StepRecord("r", "1", S + "flaky", "done")], active=True)
+    assert [n["id"] for n in graph["nodes"][0]["handlers"][0]["nodes"] if n["kind"] == "step"] == [None]

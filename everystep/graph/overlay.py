@@ -392,10 +392,13 @@ class _Overlay:
                 stop = None if self.ahead == PENDING else RAISED
         else:
             # No failure (yet): the handlers are what a failure would run,
-            # still possible while part of the body is ahead.
+            # still possible while part of the body is ahead. Their step ids
+            # would follow the step that fails, which is not known: none is
+            # predicted (the next position after the body belongs to what
+            # follows the try).
             state = preview or (self.ahead if _has_ahead(body.nodes) else SKIPPED)
             handlers = [{"label": arm.label, "taken": False,
-                         "nodes": self.sequence(list(arm.body), scope.copy(), state).nodes}
+                         "nodes": self.sequence(list(arm.body), _Scope(scope.prefix, scope.pos, False), state).nodes}
                         for arm in block.handlers]
             if stop is None:
                 walk = self.sequence(list(block.orelse), scope, preview)

@@ -73,7 +73,8 @@ function stepNode(node, path, ctx) {
     dataset: { key, state: node.state, step: node.id || "" },
     onclick: () => ctx.onSelect(node, key),
   },
-  h("span", { class: "node-id", text: node.id || "?" }),
+  // A step not reached whose id depends on the path taken has none to show.
+  h("span", { class: "node-id", text: node.id || (node.state === "skipped" ? "–" : "?") }),
   h("span", { class: "node-label", text: node.label }),
   node.unsafe ? h("span", { class: "tag", text: "unsafe" }) : null,
   meta.length ? h("span", { class: "node-meta", text: meta.join(" · ") }) : null,
