@@ -13,6 +13,7 @@ of a test, which proves the page was updated live and never reloaded.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 import sys
@@ -282,4 +283,28 @@ def test_an_untaken_handler_has_no_step_number_of_its_own(console: ConsoleServer
     expect(handler.locator(".node-id")).to_have_text("–")
     numbers = page.locator("button.node .node-id").all_text_contents()
     assert sorted(numbers) == ["1", "2", "3", "–"]
+    assert real_errors(page_errors) == []
+
+
+def test_a_sleeping_run_shows_its_wait_and_the_step_after_it(console: ConsoleServer, browser: Any,
+                                                             page_errors: list[str]) -> None:
+    run = schedule(shapes.napping, {"seconds": 3600}, database=console.store)
+    execute_run(console.store, run.id)
+    assert console.store.get_run(run.id).status == "scheduled"
+    page = open_page(browser, page_errors)
+    page.goto(console.url + f"/runs/{run.id}")
+    wait = page.locator("button.node.wait[data-step='2']")
+    expect(wait).to_have_attribute("data-state", "waiting")
+    expect(wait.locator(".wait-kind")).to_have_text("sleep")
+    expect(wait.locator(".node-meta")).to_contain_text(re.compile(r"^wakes in \d+ min, 20\d\d-"))
+    after = page.locator("button.node[data-step='3']")
+    expect(after).to_have_attribute("data-state", "pending")
+    expect(after.locator(".node-label")).to_have_text("store_it")
+    expect(page.locator(".node.state-diverged")).to_have_count(0)
+    # A time to come reads as one: "in 59 min", never "0 s ago".
+    not_before = page.locator(".summary dt:text-is('Not before') + dd time")
+    expect(not_before).to_have_text(re.compile(r"^in \d+ min$"))
+    wait.click()
+    expect(page.locator(".panel .badge")).to_have_text("waiting")
+    expect(page.locator(".panel dd time")).to_have_text(re.compile(r"^in \d+ min$"))
     assert real_errors(page_errors) == []

@@ -176,10 +176,12 @@ export function runPage(main, runId) {
       parts.push(h("dl", { class: "summary small" },
         h("dt", { text: "Started" }), h("dd", { text: when(record.started_at) }),
         h("dt", { text: "Finished" }), h("dd", { text: record.completed_at ? when(record.completed_at) : "—" }),
-        h("dt", { text: "Took" }), h("dd", { text: record.duration !== null ? seconds(record.duration) : "—" }),
+        h("dt", { text: node.kind === "wait" ? "Waited" : "Took" }),
+        h("dd", { text: record.duration !== null ? seconds(record.duration) : "—" }),
         record.attempt > 1 ? [h("dt", { text: "Attempt" }), h("dd", { text: String(record.attempt) })] : null,
         record.wake_at ? [h("dt", { text: record.status === "retrying" ? "Next attempt" : "Wakes" }),
-                          h("dd", { text: when(record.wake_at) })] : null));
+                          h("dd", {}, timeCell(record.wake_at), " ", h("span", { class: "hint", text: when(record.wake_at) }))]
+          : null));
       parts.push(jsonBlock("Arguments", record.args, "small"));
       if (record.kwargs && Object.keys(record.kwargs).length) parts.push(jsonBlock("Keyword arguments", record.kwargs, "small"));
       if (record.status === "done") parts.push(jsonBlock("Result", record.result, "small"));
