@@ -128,6 +128,22 @@ def test_a_run_in_flight_with_its_graph_verdict_and_actions(console: ConsoleServ
     assert [step["step_id"] for step in data["steps"]] == ["1", "2.0.1", "2.1.1"]
 
 
+def test_duration_is_the_execution_time_and_the_queue_is_apart(console: ConsoleServer, client: Any) -> None:
+    store = console.store
+    run = schedule(shapes.linear, "q", database=store)
+    waiting = client.get(f"/api/runs/{run.id}").json()["run"]
+    assert waiting["duration"] is None and waiting["queued"] is None and waiting["first_claimed_at"] is None
+    time.sleep(0.3)  # some time in the queue (a lower bound only)
+    assert execute_run(store, run.id) == COMPLETED
+    done = store.get_run(run.id)
+    assert done.first_claimed_at is not None and done.completed_at is not None and done.created_at is not None
+    for data in (client.get(f"/api/runs/{run.id}").json()["run"], client.get("/api/runs").json()["runs"][0]):
+        assert data["duration"] == pytest.approx((done.completed_at - done.first_claimed_at).total_seconds())
+        assert data["queued"] == pytest.approx((done.first_claimed_at - done.created_at).total_seconds())
+        assert data["queued"] >= 0.3
+        assert data["first_claimed_at"] == done.first_claimed_at.isoformat()
+
+
 def test_a_finished_run_has_no_verdict_and_can_run_again(console: ConsoleServer, client: Any) -> None:
     run = schedule(shapes.guarded, {"fail_on": ["one"]}, database=console.store)
     assert execute_run(console.store, run.id) == COMPLETED

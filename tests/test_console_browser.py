@@ -283,6 +283,10 @@ def test_an_untaken_handler_has_no_step_number_of_its_own(console: ConsoleServer
     expect(handler.locator(".node-id")).to_have_text("–")
     numbers = page.locator("button.node .node-id").all_text_contents()
     assert sorted(numbers) == ["1", "2", "3", "–"]
+    # Its execution time, and the time it waited in the queue apart.
+    expect(page.locator(".summary dt:text-is('Took') + dd")).to_have_text(re.compile(r"^(<1 ms|\d+ ms|[\d.]+ s)$"))
+    expect(page.locator(".summary dt:text-is('Queued') + dd")).to_have_text(
+        re.compile(r"^(<1 ms|\d+ ms|[\d.]+ s|\d+ min \d+ s) before its first claim$"))
     assert real_errors(page_errors) == []
 
 

@@ -110,6 +110,17 @@ def _seconds(later: dt.datetime | None, earlier: dt.datetime | None) -> float | 
     return max((later - earlier).total_seconds(), 0.0)
 
 
+def timings(run: Run) -> dict[str, float | None]:
+    """A run's times, in seconds: ``duration`` is its execution time, from
+    its first claim to its end (None while it has not ended, or if it was
+    claimed before runs recorded their first claim); ``queued`` the time
+    before that first claim, waiting in its queue (a delayed start
+    included; None while it was never claimed). Neither counts the other,
+    so a run held 10 s by a rate limit shows a duration of its own work."""
+    return {"duration": _seconds(run.completed_at, run.first_claimed_at),
+            "queued": _seconds(run.first_claimed_at, run.created_at)}
+
+
 def _preview(value: Any) -> str:
     text = json.dumps(serde.to_jsonable(value), ensure_ascii=False, default=str)
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
@@ -131,7 +142,8 @@ def run_summary(run: Run) -> dict[str, Any]:
         "claimed_by": run.claimed_by,
         "claimed_at": _iso(run.claimed_at),
         "completed_at": _iso(run.completed_at),
-        "duration": _seconds(run.completed_at, run.created_at),
+        "first_claimed_at": _iso(run.first_claimed_at),
+        **timings(run),
         "error": error_line(run.error),
         "args_preview": _preview(run.args),
         "queue": run.queue,
@@ -215,7 +227,7 @@ class Views:
         runner = self._runner_of(run)
         data = run.to_dict()
         data.update({
-            "duration": _seconds(run.completed_at, run.created_at),
+            **timings(run),
             "error_line": error_line(run.error),
             # How many times the run was claimed, once runs count their claims.
             "attempts": getattr(run, "claim_epoch", None),

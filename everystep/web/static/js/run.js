@@ -122,9 +122,13 @@ export function runPage(main, runId) {
       ["Queue", h("span", {}, h("code", { text: run.queue }),
         h("span", { class: "hint", text: ` priority ${run.priority}${run.concurrency_key ? `, key ${run.concurrency_key}` : ""}` }))],
       ["Created", h("span", {}, timeCell(run.created_at), " ", h("span", { class: "hint", text: when(run.created_at) }))],
+      ["First claimed", run.first_claimed_at ? timeCell(run.first_claimed_at) : "—"],
       ["Claimed", run.claimed_at ? timeCell(run.claimed_at) : "—"],
       ["Finished", run.completed_at ? timeCell(run.completed_at) : "—"],
+      // Execution time, from the first claim to the end; the queue apart.
       ["Took", run.duration !== null ? seconds(run.duration) : "—"],
+      ["Queued", run.queued !== null ? h("span", {}, seconds(run.queued),
+        h("span", { class: "hint", text: " before its first claim" })) : "—"],
       ["Runner", runnerCell()],
     ];
     if (run.not_before) rows.splice(1, 0, ["Not before", h("span", {}, timeCell(run.not_before), " ", h("span", { class: "hint", text: when(run.not_before) }))]);

@@ -130,7 +130,8 @@ export async function runsPage(main, options = {}) {
         h("td", { class: "queue", text: run.queue }),
         h("td", {}, statusBadge(run.status)),
         h("td", {}, timeCell(run.created_at)),
-        h("td", { class: "took", text: seconds(run.duration) }),
+        h("td", { class: "took", text: seconds(run.duration),
+                  title: run.queued !== null && run.queued !== undefined ? `queued ${seconds(run.queued)} before its first claim` : null }),
         h("td", { text: run.claimed_by || "" }),
         last);
     });
