@@ -120,8 +120,10 @@ def test_a_run_in_flight_with_its_graph_verdict_and_actions(console: ConsoleServ
     assert data["run"]["status"] == RUNNING and data["run"]["claimed_by"] == "tester"
     assert data["graph"]["mode"] == "source"
     fork = data["graph"]["nodes"][1]
-    assert fork["kind"] == "fork" and [[n["state"] for n in lane["nodes"]] for lane in fork["lanes"]] == [
-        ["done"], ["done"], ["pending", "pending"]]
+    # The step the run was executing in the third lane is in flight; the one after it not reached yet.
+    assert fork["kind"] == "fork" and fork["state"] == "running"
+    assert [[n["state"] for n in lane["nodes"]] for lane in fork["lanes"]] == [
+        ["done"], ["done"], ["running", "pending"]]
     assert data["verdict"]["outcome"] == "resumes" and data["verdict"]["next_step"] == "2.2.1"
     assert {action["name"] for action in data["actions"]} == {"requeue", "cancel", "rerun"}  # no live supervisor: no kill
     assert data["runner"]["name"] == "tester" and data["runner"]["kind"] is None

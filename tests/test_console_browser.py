@@ -25,9 +25,10 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError  # noqa: E402
 from playwright.sync_api import expect  # noqa: E402
 
-from everystep import schedule  # noqa: E402
+from everystep import admin, schedule  # noqa: E402
 from everystep.errors import SimulatedCrash  # noqa: E402
-from everystep.models import BLOCKED, COMPLETED, FAILED  # noqa: E402
+from everystep.models import BLOCKED, COMPLETED, FAILED, STEP_DONE  # noqa: E402
+from everystep.store import NewStep, utcnow  # noqa: E402
 from tests.apps import shapes, supervised  # noqa: E402
 from tests.support.browser import browser, open_page, page_errors  # noqa: E402,F401
 from tests.support.console import ConsoleServer, serve  # noqa: E402
@@ -311,4 +312,40 @@ def test_a_sleeping_run_shows_its_wait_and_the_step_after_it(console: ConsoleSer
     wait.click()
     expect(page.locator(".panel .badge")).to_have_text("waiting")
     expect(page.locator(".panel dd time")).to_have_text(re.compile(r"^in \d+ min$"))
+    assert real_errors(page_errors) == []
+
+
+def test_the_live_graph_marks_the_steps_in_flight_and_the_runner_line_follows_the_run(
+        console: ConsoleServer, browser: Any, page_errors: list[str]) -> None:
+    store = console.store
+    run = schedule(shapes.fanout, {}, database=store)
+    # Held by "tester", with steps 1 and 2.0.1 recorded done: its other lanes are under way.
+    (claimed,) = store.claim("tester", 1, [shapes.fanout.name])
+    for step_id, step in (("1", shapes.fetch), ("2.0.1", shapes.transform)):
+        assert store.record_step(claimed.claim_as("tester"), NewStep(step_id, step.name, "[]", "{}", utcnow(),
+                                                                     status=STEP_DONE, result_json='"x"'))
+    store.register_runner("tester", "inst-1", "supervisor", "host-a", 4242, 60, vet=lambda holder: None)
+    # What the supervisor last published: its child in step 2.0.1, since recorded done.
+    store.publish_runner_detail("tester", "inst-1", {
+        "instance": "inst-1", "published_at": time.time(), "procs": 1,
+        "children": [{"slot": 1, "pid": 99, "state": "busy", "run_id": run.id, "workflow": run.name,
+                      "step_id": "2.0.1", "step_name": shapes.transform.name, "step_since": time.time() - 4.8}]})
+    page = open_page(browser, page_errors)
+    page.goto(console.url + f"/runs/{run.id}")
+    expect(page.locator(".run-title .badge")).to_have_text("running")
+    mark(page)
+    for step_id in ("2.1.1", "2.2.1"):
+        expect(page.locator(f"button.node[data-step='{step_id}']")).to_have_attribute("data-state", "running")
+        expect(page.locator(f"button.node[data-step='{step_id}'] .node-meta")).to_have_text("in flight")
+    expect(page.locator("button.node[data-step='2.2.2']")).to_have_attribute("data-state", "pending")
+    expect(page.locator(".block.fork.state-running")).to_have_count(1)
+    runner_line = page.locator(".summary dt:text-is('Runner') + dd")
+    expect(runner_line).to_contain_text("child 1 pid 99")
+    expect(runner_line).not_to_contain_text("in step")
+
+    admin.cancel(store, run.id)
+    expect(page.locator(".run-title .badge")).to_have_text("cancelled")
+    expect(runner_line).not_to_contain_text("child")
+    expect(page.locator("button.node[data-state='running']")).to_have_count(0)
+    assert_not_reloaded(page)
     assert real_errors(page_errors) == []

@@ -307,3 +307,24 @@ def test_the_wait_table_reads_a_handle_method_by_its_return_annotation(monkeypat
     nodes = analyse(shapes.awaiting_a_handle).nodes
     assert [(type(n).__name__, getattr(n, "kind", None)) for n in nodes] == [
         ("StepCall", None), ("Wait", "child"), ("StepCall", None), ("Exit", None)]
+
+
+def test_the_steps_a_running_run_has_reached_are_in_flight() -> None:
+    records = [StepRecord("r", "1", S + "fetch", "done"), StepRecord("r", "2.0.1", S + "transform", "done")]
+    graph = build_graph(analyse(shapes.fanout), records, active=True, running=True)
+    fork = graph["nodes"][1]
+    assert fork["state"] == "running"
+    assert [[(n["id"], n["state"]) for n in lane["nodes"]] for lane in fork["lanes"]] == [
+        [("2.0.1", "done")], [("2.1.1", "running")], [("2.2.1", "running"), ("2.2.2", "pending")]]
+    assert [n["state"] for n in graph["nodes"][2:] if n["kind"] in ("step", "fork")] == ["pending", "pending"]
+    # Not held by an executor (scheduled, blocked): nothing is in flight.
+    idle = build_graph(analyse(shapes.fanout), records, active=True)
+    assert "running" not in [n["state"] for n in drawn(idle)]
+    # Outside a fork: the step after the last recorded one.
+    done = [StepRecord("r", "1", S + "fetch", "done")]
+    assert by_state(build_graph(analyse(shapes.linear), done, active=True, running=True)) == {
+        "1": "done", "2": "running", "3": "pending"}
+
+
+def by_state(graph: dict[str, Any]) -> dict[str, str]:
+    return {node["id"]: node["state"] for node in drawn(graph)}

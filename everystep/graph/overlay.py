@@ -70,14 +70,18 @@ class _Walk:
     stop: str | None = None
 
 
-def build_graph(plan: Plan, records: list[StepRecord], active: bool) -> dict[str, Any]:
+def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bool = False) -> dict[str, Any]:
     """The graph of a run from its workflow's plan and its records (in the
     order they were recorded). ``active``: the run is not finished, so what
-    it has not reached is still ahead of it."""
+    it has not reached is still ahead of it. ``running``: an executor holds
+    it now, so the steps it has reached without recording them yet are in
+    flight (see ``mark_in_flight``)."""
     if not plan.ok:
         return recorded_graph(records, plan.reason or "the workflow's source could not be read")
     walker = _Overlay(records, active)
     walk = walker.sequence(list(plan.nodes or ()), _Scope(""), None)
+    if running and active:
+        mark_in_flight(walk.nodes)
     unplaced = [record for record in records if record.step_id not in walker.used]
     return {
         "mode": "source",
@@ -457,6 +461,78 @@ class _Overlay:
         return _Walk([node], matched + final.matched, final.stop or stop)
 
 
+def mark_in_flight(nodes: list[dict[str, Any]]) -> bool:
+    """Mark ``running`` the steps a running run is executing: in each
+    sequence the body has reached (everything before it recorded done), the
+    first step not recorded yet, or an unsafe step ``started`` without an
+    outcome; in a fork, that step of every lane, since branches run side by
+    side. A choice or loop not yet settled by the records stops the marking
+    (the path is not known). Returns whether the whole sequence is done."""
+    for node in nodes:
+        kind, state = node["kind"], node.get("state")
+        if kind == "step":
+            if state == "done":
+                continue
+            if state in (PENDING, STEP_STARTED):
+                node["state"] = RUNNING
+                node["in_flight"] = True
+            return False
+        if kind == "wait":
+            if state == "done":
+                continue
+            return False
+        if kind == "fork":
+            if state == "done":
+                continue
+            finished = [mark_in_flight(lane["nodes"]) for lane in node["lanes"]]
+            if all(finished) and node["lanes"]:
+                continue
+            if any(_in_flight(lane["nodes"]) for lane in node["lanes"]):
+                node["state"] = RUNNING
+            return False
+        if kind == "choice":
+            if not node.get("decided"):
+                return False
+            taken = [lane for lane in node["lanes"] if lane["taken"]]
+            if not taken or not mark_in_flight(taken[0]["nodes"]):
+                return False
+            continue
+        if kind == "try":
+            if not mark_in_flight(node["body"]):
+                if node.get("caught") is None:
+                    return False
+            taken = [lane for lane in node["handlers"] if lane["taken"]]
+            if taken and not mark_in_flight(taken[0]["nodes"]):
+                return False
+            if not taken and not mark_in_flight(node["orelse"]):
+                return False
+            if not mark_in_flight(node["final"]):
+                return False
+            continue
+        if kind == "loop":
+            for iteration in node["iterations"]:
+                if not mark_in_flight(iteration):
+                    return False
+            return False  # another iteration, or what follows the loop: not known
+        return False  # an exit, or a kind this walk does not know
+    return True
+
+
+def _in_flight(nodes: list[dict[str, Any]]) -> bool:
+    for node in nodes:
+        if node.get("in_flight"):
+            return True
+        for key in ("lanes", "handlers"):
+            if any(_in_flight(lane["nodes"]) for lane in node.get(key, ())):
+                return True
+        for key in ("body", "orelse", "final"):
+            if _in_flight(node.get(key, [])):
+                return True
+        if any(_in_flight(iteration) for iteration in node.get("iterations", ())):
+            return True
+    return False
+
+
 def _has_ahead(nodes: list[dict[str, Any]]) -> bool:
     """Whether anything in these drawn nodes is still ahead of the run."""
     for node in nodes:
@@ -569,4 +645,4 @@ def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
     return root
 
 
-__all__ = ["build_graph", "recorded_graph"]
+__all__ = ["build_graph", "mark_in_flight", "recorded_graph"]

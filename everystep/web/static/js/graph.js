@@ -7,7 +7,7 @@ import { ago, h, seconds, when } from "./dom.js";
 
 const STATE_TEXT = {
   done: "done", failed: "failed", started: "uncertain", pending: "not reached yet",
-  skipped: "not reached", diverged: "code diverged", running: "running", waiting: "waiting",
+  skipped: "not reached", diverged: "code diverged", running: "in flight", waiting: "waiting",
 };
 
 // What each kind of wait (everystep.graph.plan.waits) is called on its node.
@@ -67,6 +67,7 @@ function stepNode(node, path, ctx) {
   const record = node.record;
   const meta = [];
   if (record && record.duration !== null && record.duration !== undefined) meta.push(seconds(record.duration));
+  if (node.in_flight) meta.push("in flight");
   if (node.state === "started") meta.push("effect uncertain");
   if (node.state === "diverged") meta.push(`now calls ${node.expected}`);
   const error = record && record.error ? `${record.error.type}: ${record.error.message}` : null;
