@@ -349,3 +349,50 @@ def test_the_live_graph_marks_the_steps_in_flight_and_the_runner_line_follows_th
     expect(page.locator("button.node[data-state='running']")).to_have_count(0)
     assert_not_reloaded(page)
     assert real_errors(page_errors) == []
+
+
+def test_the_runs_list_and_a_run_fit_a_phone(console: ConsoleServer, browser: Any, page_errors: list[str],
+                                             tmp_path: Any) -> None:
+    store = console.store
+    done = schedule(shapes.linear, "on a phone", database=store)
+    assert execute_run(store, done.id) == COMPLETED
+    assert execute_run(store, schedule(shapes.exploding, "a long error message " * 4, database=store).id) == FAILED
+    run = schedule(shapes.fanout, {}, database=store)
+    (claimed,) = store.claim("tester", 1, [shapes.fanout.name])
+    assert store.record_step(claimed.claim_as("tester"), NewStep("1", shapes.fetch.name, "[]", "{}", utcnow(),
+                                                                 status=STEP_DONE, result_json='"x"'))
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.on("pageerror", lambda exc: page_errors.append(f"page error: {exc}"))
+
+    def fits(name: str) -> None:
+        page.screenshot(path=str(tmp_path / f"{name}-390.png"), full_page=True)
+        widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1] == 390, f"{name}: the document is {widths[0]} px wide on a 390 px screen"
+        live = page.locator("#live").bounding_box()
+        assert live is not None and live["x"] + live["width"] <= 390, f"{name}: the header overflows"
+
+    page.goto(console.url + "/")
+    row = page.locator(f"tr[data-run='{run.id}']")
+    expect(row.locator(".badge")).to_have_text("running")
+    expect(page.locator("#live")).to_have_text("live")
+    fits("runs")
+    box = row.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390
+    # One compact card per run: id and status on one line, three more at most.
+    status, run_id = row.locator("td.status").bounding_box(), row.locator("td.run-id").bounding_box()
+    assert status is not None and run_id is not None and abs(status["y"] - run_id["y"]) < run_id["height"]
+    assert box["height"] < 8 * run_id["height"]
+
+    row.locator("td.run-id a").click()
+    expect(page.locator(".run-title .badge")).to_have_text("running")
+    expect(page.locator("button.node[data-step='2.2.2']")).to_have_attribute("data-state", "pending")
+    fits("run")
+    graph = page.locator(".graph-box").bounding_box()
+    for lane in page.locator(".fork-lanes > .lane").all():
+        lane_box = lane.bounding_box()
+        assert lane_box is not None and graph is not None
+        assert lane_box["x"] + lane_box["width"] <= graph["x"] + graph["width"], "a fork's lane leaves its card"
+    context.close()
+    assert real_errors(page_errors) == []

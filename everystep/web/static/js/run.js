@@ -66,7 +66,7 @@ export function runPage(main, runId) {
   replace(main, head, problem, verdictBox, uncertainBox, summary,
     h("section", { class: "graph-section" }, h("h2", { text: "Steps" }),
       h("div", { class: "graph-layout" }, graphBox, panel)),
-    details, h("section", {}, h("h2", { text: "Recorded steps" }), steps));
+    details, h("section", {}, h("h2", { text: "Recorded steps" }), h("div", { class: "table-scroll" }, steps)));
 
   const live = new Live("run", { id: runId }, render, (message) => {
     problem.hidden = false;
