@@ -22,7 +22,7 @@ import pytest
 from everystep import schedule
 from everystep.errors import SimulatedCrash
 from everystep.models import BLOCKED, COMPLETED, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED
-from everystep.store import Store
+from everystep.store import NewStep, Store, utcnow
 from tests.apps import shapes
 from tests.support.console import ConsoleServer, serve
 from tests.support.runs import claim_run, crash_at, execute_run
@@ -115,7 +115,14 @@ def test_bad_filters_are_400_with_one_line(client: Any, params: dict[str, str], 
 
 
 def test_a_run_in_flight_with_its_graph_verdict_and_actions(console: ConsoleServer, client: Any) -> None:
-    run_id = in_flight(console.store, shapes.fanout, {}, after="2.2.1")
+    # Held by "tester" with step 1 and the first two lanes of fork 2 recorded
+    # (written directly: a crash in one lane would race the other lanes' records).
+    store = console.store
+    run_id = schedule(shapes.fanout, {}, database=store).id
+    (claimed,) = store.claim("tester", 1, [shapes.fanout.name])
+    for step_id, step in (("1", shapes.fetch), ("2.0.1", shapes.transform), ("2.1.1", shapes.flaky)):
+        assert store.record_step(claimed.claim_as("tester"), NewStep(step_id, step.name, "[]", "{}", utcnow(),
+                                                                     status=STEP_DONE, result_json='"x"'))
     data = client.get(f"/api/runs/{run_id}").json()
     assert data["run"]["status"] == RUNNING and data["run"]["claimed_by"] == "tester"
     assert data["graph"]["mode"] == "source"
