@@ -306,7 +306,7 @@ def test_the_wait_table_reads_a_handle_method_by_its_return_annotation(monkeypat
                                                        plan_module.WaitKind("child", "everystep.child_result")})
     nodes = analyse(shapes.awaiting_a_handle).nodes
     assert [(type(n).__name__, getattr(n, "kind", None)) for n in nodes] == [
-        ("StepCall", None), ("Wait", "child"), ("StepCall", None), ("Exit", None)]
+        ("StepCall", None), ("Wait", "child"), ("Wait", "child"), ("StepCall", None), ("Exit", None)]
 
 
 def test_the_steps_a_running_run_has_reached_are_in_flight() -> None:

@@ -77,7 +77,8 @@ def waits() -> dict[Any, WaitKind]:
     after it numbered one short. A method of a handle (a child run's
     ``result``) is keyed by the function found on its class: the reader
     resolves ``handle.result()`` when ``handle`` was assigned once from a
-    call whose return annotation names that class."""
+    call whose return annotation names that class, and
+    ``start(...).result()`` likewise."""
     from .. import api
     from ..runner import SLEEP_STEP
 
@@ -310,6 +311,8 @@ class _Reader:
                 if expr.id in scope:
                     return scope[expr.id]
             return _MISSING
+        if isinstance(expr, ast.Call):
+            return _returned(self.resolve(expr.func))  # ``start(...).result()``
         if isinstance(expr, ast.Attribute):
             base = self.resolve(expr.value)
             if isinstance(base, _Instance):
@@ -329,17 +332,9 @@ class _Reader:
             return _MISSING
         self._resolving.add(name)
         try:
-            target = self.resolve(call.func)
+            return _returned(self.resolve(call.func))
         finally:
             self._resolving.discard(name)
-        target = getattr(target, "fn", target)  # a @step or @workflow: its function
-        if not callable(target) or isinstance(target, type):
-            return _MISSING
-        try:
-            returned = typing.get_type_hints(target).get("return")
-        except Exception:  # annotations that do not evaluate: unknown
-            return _MISSING
-        return _Instance(returned) if isinstance(returned, type) else _MISSING
 
     def line(self, node: ast.AST) -> int | None:
         lineno = getattr(node, "lineno", None)
@@ -558,6 +553,19 @@ def _everystep_id(node: ast.AST) -> tuple[str | None, bool]:
                 return None, False
             return None, True
     return None, False
+
+
+def _returned(target: Any) -> Any:
+    """What calling ``target`` returns, when its return annotation names a
+    class (an ``_Instance`` of it); ``_MISSING`` otherwise."""
+    target = getattr(target, "fn", target)  # a @step or @workflow: its function
+    if not callable(target) or isinstance(target, type):
+        return _MISSING
+    try:
+        returned = typing.get_type_hints(target).get("return")
+    except Exception:  # annotations that do not evaluate: unknown
+        return _MISSING
+    return _Instance(returned) if isinstance(returned, type) else _MISSING
 
 
 def _wait_kind(target: Any) -> WaitKind | None:

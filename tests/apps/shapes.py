@@ -121,7 +121,8 @@ def awaiting_a_handle(key: str) -> str:
     fetch(key)
     handle = start_something(key)
     value = handle.result()
-    return store_it(value)
+    again = start_something(key).result()
+    return store_it([value, again])
 
 
 @workflow
