@@ -6,7 +6,8 @@ Builds a throwaway SQLite database with runs of ``examples.app`` in every
 state (completed, failed, blocked, one stopped part-way through a parallel
 fork, some still queued), serves the console on a loopback port and has
 Debian's Chromium (``/usr/bin/chromium``, driven by Playwright) photograph
-the runs list and the run with the parallel fork. Needs the ``ui`` and
+the runs list and the run with the parallel fork, on a wide screen and on a
+phone (390 px). Needs the ``ui`` and
 ``test`` extras.
 """
 
@@ -72,7 +73,7 @@ def populate(store: Store) -> str:
     execute(store, in_flight, crash_after="fanout.2.2")
     for n in (50_000, 60_000):
         schedule(examples.crunch, {"n": n}, database=store)
-    store.register_runner("web-1", "screenshot", "supervisor", "web-1.internal", 4711, 60)
+    store.register_runner("web-1", "screenshot", "supervisor", "web-1.internal", 4711, 60, vet=lambda holder: None)
     return in_flight
 
 
@@ -106,6 +107,16 @@ def main() -> int:
                 page.locator("button.node[data-step='fanout.1.1']").wait_for()
                 page.locator(".panel h3").first.wait_for()
                 page.screenshot(path=str(out / "console-run.png"))
+                # The same two pages on a phone (390 px wide).
+                phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=1,
+                                         is_mobile=True, has_touch=True)
+                phone.goto(base + "/")
+                phone.locator("#live[data-state=live]").wait_for()
+                phone.locator("tbody tr").first.wait_for()
+                phone.screenshot(path=str(out / "console-phone-runs.png"))
+                phone.goto(f"{base}/runs/{in_flight}")
+                phone.locator("button.node[data-step='fanout.1.1']").wait_for()
+                phone.screenshot(path=str(out / "console-phone-run.png"))
                 browser.close()
         finally:
             app.console.watcher.stop()
@@ -113,7 +124,7 @@ def main() -> int:
             thread.join(timeout=30)
             sock.close()
             store.close()
-    print(f"wrote {out / 'console-runs.png'} and {out / 'console-run.png'}")
+    print(f"wrote console-runs.png, console-run.png, console-phone-runs.png and console-phone-run.png in {out}")
     return 0
 
 

@@ -113,6 +113,11 @@ class Run:
     #: unknown). A run with none is on its first execution, so the runner
     #: skips reading its steps.
     has_steps: bool | None = field(default=None, compare=False)
+    #: When the run was first claimed: its execution time runs from here to
+    #: ``completed_at``; before it, the run waited in its queue (``None``:
+    #: never claimed, or claimed before runs recorded it).
+    #: (Not compared: PostgreSQL's claim function does not return it.)
+    first_claimed_at: dt.datetime | None = field(default=None, compare=False)
 
     @property
     def exception(self) -> BaseException | None:
@@ -148,6 +153,7 @@ class Run:
             "queue": self.queue,
             "priority": self.priority,
             "concurrency_key": self.concurrency_key,
+            "first_claimed_at": _iso(self.first_claimed_at),
         }
 
 

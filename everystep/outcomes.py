@@ -24,14 +24,15 @@ logger = logging.getLogger("everystep")
 
 
 def fail_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str,
-              exc: BaseException, attempt: int = 1) -> bool:
+              exc: BaseException, attempt: int = 1, started_at: dt.datetime | None = None) -> bool:
     """Record attempt ``attempt`` of step ``step_id`` as failed with ``exc``
     (a ``StepTimeout``, ``StepKilled``, ``StepResourceExceeded``…), so the
     body's try/except sees it on replay like any step failure. False if the
     claim is gone or the step was recorded. (Its process is gone: nothing
-    measured its cost.)"""
+    measured its cost.) ``started_at``: when the step started, as its
+    executor saw it (else now: it then shows as taking no time)."""
     error = serde.dumps(serde.encode_exception(exc), "step error")
-    write = store.record_step(claim, NewStep(step_id, step_name, None, None, utcnow(),
+    write = store.record_step(claim, NewStep(step_id, step_name, None, None, started_at or utcnow(),
                                              status=STEP_FAILED, error_json=error, attempt=attempt))
     ours = write is not None and write.ours
     if ours:
@@ -55,14 +56,15 @@ def fail_run(store: Store, claim: Claim, run: Run, exc: BaseException) -> bool:
 
 
 def retry_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str, attempt: int,
-               exc: BaseException, delay: float) -> bool:
+               exc: BaseException, delay: float, started_at: dt.datetime | None = None) -> bool:
     """Record attempt ``attempt`` of step ``step_id`` as failed with ``exc``
     (a ``StepTimeout``) and to be retried ``delay`` seconds from now: the
     replay of the run finds the step ``retrying`` and waits for it. False if
     the claim is gone or the step was recorded."""
     now = utcnow()
     error = serde.dumps(serde.encode_exception(exc), "step error")
-    write = store.record_attempt(claim, NewStep(step_id, step_name, None, None, now, status=STEP_RETRYING,
+    write = store.record_attempt(claim, NewStep(step_id, step_name, None, None, started_at or now,
+                                                status=STEP_RETRYING,
                                                 error_json=error, attempt=attempt,
                                                 wake_at=now + dt.timedelta(seconds=delay)))
     ours = write is not None and write.ours
@@ -72,13 +74,13 @@ def retry_step(store: Store, claim: Claim, workflow: str, step_id: str, step_nam
 
 
 def fail_cancelled_step(store: Store, claim: Claim, workflow: str, step_id: str, step_name: str,
-                        exc: BaseException, attempt: int = 1) -> bool:
+                        exc: BaseException, attempt: int = 1, started_at: dt.datetime | None = None) -> bool:
     """Record the step a cancel cut off (its process was killed) as failed
     with ``exc`` (``Cancelled``): the one write the holder of a cancelled
     claim may still make. False if the run was not cancelled under
     ``claim`` or the step has an outcome."""
     error = serde.dumps(serde.encode_exception(exc), "step error")
-    written = store.record_cancelled_step(claim, NewStep(step_id, step_name, None, None, utcnow(),
+    written = store.record_cancelled_step(claim, NewStep(step_id, step_name, None, None, started_at or utcnow(),
                                                          status=STEP_FAILED, error_json=error, attempt=attempt))
     if written:
         metrics.record(lambda m: m.step_runs.labels(workflow, step_name, STEP_FAILED).inc())

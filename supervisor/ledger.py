@@ -68,12 +68,13 @@ class Ledger:
             self.crashes[run.id] += 1
         try:
             record = outcomes.fail_cancelled_step if decision.action == Action.CANCELLED else outcomes.fail_step
+            # Each record carries the step's real start, not the kill's time.
             for step, error in decision.fail_steps:
-                record(self.store, claim, run.name, step.step, step.name, error, step.attempt)
+                record(self.store, claim, run.name, step.step, step.name, error, step.attempt, step.started_at())
             for step, error in decision.retry_steps:
                 assert step.retry_in is not None
                 outcomes.retry_step(self.store, claim, run.name, step.step, step.name, step.attempt, error,
-                                    step.retry_in)
+                                    step.retry_in, step.started_at())
             if decision.action == Action.CANCELLED:
                 self.crashes.pop(run.id, None)
                 self.counts[Outcome.CANCELLED] += 1

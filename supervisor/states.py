@@ -10,8 +10,12 @@ replaces a child) are in ``everystep.vocabulary``, re-exported here.
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 from dataclasses import dataclass
 from enum import StrEnum
+
+from everystep.store import utcnow
 
 from everystep.vocabulary import Command, RestartReason
 
@@ -136,6 +140,13 @@ class StepInFlight:
     @property
     def bounded(self) -> bool:
         return self.memory_limit is not None or self.cpu_limit is not None
+
+    def started_at(self, now: float | None = None) -> dt.datetime:
+        """When the step started, by the wall clock (``started`` read
+        against ``time.monotonic()``): what a record written for it from
+        outside (killed, timed out, cancelled) gives as its start."""
+        elapsed = max((time.monotonic() if now is None else now) - self.started, 0.0)
+        return utcnow() - dt.timedelta(seconds=elapsed)
 
 
 __all__ = ["ByeReason", "ChildState", "Command", "KillReason", "RestartReason", "StepInFlight", "StopMode"]

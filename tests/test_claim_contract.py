@@ -218,6 +218,17 @@ def stores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             store.close()
 
 
+def first_claims_recorded(store: Store, case: Case, ids: list[str], claimed: set[str]) -> None:
+    """(7): a run taken records its first claim; a run left alone that was
+    never claimed still has none."""
+    for spec, run_id in zip(case.runs, ids):
+        run = store.get_run(run_id)
+        if run_id in claimed:
+            assert run.first_claimed_at is not None and run.first_claimed_at == run.claimed_at, run
+        elif spec.state != "running":
+            assert run.first_claimed_at is None, run
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(case=cases())
@@ -234,6 +245,7 @@ def test_every_backend_claims_by_the_one_contract(stores: list[Store], case: Cas
         by_position = {run_id: index for index, run_id in enumerate(ids)}
         claimed = {run.id for run in runs}
         assert len(claimed) == len(runs), "a run claimed twice"
+        first_claims_recorded(store, case, ids, claimed)
         fixed_by[store.backend] = check(case, ids, claimed, holder.locks)
         # Ids differ per database: compare runs by their place in the case.
         claimed_by[store.backend] = {f"{by_position[run_id]}" for run_id in claimed}
@@ -255,3 +267,4 @@ def test_served_names_beyond_four_take_the_probe_by_present_names(stores: list[S
         claimed = {run.id for run in store.claim("tester", case.limit, case.served, None)}
         assert claimed == {ids[0], ids[2], ids[3]}
         assert check(case, ids, claimed, locked=False)
+        first_claims_recorded(store, case, ids, claimed)

@@ -51,6 +51,21 @@ def test_requeued_runs_keep_their_place_in_line(store: Any) -> None:
     assert [run.id for run in store.claim("w", 1, [job.name])] == [runs[0].id]
 
 
+def test_the_first_claim_is_kept_when_the_run_is_claimed_again(store: Any) -> None:
+    run = schedule(job, 1, database=store)
+    assert store.get_run(run.id).first_claimed_at is None
+    store.claim("w", 1, [job.name])
+    first = store.get_run(run.id)
+    assert first.first_claimed_at is not None and first.first_claimed_at == first.claimed_at
+    assert first.first_claimed_at >= first.created_at
+    assert store.requeue(first.claim_as("w"))
+    assert store.get_run(run.id).first_claimed_at == first.first_claimed_at
+    store.claim("w", 1, [job.name])
+    again = store.get_run(run.id)
+    assert again.claim_epoch == first.claim_epoch + 1 and again.first_claimed_at == first.first_claimed_at
+    assert again.to_dict()["first_claimed_at"] == first.first_claimed_at.isoformat()
+
+
 def test_only_registered_workflow_names_are_claimed(store: Any) -> None:
     unknown = schedule("tests.test_claims.not_deployed_here", 1, database=store)
     mine = schedule(job, 2, database=store)

@@ -22,7 +22,7 @@ import pytest
 from everystep import schedule
 from everystep.errors import SimulatedCrash
 from everystep.models import BLOCKED, COMPLETED, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED
-from everystep.store import Store
+from everystep.store import NewStep, Store, utcnow
 from tests.apps import shapes
 from tests.support.console import ConsoleServer, serve
 from tests.support.runs import claim_run, crash_at, execute_run
@@ -115,17 +115,42 @@ def test_bad_filters_are_400_with_one_line(client: Any, params: dict[str, str], 
 
 
 def test_a_run_in_flight_with_its_graph_verdict_and_actions(console: ConsoleServer, client: Any) -> None:
-    run_id = in_flight(console.store, shapes.fanout, {}, after="2.2.1")
+    # Held by "tester" with step 1 and the first two lanes of fork 2 recorded
+    # (written directly: a crash in one lane would race the other lanes' records).
+    store = console.store
+    run_id = schedule(shapes.fanout, {}, database=store).id
+    (claimed,) = store.claim("tester", 1, [shapes.fanout.name])
+    for step_id, step in (("1", shapes.fetch), ("2.0.1", shapes.transform), ("2.1.1", shapes.flaky)):
+        assert store.record_step(claimed.claim_as("tester"), NewStep(step_id, step.name, "[]", "{}", utcnow(),
+                                                                     status=STEP_DONE, result_json='"x"'))
     data = client.get(f"/api/runs/{run_id}").json()
     assert data["run"]["status"] == RUNNING and data["run"]["claimed_by"] == "tester"
     assert data["graph"]["mode"] == "source"
     fork = data["graph"]["nodes"][1]
-    assert fork["kind"] == "fork" and [[n["state"] for n in lane["nodes"]] for lane in fork["lanes"]] == [
-        ["done"], ["done"], ["pending", "pending"]]
+    # The step the run was executing in the third lane is in flight; the one after it not reached yet.
+    assert fork["kind"] == "fork" and fork["state"] == "running"
+    assert [[n["state"] for n in lane["nodes"]] for lane in fork["lanes"]] == [
+        ["done"], ["done"], ["running", "pending"]]
     assert data["verdict"]["outcome"] == "resumes" and data["verdict"]["next_step"] == "2.2.1"
     assert {action["name"] for action in data["actions"]} == {"requeue", "cancel", "rerun"}  # no live supervisor: no kill
     assert data["runner"]["name"] == "tester" and data["runner"]["kind"] is None
     assert [step["step_id"] for step in data["steps"]] == ["1", "2.0.1", "2.1.1"]
+
+
+def test_duration_is_the_execution_time_and_the_queue_is_apart(console: ConsoleServer, client: Any) -> None:
+    store = console.store
+    run = schedule(shapes.linear, "q", database=store)
+    waiting = client.get(f"/api/runs/{run.id}").json()["run"]
+    assert waiting["duration"] is None and waiting["queued"] is None and waiting["first_claimed_at"] is None
+    time.sleep(0.3)  # some time in the queue (a lower bound only)
+    assert execute_run(store, run.id) == COMPLETED
+    done = store.get_run(run.id)
+    assert done.first_claimed_at is not None and done.completed_at is not None and done.created_at is not None
+    for data in (client.get(f"/api/runs/{run.id}").json()["run"], client.get("/api/runs").json()["runs"][0]):
+        assert data["duration"] == pytest.approx((done.completed_at - done.first_claimed_at).total_seconds())
+        assert data["queued"] == pytest.approx((done.first_claimed_at - done.created_at).total_seconds())
+        assert data["queued"] >= 0.3
+        assert data["first_claimed_at"] == done.first_claimed_at.isoformat()
 
 
 def test_a_finished_run_has_no_verdict_and_can_run_again(console: ConsoleServer, client: Any) -> None:
@@ -319,7 +344,8 @@ def test_supervisor_commands_become_requests(console: ConsoleServer, client: Any
     taken = store.take_requests("sup-1")
     store.answer_request(taken[0].id, {"ok": True, "procs": 3, "previous": 1})
     answer = client.get(f"/api/requests/{request['id']}").json()
-    assert answer["done"] and answer["reply"]["procs"] == 3 and answer["outcome"].startswith("ok")
+    assert answer["done"] and answer["reply"]["procs"] == 3
+    assert answer["outcome"] == "ok, scaled from 1 to 3 children."
 
     unanswered = client.act("/api/runners/sup-1/scale", {"procs": 1}).json()["request"]
     expired = client.act(f"/api/requests/{unanswered['id']}/expire").json()
@@ -340,6 +366,11 @@ def test_kill_is_sent_to_the_runner_holding_the_run(console: ConsoleServer, clie
     execute_run(store, finished.id)
     refused = client.act(f"/api/runs/{finished.id}/kill")
     assert refused.status_code == 409 and "not running" in refused.json()["error"]
+    # The supervisor's answer, by hand, reads as a sentence.
+    taken = store.take_requests("tester")
+    store.answer_request(taken[0].id, {"ok": True, "run": run_id, "pid": 26026, "slot": 2, "action": "requeued"})
+    answer = client.get(f"/api/requests/{request['id']}").json()
+    assert answer["outcome"] == f"ok, killed child 2 (pid 26026) running run {run_id}; the run was requeued."
 
 
 # -- the live stream -----------------------------------------------------------------------------

@@ -13,7 +13,9 @@ of a test, which proves the page was updated live and never reloaded.
 
 from __future__ import annotations
 
+import re
 import subprocess
+import time
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -23,9 +25,10 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError  # noqa: E402
 from playwright.sync_api import expect  # noqa: E402
 
-from everystep import schedule  # noqa: E402
+from everystep import admin, schedule  # noqa: E402
 from everystep.errors import SimulatedCrash  # noqa: E402
-from everystep.models import BLOCKED, COMPLETED, FAILED  # noqa: E402
+from everystep.models import BLOCKED, COMPLETED, FAILED, STEP_DONE  # noqa: E402
+from everystep.store import NewStep, utcnow  # noqa: E402
 from tests.apps import shapes, supervised  # noqa: E402
 from tests.support.browser import browser, open_page, page_errors  # noqa: E402,F401
 from tests.support.console import ConsoleServer, serve  # noqa: E402
@@ -103,6 +106,17 @@ def test_resolve_a_blocked_run_on_its_node_and_watch_it_resume(console: ConsoleS
     node.click()
     form = page.locator("form.resolve-form")
     expect(form).to_be_visible()
+    # The CLI line is wrapped inside the panel, whole, with a copy button.
+    command = f"everystep resolve-step {run.id} 1 --result JSON | --error MESSAGE | --discard"
+    cli = form.locator(".command code")
+    expect(cli).to_have_text(command)
+    assert cli.evaluate("el => el.scrollWidth <= el.clientWidth + 1")
+    panel_box, cli_box = page.locator("aside.panel").bounding_box(), cli.bounding_box()
+    assert cli_box["x"] + cli_box["width"] <= panel_box["x"] + panel_box["width"]
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=console.url)
+    form.locator(".command button.copy").click()
+    expect(form.locator(".command button.copy")).to_have_text("copied")
+    assert page.evaluate("navigator.clipboard.readText()") == command
     form.locator("textarea").fill('{"charged": 7}')
     form.locator("button[type=submit]").click()
 
@@ -231,3 +245,160 @@ def test_authentication(db_url: str, browser: Any, page_errors: list[str], subpr
             server.wait()
         if server.stdout is not None:
             server.stdout.close()
+
+
+def test_a_scale_typed_in_survives_the_page_updating(console: ConsoleServer, browser: Any,
+                                                     page_errors: list[str]) -> None:
+    # The runners page is rebuilt whenever the runner table changes (every
+    # heartbeat, every child that boots); the number typed must survive it.
+    store = console.store
+    store.register_runner("sup-typed", "inst-1", "supervisor", "host-a", 4242, 60, vet=lambda holder: None)
+
+    def publish(state: str) -> None:
+        store.publish_runner_detail("sup-typed", "inst-1", {
+            "instance": "inst-1", "published_at": time.time(), "procs": 1,
+            "children": [{"slot": 1, "pid": 99, "state": state, "run_id": None}]})
+
+    publish("booting")
+    page = open_page(browser, page_errors)
+    page.goto(console.url + "/runners")
+    section = page.locator("section.runner[data-runner='sup-typed']")
+    expect(section.locator("table.children .badge")).to_have_text("booting")
+    section.locator("input.procs").fill("2")
+    publish("idle")
+    expect(section.locator("table.children .badge")).to_have_text("idle")
+    expect(section.locator("input.procs")).to_have_value("2")
+    section.locator("form.scale button").click()
+    taken: list[Any] = []
+    wait_until(lambda: bool(taken.extend(store.take_requests("sup-typed")) or taken), "the scale request")
+    assert [request.args for request in taken] == [{"procs": 2}]
+    # The supervisor's answer, by hand: a sentence, not the reply's fields.
+    store.answer_request(taken[0].id, {"ok": True, "procs": 2, "previous": 1})
+    expect(page.locator(".toast-ok .toast-text")).to_have_text("sup-typed: ok, scaled from 1 to 2 children.")
+    assert real_errors(page_errors) == []
+
+
+def test_an_untaken_handler_has_no_step_number_of_its_own(console: ConsoleServer, browser: Any,
+                                                          page_errors: list[str]) -> None:
+    run = schedule(shapes.guarded, {}, database=console.store)
+    assert execute_run(console.store, run.id) == COMPLETED
+    page = open_page(browser, page_errors)
+    page.goto(console.url + f"/runs/{run.id}")
+    expect(page.locator("button.node[data-step='3']")).to_have_attribute("data-state", "done")
+    handler = page.locator(".handlers button.node")
+    expect(handler).to_have_attribute("data-state", "skipped")
+    expect(handler.locator(".node-id")).to_have_text("–")
+    numbers = page.locator("button.node .node-id").all_text_contents()
+    assert sorted(numbers) == ["1", "2", "3", "–"]
+    # Its execution time, and the time it waited in the queue apart.
+    expect(page.locator(".summary dt:text-is('Took') + dd")).to_have_text(re.compile(r"^(<1 ms|\d+ ms|[\d.]+ s)$"))
+    expect(page.locator(".summary dt:text-is('Queued') + dd")).to_have_text(
+        re.compile(r"^(<1 ms|\d+ ms|[\d.]+ s|\d+ min \d+ s) before its first claim$"))
+    assert real_errors(page_errors) == []
+
+
+def test_a_sleeping_run_shows_its_wait_and_the_step_after_it(console: ConsoleServer, browser: Any,
+                                                             page_errors: list[str]) -> None:
+    run = schedule(shapes.napping, {"seconds": 3600}, database=console.store)
+    execute_run(console.store, run.id)
+    assert console.store.get_run(run.id).status == "scheduled"
+    page = open_page(browser, page_errors)
+    page.goto(console.url + f"/runs/{run.id}")
+    wait = page.locator("button.node.wait[data-step='2']")
+    expect(wait).to_have_attribute("data-state", "waiting")
+    expect(wait.locator(".wait-kind")).to_have_text("sleep")
+    expect(wait.locator(".node-meta")).to_contain_text(re.compile(r"^wakes in \d+ min, 20\d\d-"))
+    after = page.locator("button.node[data-step='3']")
+    expect(after).to_have_attribute("data-state", "pending")
+    expect(after.locator(".node-label")).to_have_text("store_it")
+    expect(page.locator(".node.state-diverged")).to_have_count(0)
+    # A time to come reads as one: "in 59 min", never "0 s ago".
+    not_before = page.locator(".summary dt:text-is('Not before') + dd time")
+    expect(not_before).to_have_text(re.compile(r"^in \d+ min$"))
+    wait.click()
+    expect(page.locator(".panel .badge")).to_have_text("waiting")
+    expect(page.locator(".panel dd time")).to_have_text(re.compile(r"^in \d+ min$"))
+    assert real_errors(page_errors) == []
+
+
+def test_the_live_graph_marks_the_steps_in_flight_and_the_runner_line_follows_the_run(
+        console: ConsoleServer, browser: Any, page_errors: list[str]) -> None:
+    store = console.store
+    run = schedule(shapes.fanout, {}, database=store)
+    # Held by "tester", with steps 1 and 2.0.1 recorded done: its other lanes are under way.
+    (claimed,) = store.claim("tester", 1, [shapes.fanout.name])
+    for step_id, step in (("1", shapes.fetch), ("2.0.1", shapes.transform)):
+        assert store.record_step(claimed.claim_as("tester"), NewStep(step_id, step.name, "[]", "{}", utcnow(),
+                                                                     status=STEP_DONE, result_json='"x"'))
+    store.register_runner("tester", "inst-1", "supervisor", "host-a", 4242, 60, vet=lambda holder: None)
+    # What the supervisor last published: its child in step 2.0.1, since recorded done.
+    store.publish_runner_detail("tester", "inst-1", {
+        "instance": "inst-1", "published_at": time.time(), "procs": 1,
+        "children": [{"slot": 1, "pid": 99, "state": "busy", "run_id": run.id, "workflow": run.name,
+                      "step_id": "2.0.1", "step_name": shapes.transform.name, "step_since": time.time() - 4.8}]})
+    page = open_page(browser, page_errors)
+    page.goto(console.url + f"/runs/{run.id}")
+    expect(page.locator(".run-title .badge")).to_have_text("running")
+    mark(page)
+    for step_id in ("2.1.1", "2.2.1"):
+        expect(page.locator(f"button.node[data-step='{step_id}']")).to_have_attribute("data-state", "running")
+        expect(page.locator(f"button.node[data-step='{step_id}'] .node-meta")).to_have_text("in flight")
+    expect(page.locator("button.node[data-step='2.2.2']")).to_have_attribute("data-state", "pending")
+    expect(page.locator(".block.fork.state-running")).to_have_count(1)
+    runner_line = page.locator(".summary dt:text-is('Runner') + dd")
+    expect(runner_line).to_contain_text("child 1 pid 99")
+    expect(runner_line).not_to_contain_text("in step")
+
+    admin.cancel(store, run.id)
+    expect(page.locator(".run-title .badge")).to_have_text("cancelled")
+    expect(runner_line).not_to_contain_text("child")
+    expect(page.locator("button.node[data-state='running']")).to_have_count(0)
+    assert_not_reloaded(page)
+    assert real_errors(page_errors) == []
+
+
+def test_the_runs_list_and_a_run_fit_a_phone(console: ConsoleServer, browser: Any, page_errors: list[str],
+                                             tmp_path: Any) -> None:
+    store = console.store
+    done = schedule(shapes.linear, "on a phone", database=store)
+    assert execute_run(store, done.id) == COMPLETED
+    assert execute_run(store, schedule(shapes.exploding, "a long error message " * 4, database=store).id) == FAILED
+    run = schedule(shapes.fanout, {}, database=store)
+    (claimed,) = store.claim("tester", 1, [shapes.fanout.name])
+    assert store.record_step(claimed.claim_as("tester"), NewStep("1", shapes.fetch.name, "[]", "{}", utcnow(),
+                                                                 status=STEP_DONE, result_json='"x"'))
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.on("pageerror", lambda exc: page_errors.append(f"page error: {exc}"))
+
+    def fits(name: str) -> None:
+        page.screenshot(path=str(tmp_path / f"{name}-390.png"), full_page=True)
+        widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1] == 390, f"{name}: the document is {widths[0]} px wide on a 390 px screen"
+        live = page.locator("#live").bounding_box()
+        assert live is not None and live["x"] + live["width"] <= 390, f"{name}: the header overflows"
+
+    page.goto(console.url + "/")
+    row = page.locator(f"tr[data-run='{run.id}']")
+    expect(row.locator(".badge")).to_have_text("running")
+    expect(page.locator("#live")).to_have_text("live")
+    fits("runs")
+    box = row.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390
+    # One compact card per run: id and status on one line, three more at most.
+    status, run_id = row.locator("td.status").bounding_box(), row.locator("td.run-id").bounding_box()
+    assert status is not None and run_id is not None and abs(status["y"] - run_id["y"]) < run_id["height"]
+    assert box["height"] < 8 * run_id["height"]
+
+    row.locator("td.run-id a").click()
+    expect(page.locator(".run-title .badge")).to_have_text("running")
+    expect(page.locator("button.node[data-step='2.2.2']")).to_have_attribute("data-state", "pending")
+    fits("run")
+    graph = page.locator(".graph-box").bounding_box()
+    for lane in page.locator(".fork-lanes > .lane").all():
+        lane_box = lane.bounding_box()
+        assert lane_box is not None and graph is not None
+        assert lane_box["x"] + lane_box["width"] <= graph["x"] + graph["width"], "a fork's lane leaves its card"
+    context.close()
+    assert real_errors(page_errors) == []

@@ -26,7 +26,7 @@ import pytest
 
 from everystep import schedule
 from everystep.models import COMPLETED, FAILED, STEP_DONE, STEP_FAILED
-from everystep.store import Store
+from everystep.store import Store, utcnow
 from tests.apps import supervised
 from tests.apps.supervised import effect_lines, effects, open_gate
 from tests.support.waiting import wait_until
@@ -112,6 +112,7 @@ def test_kill_records_the_step_in_flight_as_step_killed(db_url, store, superviso
     sup = supervisors(db_url, procs=2).start()
     run = schedule(supervised.gated_flow, spec(tmp_path, gate="never", catch=catch), database=store)
     busy = sup.busy_child(run.id, "2")
+    asked = utcnow()
 
     reply = sup.ctl({"cmd": "kill", "run": run.id})
 
@@ -119,6 +120,8 @@ def test_kill_records_the_step_in_flight_as_step_killed(db_url, store, superviso
     finished = wait_run(store, run.id, (COMPLETED, FAILED), supervisor=sup)
     steps = steps_by_id(store, run.id)
     assert steps["2"].status == STEP_FAILED and error_type(steps["2"].error) == STEP_KILLED
+    # Recorded with its real start (it was running before the kill was asked), not the kill's time.
+    assert steps["2"].started_at < asked < steps["2"].completed_at
     if catch:
         assert finished.status == COMPLETED and finished.result == {"caught": "StepKilled"}
         assert steps["3"].name == "tests.apps.supervised.cleanup" and steps["3"].status == STEP_DONE

@@ -55,12 +55,12 @@ def steps_of(nodes: Any) -> list[tuple[str, ...]]:
 
 
 def drawn(graph: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every step node in a built graph (including unplaced), depth first."""
+    """Every step and wait node in a built graph (including unplaced), depth first."""
     found: list[dict[str, Any]] = []
 
     def walk(nodes: list[dict[str, Any]]) -> None:
         for node in nodes:
-            if node["kind"] == "step":
+            if node["kind"] in ("step", "wait"):
                 found.append(node)
             for lane in node.get("lanes", []) + node.get("handlers", []):
                 walk(lane["nodes"])
@@ -253,7 +253,8 @@ def test_without_source_the_records_are_drawn_with_the_reason(lite: Store) -> No
 # -- the property: nothing recorded is lost or doubled -------------------------------------------
 
 _ids = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(lambda parts: ".".join(map(str, parts)))
-_names = st.sampled_from([S + "fetch", S + "transform", S + "store_it", S + "flaky", S + "cleanup", "x.y"])
+_names = st.sampled_from([S + "fetch", S + "transform", S + "store_it", S + "flaky", S + "cleanup", "x.y",
+                         "everystep.sleep"])
 _records = st.lists(st.tuples(_ids, _names, st.sampled_from(["done", "failed", "started"])), max_size=12,
                     unique_by=lambda item: item[0])
 
@@ -261,9 +262,69 @@ _records = st.lists(st.tuples(_ids, _names, st.sampled_from(["done", "failed", "
 @settings(max_examples=150, deadline=None)
 @given(records=_records, active=st.booleans(),
        wf=st.sampled_from([shapes.linear, shapes.fanout, shapes.looping, shapes.branching,
-                           shapes.guarded, shapes.dynamic_fanout, shapes.nested_fork]))
+                           shapes.guarded, shapes.dynamic_fanout, shapes.nested_fork, shapes.napping]))
 def test_every_record_is_drawn_exactly_once(records: list[tuple[str, str, str]], active: bool, wf: Any) -> None:
     rows = [StepRecord("r", step_id, name, status) for step_id, name, status in records]
     graph = build_graph(analyse(wf), rows, active=active)
     placed = [node["id"] for node in drawn(graph) if node["record"] is not None]
     assert sorted(placed) == sorted(step_id for step_id, _, _ in records)
+
+
+def test_an_untaken_handler_does_not_take_the_next_steps_number(lite: Store) -> None:
+    status, graph = run_graph(lite, shapes.guarded, {})
+    assert status == "completed" and graph["unplaced"] == []
+    block = graph["nodes"][0]
+    handler = [(n["id"], n["state"]) for n in block["handlers"][0]["nodes"] if n["kind"] == "step"]
+    assert handler == [(None, "skipped")]
+    assert [(n["id"], n["label"]) for n in graph["nodes"][1:] if n["kind"] == "step"] == [("3", "store_it")]
+    # While the body is ahead, where a failure would land is not known either.
+    graph = build_graph(analyse(shapes.guarded), [StepRecord("r", "1", S + "flaky", "done")], active=True)
+    assert [n["id"] for n in graph["nodes"][0]["handlers"][0]["nodes"] if n["kind"] == "step"] == [None]
+
+
+def test_a_sleep_is_a_wait_with_its_wake_time(lite: Store) -> None:
+    plan = analyse(shapes.napping)
+    assert [type(node).__name__ for node in plan.nodes] == ["StepCall", "Wait", "StepCall", "Exit"]
+    status, graph = run_graph(lite, shapes.napping, {"seconds": 300})
+    assert status == "released" and graph["unplaced"] == []
+    fetch, nap, store_it = [n for n in graph["nodes"] if n["kind"] in ("step", "wait")]
+    assert (fetch["id"], fetch["state"]) == ("1", "done")
+    assert (nap["kind"], nap["wait"], nap["id"], nap["state"]) == ("wait", "sleep", "2", "waiting")
+    assert nap["until"] == nap["record"]["wake_at"] and nap["label"] == "everystep.sleep"
+    assert (store_it["kind"], store_it["id"], store_it["state"], store_it["label"]) == ("step", "3", "pending", "store_it")
+    assert not [n for n in drawn(graph) if n["state"] == "diverged"]
+    # Without the source, a wait record is still a wait.
+    records = lite.get_steps(lite.get_run(nap["record"]["workflow_id"]).id)
+    assert [n["kind"] for n in recorded_graph(records, "no source")["nodes"]] == ["step", "wait"]
+
+
+def test_the_wait_table_reads_a_handle_method_by_its_return_annotation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from everystep.graph import plan as plan_module
+
+    original = plan_module.waits
+    monkeypatch.setattr(plan_module, "waits", lambda: {**original(), shapes.Handle.result:
+                                                       plan_module.WaitKind("child", "everystep.child_result")})
+    nodes = analyse(shapes.awaiting_a_handle).nodes
+    assert [(type(n).__name__, getattr(n, "kind", None)) for n in nodes] == [
+        ("StepCall", None), ("Wait", "child"), ("Wait", "child"), ("StepCall", None), ("Exit", None)]
+
+
+def test_the_steps_a_running_run_has_reached_are_in_flight() -> None:
+    records = [StepRecord("r", "1", S + "fetch", "done"), StepRecord("r", "2.0.1", S + "transform", "done")]
+    graph = build_graph(analyse(shapes.fanout), records, active=True, running=True)
+    fork = graph["nodes"][1]
+    assert fork["state"] == "running"
+    assert [[(n["id"], n["state"]) for n in lane["nodes"]] for lane in fork["lanes"]] == [
+        [("2.0.1", "done")], [("2.1.1", "running")], [("2.2.1", "running"), ("2.2.2", "pending")]]
+    assert [n["state"] for n in graph["nodes"][2:] if n["kind"] in ("step", "fork")] == ["pending", "pending"]
+    # Not held by an executor (scheduled, blocked): nothing is in flight.
+    idle = build_graph(analyse(shapes.fanout), records, active=True)
+    assert "running" not in [n["state"] for n in drawn(idle)]
+    # Outside a fork: the step after the last recorded one.
+    done = [StepRecord("r", "1", S + "fetch", "done")]
+    assert by_state(build_graph(analyse(shapes.linear), done, active=True, running=True)) == {
+        "1": "done", "2": "running", "3": "pending"}
+
+
+def by_state(graph: dict[str, Any]) -> dict[str, str]:
+    return {node["id"]: node["state"] for node in drawn(graph)}

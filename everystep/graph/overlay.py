@@ -18,6 +18,10 @@ records themselves:
   positions are found again from the next recorded call of the same
   function.
 
+A wait (``plan.waits()``: a durable sleep, and every later kind of wait)
+is a node of kind ``wait`` with what it waits for and its wake time, in
+state ``waiting`` until its record says it ended (``done``).
+
 A recorded step whose function differs from the one the code now calls at
 that id is drawn ``diverged`` (replaying it raises ``WorkflowCodeError``).
 Every record appears exactly once: any the walk could not place (dynamic
@@ -35,13 +39,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..models import STEP_FAILED, STEP_STARTED, StepRecord
-from .plan import Choice, Exit, Fork, Loop, Node, Plan, StepCall, Try
+from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepRecord
+from .plan import Choice, Exit, Fork, Loop, Node, Plan, StepCall, Try, Wait, wait_records
 
 PENDING = "pending"
 SKIPPED = "skipped"
 DIVERGED = "diverged"
 RUNNING = "running"
+WAITING = "waiting"
 
 # How a walk through a block ended early.
 EXITED = "exit"  # a return (or the end of the workflow)
@@ -65,14 +70,18 @@ class _Walk:
     stop: str | None = None
 
 
-def build_graph(plan: Plan, records: list[StepRecord], active: bool) -> dict[str, Any]:
+def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bool = False) -> dict[str, Any]:
     """The graph of a run from its workflow's plan and its records (in the
     order they were recorded). ``active``: the run is not finished, so what
-    it has not reached is still ahead of it."""
+    it has not reached is still ahead of it. ``running``: an executor holds
+    it now, so the steps it has reached without recording them yet are in
+    flight (see ``mark_in_flight``)."""
     if not plan.ok:
         return recorded_graph(records, plan.reason or "the workflow's source could not be read")
     walker = _Overlay(records, active)
     walk = walker.sequence(list(plan.nodes or ()), _Scope(""), None)
+    if running and active:
+        mark_in_flight(walk.nodes)
     unplaced = [record for record in records if record.step_id not in walker.used]
     return {
         "mode": "source",
@@ -118,6 +127,29 @@ def _step(call: StepCall | None, step_id: str | None, record: StepRecord | None,
     return node
 
 
+def _wait(call: Wait | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
+    """A wait's node: ``wait`` says what it waits for, ``until`` its wake
+    time (None: until something else ends it, or not reached)."""
+    row = wait_records().get(record.name) if record is not None else None
+    kind = call.kind if call is not None else row.kind if row is not None else "wait"
+    node = _step(None, step_id, record, state)
+    node.update({
+        "kind": "wait",
+        "wait": kind,
+        "function": call.function if call is not None else node["function"],
+        "label": call.label if call is not None else kind,
+        "line": call.line if call is not None else None,
+        "until": record.wake_at.isoformat() if record is not None and record.wake_at is not None else None,
+    })
+    return node
+
+
+def _wait_state(record: StepRecord) -> str:
+    """A wait's record is final once done (or failed); until then it waits,
+    whatever its row's status says (``sleeping``, …)."""
+    return str(record.status) if record.status in (STEP_DONE, STEP_FAILED) else WAITING
+
+
 def _fork_state(lanes: list[dict[str, Any]]) -> str:
     states = [state for lane in lanes for state in _states(lane["nodes"])]
     if not states:
@@ -135,7 +167,7 @@ def _fork_state(lanes: list[dict[str, Any]]) -> str:
 def _states(nodes: list[dict[str, Any]]) -> list[str]:
     out = []
     for node in nodes:
-        if node["kind"] in ("step", "fork"):
+        if node["kind"] in ("step", "wait", "fork"):
             out.append(node["state"])
     return out
 
@@ -214,6 +246,8 @@ class _Overlay:
     def node(self, node: Node, scope: _Scope, preview: str | None) -> _Walk:
         if isinstance(node, StepCall):
             return self._step_call(node, scope, preview)
+        if isinstance(node, Wait):
+            return self._wait_call(node, scope, preview)
         if isinstance(node, Fork):
             return self._fork(node, scope, preview)
         if isinstance(node, Loop):
@@ -250,7 +284,23 @@ class _Overlay:
         stop = RAISED if record.status == STEP_FAILED else None
         return _Walk([_step(call, record.step_id, record, record.status)], 1, stop)
 
-    def _locate_step(self, call: StepCall, scope: _Scope) -> str | None:
+    def _wait_call(self, call: Wait, scope: _Scope, preview: str | None) -> _Walk:
+        scope.pos += 1
+        if preview is not None:
+            return _Walk([_wait(call, self._predicted(call.name, call.dynamic_name, scope), None, preview)])
+        step_id = self._locate_step(call, scope)
+        record = self.records.get(step_id) if step_id is not None and step_id not in self.used else None
+        if record is None:
+            return _Walk([_wait(call, step_id, None, self.ahead)])
+        self._use(record.step_id)
+        if record.name != call.function:
+            step = _step(None, record.step_id, record, DIVERGED)
+            step.update({"label": call.label, "line": call.line, "expected": call.function})
+            return _Walk([step])
+        state = _wait_state(record)
+        return _Walk([_wait(call, record.step_id, record, state)], 1, RAISED if state == STEP_FAILED else None)
+
+    def _locate_step(self, call: StepCall | Wait, scope: _Scope) -> str | None:
         if call.dynamic_name:
             for segment, record in self.children.get(scope.prefix, ()):
                 if not segment.isdigit() and record.name == call.function and record.step_id not in self.used:
@@ -392,10 +442,13 @@ class _Overlay:
                 stop = None if self.ahead == PENDING else RAISED
         else:
             # No failure (yet): the handlers are what a failure would run,
-            # still possible while part of the body is ahead.
+            # still possible while part of the body is ahead. Their step ids
+            # would follow the step that fails, which is not known: none is
+            # predicted (the next position after the body belongs to what
+            # follows the try).
             state = preview or (self.ahead if _has_ahead(body.nodes) else SKIPPED)
             handlers = [{"label": arm.label, "taken": False,
-                         "nodes": self.sequence(list(arm.body), scope.copy(), state).nodes}
+                         "nodes": self.sequence(list(arm.body), _Scope(scope.prefix, scope.pos, False), state).nodes}
                         for arm in block.handlers]
             if stop is None:
                 walk = self.sequence(list(block.orelse), scope, preview)
@@ -406,6 +459,78 @@ class _Overlay:
                 "undecided": preview is None and caught is None
                 and any(_has_ahead(lane["nodes"]) for lane in handlers)}
         return _Walk([node], matched + final.matched, final.stop or stop)
+
+
+def mark_in_flight(nodes: list[dict[str, Any]]) -> bool:
+    """Mark ``running`` the steps a running run is executing: in each
+    sequence the body has reached (everything before it recorded done), the
+    first step not recorded yet, or an unsafe step ``started`` without an
+    outcome; in a fork, that step of every lane, since branches run side by
+    side. A choice or loop not yet settled by the records stops the marking
+    (the path is not known). Returns whether the whole sequence is done."""
+    for node in nodes:
+        kind, state = node["kind"], node.get("state")
+        if kind == "step":
+            if state == "done":
+                continue
+            if state in (PENDING, STEP_STARTED):
+                node["state"] = RUNNING
+                node["in_flight"] = True
+            return False
+        if kind == "wait":
+            if state == "done":
+                continue
+            return False
+        if kind == "fork":
+            if state == "done":
+                continue
+            finished = [mark_in_flight(lane["nodes"]) for lane in node["lanes"]]
+            if all(finished) and node["lanes"]:
+                continue
+            if any(_in_flight(lane["nodes"]) for lane in node["lanes"]):
+                node["state"] = RUNNING
+            return False
+        if kind == "choice":
+            if not node.get("decided"):
+                return False
+            taken = [lane for lane in node["lanes"] if lane["taken"]]
+            if not taken or not mark_in_flight(taken[0]["nodes"]):
+                return False
+            continue
+        if kind == "try":
+            if not mark_in_flight(node["body"]):
+                if node.get("caught") is None:
+                    return False
+            taken = [lane for lane in node["handlers"] if lane["taken"]]
+            if taken and not mark_in_flight(taken[0]["nodes"]):
+                return False
+            if not taken and not mark_in_flight(node["orelse"]):
+                return False
+            if not mark_in_flight(node["final"]):
+                return False
+            continue
+        if kind == "loop":
+            for iteration in node["iterations"]:
+                if not mark_in_flight(iteration):
+                    return False
+            return False  # another iteration, or what follows the loop: not known
+        return False  # an exit, or a kind this walk does not know
+    return True
+
+
+def _in_flight(nodes: list[dict[str, Any]]) -> bool:
+    for node in nodes:
+        if node.get("in_flight"):
+            return True
+        for key in ("lanes", "handlers"):
+            if any(_in_flight(lane["nodes"]) for lane in node.get(key, ())):
+                return True
+        for key in ("body", "orelse", "final"):
+            if _in_flight(node.get(key, [])):
+                return True
+        if any(_in_flight(iteration) for iteration in node.get("iterations", ())):
+            return True
+    return False
 
 
 def _has_ahead(nodes: list[dict[str, Any]]) -> bool:
@@ -455,7 +580,7 @@ def _positions(nodes: list[Node]) -> int | None:
     """Positions a block consumes in its scope, when that is fixed."""
     count = 0
     for node in nodes:
-        if isinstance(node, (StepCall, Fork)):
+        if isinstance(node, (StepCall, Wait, Fork)):
             count += 1
         elif isinstance(node, Choice):
             counts = {_positions(list(arm.body)) for arm in node.arms}
@@ -487,6 +612,7 @@ def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
     """Records as nodes, in record order, forks rebuilt from dotted ids
     (``3.0.1``: step 1 of branch 0 of fork 3), read below ``base`` (a lane's
     prefix, ``3.0.``) when given."""
+    waiting = wait_records()
     root: list[dict[str, Any]] = []
     forks: dict[str, dict[str, Any]] = {}
     lanes: dict[str, dict[str, Any]] = {}
@@ -508,7 +634,10 @@ def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
                 fork["lanes"].append(lane)
                 fork["lanes"].sort(key=lambda l: (not l["index"].isdigit(), int(l["index"]) if l["index"].isdigit() else 0))
             target = lane["nodes"]
-        target.append(_step(None, record.step_id, record, record.status))
+        if record.name in waiting:
+            target.append(_wait(None, record.step_id, record, _wait_state(record)))
+        else:
+            target.append(_step(None, record.step_id, record, record.status))
     for fork in forks.values():
         for lane in fork["lanes"]:
             lane.pop("index", None)
@@ -516,4 +645,4 @@ def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
     return root
 
 
-__all__ = ["build_graph", "recorded_graph"]
+__all__ = ["build_graph", "mark_in_flight", "recorded_graph"]

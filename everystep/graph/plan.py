@@ -15,6 +15,13 @@ branches are read from its arguments (lambdas, functions, lists of them for
 sequence branches); a ``@workflow`` or a plain function of the user's code is
 read in place, since the steps it calls are recorded in the same scope.
 
+Waits are read the same way: ``waits()`` is the one table of engine calls
+that make a run wait (a durable sleep today), each with the kind of wait it
+is and the step name its record carries. A call that resolves to one of them
+is a ``Wait`` node: it takes a position like a step, and the console draws it
+as a wait with its wake time, never as a step of the user's. A later kind of
+wait (a message, a child's result) is one more row there.
+
 Limits, reported rather than guessed at: a call through a variable or a
 method (``self.charge()``) cannot be resolved and is left out; a fork whose
 branches are built at run time (``parallel(*jobs)``) is marked dynamic and
@@ -32,6 +39,7 @@ import inspect
 import sys
 import textwrap
 import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -50,6 +58,49 @@ class StepCall:
     name: str | None = None  # a constant ``everystep_id``
     dynamic_name: bool = False  # an ``everystep_id`` computed at run time
     unsafe: bool = False
+
+
+@dataclass(frozen=True)
+class WaitKind:
+    """What an engine call that waits is, for the graph."""
+
+    kind: str  # what the run waits for: "sleep" (later "message", "child")
+    record: str  # the step name its record carries, e.g. ``everystep.sleep``
+
+
+def waits() -> dict[Any, WaitKind]:
+    """Every engine call that makes a run wait, by the object a body calls.
+
+    Each wait is recorded as a step row (with its wake time, if any) and
+    takes a position in its scope like a step, so the graph must know every
+    one of them: a call missing here would be read as nothing and the steps
+    after it numbered one short. A method of a handle (a child run's
+    ``result``) is keyed by the function found on its class: the reader
+    resolves ``handle.result()`` when ``handle`` was assigned once from a
+    call whose return annotation names that class, and
+    ``start(...).result()`` likewise."""
+    from .. import api
+    from ..runner import SLEEP_STEP
+
+    sleep = WaitKind("sleep", SLEEP_STEP)
+    return {api.sleep: sleep, api.sleep_until: sleep}
+
+
+def wait_records() -> dict[str, WaitKind]:
+    """The same table by the step name a wait's record carries."""
+    return {row.record: row for row in waits().values()}
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A call that makes the run wait (see ``waits``)."""
+
+    kind: str
+    function: str  # the step name its record carries
+    label: str  # the call as written, e.g. ``everystep.sleep``
+    line: int | None
+    name: str | None = None
+    dynamic_name: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,7 +157,7 @@ class Exit:
     line: int | None
 
 
-Node = Union[StepCall, Fork, Loop, Choice, Try, Exit]
+Node = Union[StepCall, Wait, Fork, Loop, Choice, Try, Exit]
 
 
 @dataclass(frozen=True)
@@ -176,6 +227,13 @@ def _text(node: ast.AST) -> str:
 _MISSING = object()
 
 
+@dataclass(frozen=True)
+class _Instance:
+    """An object of a class known statically (what a local holds)."""
+
+    cls: type
+
+
 def _user_function(obj: Any) -> bool:
     """A plain function worth reading in place: user code, not a library's."""
     if not isinstance(obj, types.FunctionType) or obj.__name__ == "<lambda>":
@@ -205,6 +263,10 @@ class _Reader:
                 pass
         self.local_defs: dict[str, ast.AST] = dict(outer_locals or {})
         self.assigned: set[str] = set()
+        # Locals assigned exactly once, from a call: their type may be known
+        # from the callee's return annotation (a handle whose methods wait).
+        self.made_by: dict[str, ast.Call] = {}
+        self._resolving: set[str] = set()
         self._scan_locals(tree)
 
     # -- names -------------------------------------------------------------------------
@@ -212,6 +274,8 @@ class _Reader:
     def _scan_locals(self, tree: ast.AST) -> None:
         """Local functions and lambdas by name; every other local assignment
         shadows a global of the same name (and cannot be resolved)."""
+        stores: dict[str, int] = {}
+        calls: dict[str, ast.Call] = {}
         args = getattr(tree, "args", None)
         if isinstance(args, ast.arguments):
             for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
@@ -228,7 +292,12 @@ class _Reader:
                         self.local_defs[target.id] = node.value
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 self.assigned.add(node.id)
+                stores[node.id] = stores.get(node.id, 0) + 1
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and isinstance(node.value, ast.Call):
+                calls[node.targets[0].id] = node.value
         self.assigned -= set(self.local_defs)
+        self.made_by = {name: call for name, call in calls.items() if stores.get(name) == 1}
 
     def resolve(self, expr: ast.AST) -> Any:
         """The object an expression names, statically; ``_MISSING`` if unknown.
@@ -237,19 +306,35 @@ class _Reader:
             if expr.id in self.local_defs:
                 return self.local_defs[expr.id]
             if expr.id in self.assigned:
-                return _MISSING
+                return self._instance(expr.id)
             for scope in (self.closure, self.globals, vars(builtins)):
                 if expr.id in scope:
                     return scope[expr.id]
             return _MISSING
+        if isinstance(expr, ast.Call):
+            return _returned(self.resolve(expr.func))  # ``start(...).result()``
         if isinstance(expr, ast.Attribute):
             base = self.resolve(expr.value)
+            if isinstance(base, _Instance):
+                base = base.cls
             if isinstance(base, (types.ModuleType, type)):
                 try:
                     return inspect.getattr_static(base, expr.attr)
                 except AttributeError:
                     return _MISSING
         return _MISSING
+
+    def _instance(self, name: str) -> Any:
+        """What a local assigned once from a call holds, when the callee's
+        return annotation says (an ``_Instance`` of that class)."""
+        call = self.made_by.get(name)
+        if call is None or name in self._resolving:
+            return _MISSING
+        self._resolving.add(name)
+        try:
+            return _returned(self.resolve(call.func))
+        finally:
+            self._resolving.discard(name)
 
     def line(self, node: ast.AST) -> int | None:
         lineno = getattr(node, "lineno", None)
@@ -394,6 +479,13 @@ class _Reader:
         """What calling ``target`` (at ``node``) does, in steps."""
         from ..api import StepFunction, WorkflowFunction
 
+        wait = _wait_kind(target)
+        if wait is not None:
+            if not self._budget():
+                return []
+            name, dynamic = _everystep_id(node)
+            label = _text(node.func) if isinstance(node, ast.Call) else wait.record
+            return [Wait(wait.kind, wait.record, label, self.line(node), name, dynamic)]
         if isinstance(target, StepFunction):
             if not self._budget():
                 return []
@@ -463,6 +555,26 @@ def _everystep_id(node: ast.AST) -> tuple[str | None, bool]:
     return None, False
 
 
+def _returned(target: Any) -> Any:
+    """What calling ``target`` returns, when its return annotation names a
+    class (an ``_Instance`` of it); ``_MISSING`` otherwise."""
+    target = getattr(target, "fn", target)  # a @step or @workflow: its function
+    if not callable(target) or isinstance(target, type):
+        return _MISSING
+    try:
+        returned = typing.get_type_hints(target).get("return")
+    except Exception:  # annotations that do not evaluate: unknown
+        return _MISSING
+    return _Instance(returned) if isinstance(returned, type) else _MISSING
+
+
+def _wait_kind(target: Any) -> WaitKind | None:
+    try:
+        return waits().get(target)
+    except TypeError:  # an unhashable object: not an engine call
+        return None
+
+
 def _is_parallel(target: Any) -> bool:
     from .. import api
 
@@ -494,4 +606,5 @@ def _as_call(partial_call: ast.Call) -> ast.Call:
     return ast.copy_location(call, partial_call)
 
 
-__all__ = ["Arm", "Choice", "Exit", "Fork", "Loop", "Node", "Plan", "StepCall", "Try", "analyse"]
+__all__ = ["Arm", "Choice", "Exit", "Fork", "Loop", "Node", "Plan", "StepCall", "Try", "Wait", "WaitKind", "analyse",
+           "wait_records", "waits"]

@@ -43,6 +43,11 @@ that are
    per run still wanted (plus 32) per priority, so more runs of keys at
    their limit than that, heading the queue, can leave the batch short.
 
+7. **recorded**: each run taken becomes ``running`` under the claimer, its
+   claim epoch bumped, and, on its first claim only, ``first_claimed_at``
+   set to the claim's time (where its execution time starts; later claims
+   keep it).
+
 Which runs are taken is fixed by 1-6 when the order has no ties and either
 one served queue can give runs or all of them together give at most
 ``limit``; otherwise only each queue's count depends on the random order.

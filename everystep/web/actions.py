@@ -184,4 +184,33 @@ def runner_command(store: Store, runner: str, command: str, args: dict[str, Any]
     return {"request": request.to_dict(), "message": f"asked {runner} to {command}; waiting for its reply"}
 
 
-__all__ = ["ACTIONS", "ActionRefused", "RUN_HANDLERS", "RunAction", "available", "runner_command"]
+def _children(n: Any) -> str:
+    return f"{n} child" if n == 1 else f"{n} children"
+
+
+def outcome(request: relay.OperatorRequest) -> str:
+    """A supervisor's answer to a request, as a sentence for the operator
+    ("ok, scaled from 1 to 2 children."); what is not an ok reply (a
+    refusal, no reply yet) reads as ``relay.describe_outcome`` says it."""
+    reply = request.reply
+    if request.status != relay.RequestStatus.ANSWERED or not isinstance(reply, dict) or not reply.get("ok"):
+        return relay.describe_outcome(request)
+    if request.command == Command.KILL:
+        then = ("the run was requeued" if reply.get("action") == "requeued"
+                else f"its {reply.get('action', 'in-flight step recorded as StepKilled')}")
+        return (f"ok, killed child {reply.get('slot', '?')} (pid {reply.get('pid', '?')}) running run "
+                f"{reply.get('run', '?')}; {then}.")
+    if request.command == Command.SCALE:
+        procs, previous = reply.get("procs"), reply.get("previous")
+        if procs == previous:
+            return f"ok, already at {_children(procs)}."
+        return f"ok, scaled from {previous} to {_children(procs)}."
+    if request.command == Command.RELOAD:
+        modules = ", ".join(str(module) for module in reply.get("modules") or []) or "no module"
+        return f"ok, reloaded {modules}; replacing {_children(reply.get('replacing', 0))}."
+    if request.command == Command.DRAIN:
+        return f"ok, draining; {_children(reply.get('busy', 0))} still busy."
+    return "ok."
+
+
+__all__ = ["ACTIONS", "ActionRefused", "RUN_HANDLERS", "RunAction", "available", "outcome", "runner_command"]

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from .. import relay
 from ..admin import AdminError
 from ..errors import EverystepError, RunNotFound, StoreUnavailable
 from ..store import Store
@@ -146,7 +145,7 @@ class Console:
             found = self.store.get_request(_request_id(request_id))
             if found is None:
                 raise RunNotFound(f"no request with id {request_id}")
-            return {**found.to_dict(), "outcome": relay.describe_outcome(found), "done": found.done}
+            return {**found.to_dict(), "outcome": actions.outcome(found), "done": found.done}
 
         return self.answer(read)
 
@@ -181,7 +180,7 @@ class Console:
             found = self.store.get_request(number)
             if found is None:
                 raise RunNotFound(f"no request with id {request_id}")
-            return {**found.to_dict(), "expired": expired, "outcome": relay.describe_outcome(found),
+            return {**found.to_dict(), "expired": expired, "outcome": actions.outcome(found),
                     "done": found.done}
 
         return self.answer(expire)

@@ -20,6 +20,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from .. import dryrun, registry, serde
 from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
 from ..graph.plan import Plan
-from ..models import BLOCKED, RUN_STATUSES, RUNNING, SCHEDULED, STEP_STARTED, Run, StepRecord
+from ..models import BLOCKED, RUN_STATUSES, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED, STEP_STARTED, Run, StepRecord
 from ..queues import queue_name
 from ..waiting import effect_uncertain, waiting_for
 from ..store import Store, utcnow
@@ -110,6 +111,17 @@ def _seconds(later: dt.datetime | None, earlier: dt.datetime | None) -> float | 
     return max((later - earlier).total_seconds(), 0.0)
 
 
+def timings(run: Run) -> dict[str, float | None]:
+    """A run's times, in seconds: ``duration`` is its execution time, from
+    its first claim to its end (None while it has not ended, or if it was
+    claimed before runs recorded their first claim); ``queued`` the time
+    before that first claim, waiting in its queue (a delayed start
+    included; None while it was never claimed). Neither counts the other,
+    so a run held 10 s by a rate limit shows a duration of its own work."""
+    return {"duration": _seconds(run.completed_at, run.first_claimed_at),
+            "queued": _seconds(run.first_claimed_at, run.created_at)}
+
+
 def _preview(value: Any) -> str:
     text = json.dumps(serde.to_jsonable(value), ensure_ascii=False, default=str)
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
@@ -131,7 +143,8 @@ def run_summary(run: Run) -> dict[str, Any]:
         "claimed_by": run.claimed_by,
         "claimed_at": _iso(run.claimed_at),
         "completed_at": _iso(run.completed_at),
-        "duration": _seconds(run.completed_at, run.created_at),
+        "first_claimed_at": _iso(run.first_claimed_at),
+        **timings(run),
         "error": error_line(run.error),
         "args_preview": _preview(run.args),
         "queue": run.queue,
@@ -212,10 +225,10 @@ class Views:
     def run(self, run_id: str) -> dict[str, Any]:
         run = self.store.get_run(run_id)
         steps = self.store.get_steps(run.id)
-        runner = self._runner_of(run)
+        runner = self._runner_of(run, steps)
         data = run.to_dict()
         data.update({
-            "duration": _seconds(run.completed_at, run.created_at),
+            **timings(run),
             "error_line": error_line(run.error),
             # How many times the run was claimed, once runs count their claims.
             "attempts": getattr(run, "claim_epoch", None),
@@ -247,7 +260,7 @@ class Views:
             plan = analyse(workflow)
             with self._lock:
                 self._plans[key] = plan
-        graph = build_graph(plan, steps, active=run.status in UNFINISHED)
+        graph = build_graph(plan, steps, active=run.status in UNFINISHED, running=run.status == RUNNING)
         if graph["file"]:
             relative = os.path.relpath(graph["file"])
             graph["file"] = relative if not relative.startswith("..") else graph["file"]
@@ -291,17 +304,33 @@ class Views:
             out.append(entry)
         return {"runners": out}
 
-    def _runner_of(self, run: Run) -> dict[str, Any] | None:
+    def _runner_of(self, run: Run, steps: Sequence[StepRecord] = ()) -> dict[str, Any] | None:
+        """The runner holding the run, and the child executing it. A child
+        is shown only while the run is ``running`` (what a supervisor
+        published lags by up to its publishing period: a run that ended or
+        was cancelled has left its child even if the last publication still
+        names it), and its step only while that step has no outcome
+        recorded (else the child has moved past it since it published)."""
         if not run.claimed_by:
             return None
         for runner in self.runners()["runners"]:
             if runner["name"] == run.claimed_by:
                 child = None
-                for candidate in (runner["detail"] or {}).get("children", []):
-                    if candidate.get("run_id") == run.id:
-                        child = candidate
+                if run.status == RUNNING:
+                    for candidate in (runner["detail"] or {}).get("children", []):
+                        if candidate.get("run_id") == run.id:
+                            child = _current_step(candidate, steps)
                 return {**runner, "child": child}
         return {"name": run.claimed_by, "kind": None, "expired": True, "detail": None, "child": None}
+
+
+def _current_step(child: dict[str, Any], steps: Sequence[StepRecord]) -> dict[str, Any]:
+    """The published child, its step left out if that step is recorded
+    settled (done, failed: the child has moved on since it published)."""
+    settled = {step.step_id for step in steps if step.status in (STEP_DONE, STEP_FAILED)}
+    if child.get("step_id") in settled:
+        return {**child, "step_id": None, "step_name": None, "step_seconds": None}
+    return child
 
 
 def _detail(detail: dict[str, Any], now: float) -> dict[str, Any]:

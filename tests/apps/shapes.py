@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import everystep
 from everystep import Terminal, parallel, step, workflow
 
 
@@ -94,6 +95,34 @@ def guarded(spec: dict[str, Any]) -> str:
     except ValueError as exc:
         return cleanup(str(exc))
     return store_it(first + second)
+
+
+@workflow
+def napping(spec: dict[str, Any]) -> str:
+    fetch("before")
+    everystep.sleep(spec.get("seconds", 300))
+    return store_it("after")
+
+
+class Handle:
+    """Stands for a handle whose method waits (the graph's wait table is
+    patched in the test that reads it)."""
+
+    def result(self) -> Any:
+        return None
+
+
+def start_something(key: str) -> Handle:
+    return Handle()
+
+
+@workflow
+def awaiting_a_handle(key: str) -> str:
+    fetch(key)
+    handle = start_something(key)
+    value = handle.result()
+    again = start_something(key).result()
+    return store_it([value, again])
 
 
 @workflow

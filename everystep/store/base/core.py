@@ -257,6 +257,8 @@ class StoreCore(abc.ABC):
             priority=int(row["priority"]),
             concurrency_key=row["concurrency_key"],
             has_steps=bool(row["has_steps"]) if "has_steps" in row.keys() else None,
+            # Not returned by PostgreSQL's claim function (the executor needs none).
+            first_claimed_at=cls._time(row["first_claimed_at"]) if "first_claimed_at" in row.keys() else None,
         )
 
     @classmethod

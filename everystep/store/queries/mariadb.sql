@@ -104,7 +104,8 @@ ORDER BY due_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 UPDATE everystep_workflow
-SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1
+SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1,
+    first_claimed_at = coalesce(first_claimed_at, UTC_TIMESTAMP(6))
 WHERE id IN %(picked)s;
 SELECT {run_columns_w},
     EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
@@ -635,7 +636,8 @@ LIMIT 1
 -- locked by anyone else (an operator's cancel).
 SELECT id FROM everystep_workflow WHERE id IN %(ids)s AND status = 'scheduled' FOR UPDATE SKIP LOCKED;
 UPDATE everystep_workflow
-SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1
+SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1,
+    first_claimed_at = coalesce(first_claimed_at, UTC_TIMESTAMP(6))
 WHERE id IN %(picked)s;
 SELECT {run_columns_w},
     EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps

@@ -48,7 +48,8 @@ SELECT 1 AS one
 -- the run's epoch: the fencing token its writes carry. The queue limits are
 -- applied around it, under the same write lock (store/sqlite_claim.py).
 UPDATE everystep_workflow
-SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1
+SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1,
+    first_claimed_at = coalesce(first_claimed_at, :now)
 WHERE id IN (
     SELECT c.id FROM (SELECT DISTINCT value AS name FROM json_each(:names)) AS served
     JOIN everystep_workflow AS c ON c.id IN (
@@ -85,7 +86,8 @@ LIMIT 1
 
 -- name: claim_ids
 UPDATE everystep_workflow
-SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1
+SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1,
+    first_claimed_at = coalesce(first_claimed_at, :now)
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'scheduled'
 RETURNING {run_columns}
 

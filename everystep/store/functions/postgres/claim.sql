@@ -202,7 +202,8 @@ BEGIN
                         )
                         UPDATE everystep_workflow AS w
                         SET status = 'running', claimed_by = p_claimer, claimed_at = v_now,
-                            claim_epoch = w.claim_epoch + 1
+                            claim_epoch = w.claim_epoch + 1,
+                            first_claimed_at = coalesce(w.first_claimed_at, v_now)
                         FROM picked
                         WHERE w.id = picked.id
                         RETURNING w.id, w.name, w.args, w.status, w.idempotency_key, w.claimed_by, w.claimed_at,
@@ -255,7 +256,8 @@ BEGIN
                     )
                     UPDATE everystep_workflow AS w
                     SET status = 'running', claimed_by = p_claimer, claimed_at = v_now,
-                        claim_epoch = w.claim_epoch + 1
+                        claim_epoch = w.claim_epoch + 1,
+                        first_claimed_at = coalesce(w.first_claimed_at, v_now)
                     FROM picked
                     WHERE w.id = picked.id
                     RETURNING w.id, w.name, w.args, w.status, w.idempotency_key, w.claimed_by, w.claimed_at,
@@ -394,7 +396,8 @@ BEGIN
                         )
                         UPDATE everystep_workflow AS w
                         SET status = 'running', claimed_by = p_claimer, claimed_at = v_now,
-                            claim_epoch = w.claim_epoch + 1
+                            claim_epoch = w.claim_epoch + 1,
+                            first_claimed_at = coalesce(w.first_claimed_at, v_now)
                         FROM picked
                         WHERE w.id = picked.id
                         RETURNING w.id, w.name, w.args, w.status, w.idempotency_key, w.claimed_by, w.claimed_at,

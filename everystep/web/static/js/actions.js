@@ -89,7 +89,8 @@ export function resolveForm(runId, step, onDone) {
     h("div", { class: "form-actions" },
       h("button", { type: "submit", class: "primary", text: "Resolve" })),
     status,
-    h("p", { class: "hint" }, "CLI: ", h("code", { text: `everystep resolve-step ${runId} ${step.step_id} --result JSON | --error MESSAGE | --discard` })));
+    h("p", { class: "hint", text: "The same from a shell:" }),
+    commandLine(`everystep resolve-step ${runId} ${step.step_id} --result JSON | --error MESSAGE | --discard`));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const how = form.querySelector(`input[name="how-${step.step_id}"]:checked`).value;

@@ -53,14 +53,16 @@ export function seconds(value) {
   return `${Math.floor(s / 86400)} d ${Math.round((s % 86400) / 3600)} h`;
 }
 
+// How far a time is from now, either way: "3 min ago", "in 59 min".
 export function ago(iso) {
   if (!iso) return "";
   const then = Date.parse(iso);
   if (Number.isNaN(then)) return String(iso);
-  return `${roughly(Math.max((Date.now() - then) / 1000, 0))} ago`;
+  const past = (Date.now() - then) / 1000;
+  return past >= 0 ? `${roughly(past)} ago` : `in ${roughly(-past)}`;
 }
 
-// Whole units, for ages ("12 s ago", "3 min ago").
+// Whole units, for ages ("12 s ago", "3 min ago") and times to come.
 export function roughly(s) {
   if (s < 60) return `${Math.floor(s)} s`;
   if (s < 3600) return `${Math.floor(s / 60)} min`;

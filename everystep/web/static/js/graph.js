@@ -3,12 +3,15 @@
 // lanes side by side, loops and if/try blocks as frames around what they
 // decide. The shapes come from the server (everystep.graph.overlay).
 
-import { h, seconds } from "./dom.js";
+import { ago, h, seconds, when } from "./dom.js";
 
 const STATE_TEXT = {
   done: "done", failed: "failed", started: "uncertain", pending: "not reached yet",
-  skipped: "not reached", diverged: "code diverged", running: "running",
+  skipped: "not reached", diverged: "code diverged", running: "in flight", waiting: "waiting",
 };
+
+// What each kind of wait (everystep.graph.plan.waits) is called on its node.
+const WAIT_TEXT = { sleep: "sleep" };
 
 export function nodeKey(node, path) {
   return node.id ? `id:${node.id}` : `path:${path}`;
@@ -49,6 +52,7 @@ function renderNodes(parent, nodes, path, ctx) {
 function renderNode(node, path, ctx) {
   switch (node.kind) {
     case "step": return stepNode(node, path, ctx);
+    case "wait": return waitNode(node, path, ctx);
     case "fork": return forkNode(node, path, ctx);
     case "loop": return loopNode(node, path, ctx);
     case "choice": return choiceNode(node, path, ctx);
@@ -63,6 +67,7 @@ function stepNode(node, path, ctx) {
   const record = node.record;
   const meta = [];
   if (record && record.duration !== null && record.duration !== undefined) meta.push(seconds(record.duration));
+  if (node.in_flight) meta.push("in flight");
   if (node.state === "started") meta.push("effect uncertain");
   if (node.state === "diverged") meta.push(`now calls ${node.expected}`);
   const error = record && record.error ? `${record.error.type}: ${record.error.message}` : null;
@@ -73,12 +78,41 @@ function stepNode(node, path, ctx) {
     dataset: { key, state: node.state, step: node.id || "" },
     onclick: () => ctx.onSelect(node, key),
   },
-  h("span", { class: "node-id", text: node.id || "?" }),
+  // A step not reached whose id depends on the path taken has none to show.
+  h("span", { class: "node-id", text: node.id || (node.state === "skipped" ? "–" : "?") }),
   h("span", { class: "node-label", text: node.label }),
   node.unsafe ? h("span", { class: "tag", text: "unsafe" }) : null,
   meta.length ? h("span", { class: "node-meta", text: meta.join(" · ") }) : null,
   error ? h("span", { class: "node-error", text: error }) : null);
   return el;
+}
+
+// A wait (a durable sleep, …): what it waits for and until when. It is
+// the engine's, not a step of the user's, so it is drawn apart.
+function waitNode(node, path, ctx) {
+  const key = nodeKey(node, path);
+  const what = WAIT_TEXT[node.wait] || node.wait;
+  const meta = [];
+  if (node.until) {
+    meta.push(node.state === "waiting" ? `wakes ${ago(node.until)}, ${when(node.until)}` : `until ${when(node.until)}`);
+  } else if (node.state === "waiting") {
+    meta.push("waiting");
+  }
+  const record = node.record;
+  if (node.state === "done" && record && record.duration !== null && record.duration !== undefined) {
+    meta.push(`waited ${seconds(record.duration)}`);
+  }
+  return h("button", {
+    type: "button",
+    class: `node wait wait-${node.wait} state-${node.state}${key === ctx.selected ? " selected" : ""}`,
+    title: `${what}${node.id ? ` · step ${node.id}` : ""} · ${STATE_TEXT[node.state] || node.state}`,
+    dataset: { key, state: node.state, step: node.id || "", wait: node.wait },
+    onclick: () => ctx.onSelect(node, key),
+  },
+  h("span", { class: "node-id", text: node.id || (node.state === "skipped" ? "–" : "?") }),
+  h("span", { class: "node-label" }, h("span", { class: "wait-kind", text: what }), " ",
+    h("code", { class: "wait-call", text: node.label })),
+  meta.length ? h("span", { class: "node-meta", text: meta.join(" · ") }) : null);
 }
 
 function lanes(list, path, ctx, cls) {
@@ -166,7 +200,7 @@ export function findNode(graph, key) {
     nodes.forEach((node, index) => {
       const here = `${path}.${index}`;
       if (found) return;
-      if (node.kind === "step" && nodeKey(node, here) === key) found = node;
+      if ((node.kind === "step" || node.kind === "wait") && nodeKey(node, here) === key) found = node;
       for (const [i, lane] of (node.lanes || []).entries()) visit(lane.nodes, `${here}.${i}`);
       for (const [i, lane] of (node.handlers || []).entries()) visit(lane.nodes, `${here}.h.${i}`);
       (node.iterations || []).forEach((iteration, i) => visit(iteration, `${here}.i${i}`));

@@ -66,7 +66,7 @@ export function runPage(main, runId) {
   replace(main, head, problem, verdictBox, uncertainBox, summary,
     h("section", { class: "graph-section" }, h("h2", { text: "Steps" }),
       h("div", { class: "graph-layout" }, graphBox, panel)),
-    details, h("section", {}, h("h2", { text: "Recorded steps" }), steps));
+    details, h("section", {}, h("h2", { text: "Recorded steps" }), h("div", { class: "table-scroll" }, steps)));
 
   const live = new Live("run", { id: runId }, render, (message) => {
     problem.hidden = false;
@@ -122,9 +122,13 @@ export function runPage(main, runId) {
       ["Queue", h("span", {}, h("code", { text: run.queue }),
         h("span", { class: "hint", text: ` priority ${run.priority}${run.concurrency_key ? `, key ${run.concurrency_key}` : ""}` }))],
       ["Created", h("span", {}, timeCell(run.created_at), " ", h("span", { class: "hint", text: when(run.created_at) }))],
+      ["First claimed", run.first_claimed_at ? timeCell(run.first_claimed_at) : "—"],
       ["Claimed", run.claimed_at ? timeCell(run.claimed_at) : "—"],
       ["Finished", run.completed_at ? timeCell(run.completed_at) : "—"],
+      // Execution time, from the first claim to the end; the queue apart.
       ["Took", run.duration !== null ? seconds(run.duration) : "—"],
+      ["Queued", run.queued !== null ? h("span", {}, seconds(run.queued),
+        h("span", { class: "hint", text: " before its first claim" })) : "—"],
       ["Runner", runnerCell()],
     ];
     if (run.not_before) rows.splice(1, 0, ["Not before", h("span", {}, timeCell(run.not_before), " ", h("span", { class: "hint", text: when(run.not_before) }))]);
@@ -176,10 +180,12 @@ export function runPage(main, runId) {
       parts.push(h("dl", { class: "summary small" },
         h("dt", { text: "Started" }), h("dd", { text: when(record.started_at) }),
         h("dt", { text: "Finished" }), h("dd", { text: record.completed_at ? when(record.completed_at) : "—" }),
-        h("dt", { text: "Took" }), h("dd", { text: record.duration !== null ? seconds(record.duration) : "—" }),
+        h("dt", { text: node.kind === "wait" ? "Waited" : "Took" }),
+        h("dd", { text: record.duration !== null ? seconds(record.duration) : "—" }),
         record.attempt > 1 ? [h("dt", { text: "Attempt" }), h("dd", { text: String(record.attempt) })] : null,
         record.wake_at ? [h("dt", { text: record.status === "retrying" ? "Next attempt" : "Wakes" }),
-                          h("dd", { text: when(record.wake_at) })] : null));
+                          h("dd", {}, timeCell(record.wake_at), " ", h("span", { class: "hint", text: when(record.wake_at) }))]
+          : null));
       parts.push(jsonBlock("Arguments", record.args, "small"));
       if (record.kwargs && Object.keys(record.kwargs).length) parts.push(jsonBlock("Keyword arguments", record.kwargs, "small"));
       if (record.status === "done") parts.push(jsonBlock("Result", record.result, "small"));

@@ -95,8 +95,8 @@ export function runnersPage(main) {
           await supervisorCommand(runner.name, "kill", { run: child.run_id, requeue: false });
         },
       }) : "")));
-    return h("table", { class: "children" }, head,
-      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 10, class: "empty", text: "no children" }))));
+    return h("div", { class: "table-scroll" }, h("table", { class: "children" }, head,
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 10, class: "empty", text: "no children" })))));
   }
 
   function render(data) {

@@ -118,20 +118,21 @@ export async function runsPage(main, options = {}) {
         .map((text) => h("th", { text }))));
     const rows = data.runs.map((run) => {
       const last = view === "blocked"
-        ? h("td", { class: "uncertain" }, (run.uncertain || []).map((step) => h("div", {},
+        ? h("td", { class: "last uncertain" }, (run.uncertain || []).map((step) => h("div", {},
           h("code", { text: step.step_id }), " ", h("span", { text: step.name }), " ",
           h("a", { href: `${runHref(run.id)}#step=${encodeURIComponent(step.step_id)}`, class: "resolve-link",
                    text: "resolve…" }))))
-        : h("td", { class: run.error ? "error-cell" : "args-cell", title: run.error || run.args_preview },
+        : h("td", { class: `last ${run.error ? "error-cell" : "args-cell"}`, title: run.error || run.args_preview },
           h("span", { text: run.error || run.args_preview }));
       return h("tr", { dataset: { run: run.id, status: run.status } },
-        h("td", { class: "run-id" }, h("a", { href: runHref(run.id), class: "mono", text: run.id })),
+        h("td", { class: "run-id" }, h("a", { href: runHref(run.id), class: "mono", title: run.id, text: run.id })),
         h("td", { class: "workflow", text: run.name }),
         h("td", { class: "queue", text: run.queue }),
-        h("td", {}, statusBadge(run.status)),
-        h("td", {}, timeCell(run.created_at)),
-        h("td", { class: "took", text: seconds(run.duration) }),
-        h("td", { text: run.claimed_by || "" }),
+        h("td", { class: "status" }, statusBadge(run.status)),
+        h("td", { class: "created" }, timeCell(run.created_at)),
+        h("td", { class: "took", text: seconds(run.duration),
+                  title: run.queued !== null && run.queued !== undefined ? `queued ${seconds(run.queued)} before its first claim` : null }),
+        h("td", { class: "runner", text: run.claimed_by || "" }),
         last);
     });
     const empty = data.runs.length ? null : h("tr", {}, h("td", { colspan: 8, class: "empty",
