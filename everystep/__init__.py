@@ -37,6 +37,7 @@ from .errors import (
 )
 from .models import Run, StepRecord
 from .provider import set_connection_provider
+from .transactional import step_connection
 
 __version__ = "0.1.0"
 
@@ -67,6 +68,7 @@ __all__ = [
     "sleep",
     "sleep_until",
     "step",
+    "step_connection",
     "wait",
     "workflow",
 ]
