@@ -72,23 +72,26 @@ class StepTransaction:
     step (``connection``), then its record, commit or rollback."""
 
     def __init__(self, store: Store, raw: Any, executor: Any,
-                 commit: Callable[[], None], rollback: Callable[[], None]) -> None:
+                 commit: Callable[[], None], rollback: Callable[[], None],
+                 ended: Callable[[], bool] | None = None) -> None:
         #: The DB-API connection the step's body uses.
         self.connection = raw
         self._store = store
         self._executor = executor  # runs our statements (rows by name)
         self._commit = commit
         self._rollback = rollback
+        self._ended = ended or (lambda: not store._in_transaction(raw))
         self.open = True
 
     @classmethod
     @contextlib.contextmanager
-    def on(cls, store: Store, raw: Any, commit: Callable[[], None],
-           rollback: Callable[[], None]) -> Iterator[StepTransaction]:
+    def on(cls, store: Store, raw: Any, commit: Callable[[], None], rollback: Callable[[], None],
+           ended: Callable[[], bool]) -> Iterator[StepTransaction]:
         """A transaction a host framework began on its own connection
-        ``raw``: ``commit`` and ``rollback`` end it the framework's way."""
+        ``raw``: ``commit`` and ``rollback`` end it the framework's way,
+        ``ended`` says whether the body ended it."""
         with store._caller_cursor(raw) as cursor:
-            tx = cls(store, raw, cursor, commit, rollback)
+            tx = cls(store, raw, cursor, commit, rollback, ended)
             try:
                 yield tx
             finally:
@@ -102,7 +105,7 @@ class StepTransaction:
     def ended_by_body(self) -> bool:
         """Whether the body ended the transaction itself (``COMMIT`` as SQL)."""
         with self._mapped():
-            return not self._store._in_transaction(self.connection)
+            return self._ended()
 
     def record(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
         """Write the step's record in this transaction, fenced by ``claim``
