@@ -195,6 +195,8 @@ def step(
                                 memory_limit=memory, cpu_limit=cpu, transactional=transactional)
         if memory is not None or cpu is not None:
             registry.register_step_limits(declared.name, declared.describe_limits())
+        if transactional:
+            registry.register_transactional_step(declared.name)
         return declared
 
     return decorate(fn) if fn is not None else decorate

@@ -416,3 +416,38 @@ def test_parallel_branches_each_have_their_own_transaction(store: Store, effects
     assert statuses == {"1.0.1": STEP_DONE, "1.1.1": STEP_FAILED}
     if store.backend != "sqlite":
         assert len(set(PROBE["connections"])) == 2
+
+
+# -- check-deploy and the console ------------------------------------------------------------------
+
+
+def test_check_deploy_and_the_graph_mark_a_transactional_step_exactly_once(store: Store, effects: str) -> None:
+    from everystep import dryrun
+    from everystep.graph import analyse, build_graph, recorded_graph
+
+    run = schedule(three_rows, "c", database=store)
+    runner.fault = lambda ctx, step_id: (_ for _ in ()).throw(SimulatedCrash("dies")) if step_id == "2" else None
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, run.id)
+    runner.fault = None
+
+    (verdict,) = [v for v in dryrun.check_deploy(store) if v.run_id == run.id]
+    assert verdict.outcome == dryrun.Outcome.RESUMES and verdict.next_step == "2"
+    assert verdict.detail.endswith(f"then runs step 2 ({add_row.name}; exactly once: a transactional step)")
+
+    records = store.get_steps(run.id)
+    steps = step_nodes(build_graph(analyse(three_rows), records, active=True))
+    assert steps and all(node["exactly_once"] for node in steps)
+    (recorded,) = step_nodes(recorded_graph(records, "no source"))
+    assert recorded["exactly_once"] is True
+    assert [node["exactly_once"] for node in step_nodes(build_graph(analyse(plain), [], active=True))] == [False]
+
+
+def step_nodes(tree: Any) -> list[dict[str, Any]]:
+    """Every step node of a console graph, however deeply nested."""
+    if isinstance(tree, dict):
+        found = [tree] if tree.get("kind") == "step" else []
+        return found + [node for value in tree.values() for node in step_nodes(value)]
+    if isinstance(tree, list):
+        return [node for item in tree for node in step_nodes(item)]
+    return []
