@@ -53,7 +53,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .errors import EverystepError, SimulatedCrash, StoreUnavailable
-from .store.base.step_transactions import OWN_COMMIT, StepTransaction
+from .store.base.step_transactions import FAILED_INSIDE, OWN_COMMIT, StepTransaction
 from .store.base.values import NewStep, StepWrite
 
 if TYPE_CHECKING:
@@ -139,6 +139,8 @@ def body_ended(tx: StepTransaction, error: Exception | None) -> Exception | None
     if error is None and tx.ended_by_body():
         tx.open = False
         error = EverystepError(OWN_COMMIT)
+    elif error is None and tx.failed_in_body():
+        error = EverystepError(FAILED_INSIDE)
     if error is not None:
         tx.rollback()
     return error

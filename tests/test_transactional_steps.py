@@ -451,3 +451,59 @@ def step_nodes(tree: Any) -> list[dict[str, Any]]:
     if isinstance(tree, list):
         return [node for item in tree for node in step_nodes(item)]
     return []
+
+
+# -- a caught statement error, and runs scheduled from inside ------------------------------------------
+
+
+@step(transactional=True)
+def swallows_an_error(label: str) -> str:
+    insert(label)
+    try:
+        run_sql(step_connection(), "INSERT INTO no_such_table (x) VALUES (1)")
+    except Exception:
+        pass  # PostgreSQL's transaction can now only roll back
+    return label
+
+
+@workflow
+def swallowing(label: str) -> str:
+    return swallows_an_error(label)
+
+
+@pytest.mark.backends("postgres")
+def test_a_caught_statement_error_fails_the_step_on_postgres(store: Store, effects: str) -> None:
+    run = schedule(swallowing, "s", database=store)
+    assert execute_run(store, run.id) == Outcome.FAILED
+    assert "can only roll back" in store.get_run(run.id).error["message"]
+    assert rows(effects, run.id) == []
+    assert store.get_steps(run.id)[0].status == STEP_FAILED
+
+
+@step(transactional=True)
+def schedule_follow_up(label: str) -> str:
+    insert(label)
+    return schedule(three_rows, f"{label}-child", conn=step_connection()).id
+
+
+@workflow
+def parent(label: str) -> str:
+    return schedule_follow_up(label)
+
+
+def test_a_run_scheduled_on_the_step_connection_commits_with_the_step(store: Store, effects: str) -> None:
+    run = schedule(parent, "p", database=store)
+
+    def crash(ctx: Any, step_id: str, phase: str) -> None:
+        if phase == "committing":
+            raise SimulatedCrash("dies before the commit")
+
+    transactional.commit_fault = crash
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, run.id)
+    transactional.commit_fault = None
+    assert [r.id for r in store.list_runs()] == [run.id]  # the follow-up rolled back with the step
+    assert resume(store, run.id) == Outcome.COMPLETED
+    child = store.get_run(store.get_run(run.id).result)
+    assert child.name == three_rows.name and child.args == ["p-child"]
+    assert rows(effects, run.id) == ["p"]

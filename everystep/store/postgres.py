@@ -138,6 +138,9 @@ class PostgresStore(Store):
     def _in_transaction(self, raw: Any) -> bool:
         return raw.info.transaction_status != TransactionStatus.IDLE  # type: ignore[no-any-return]
 
+    def _transaction_failed(self, raw: Any) -> bool:
+        return raw.info.transaction_status == TransactionStatus.INERROR  # type: ignore[no-any-return]
+
     @classmethod
     def accepts(cls, conn: Any) -> bool:
         return isinstance(conn, psycopg.Connection)

@@ -29,14 +29,18 @@ from everystep.store import Store
 from everystep.store.base.step_transactions import StepTransaction
 
 from . import database
+from .conf import UnsupportedDatabase
 
 
 def django_step_transaction(store: Store) -> AbstractContextManager[StepTransaction] | None:
     """The step's transaction on Django's connection, or None when the run
     executes against another database than the everystep alias's."""
-    wrapper = database.connection()
-    if database.database_url(wrapper) != store.url:
-        return None
+    try:
+        wrapper = database.connection()
+        if database.database_url(wrapper) != store.url:
+            return None
+    except UnsupportedDatabase:
+        return None  # not a database everystep runs on: the run's is another
     if wrapper.in_atomic_block:
         raise EverystepError(
             f"a transactional step cannot run inside an open transaction.atomic() block on database "
@@ -68,8 +72,10 @@ def _atomic(store: Store, wrapper: Any) -> Iterator[StepTransaction]:
 
     try:
         wrapper.ensure_connection()
-        with StepTransaction.on(store, wrapper.connection, lambda: end(False), lambda: end(True),
-                                ended=lambda: not wrapper.in_atomic_block) as tx:
+        raw = wrapper.connection
+        with StepTransaction.on(store, raw, lambda: end(False), lambda: end(True),
+                                ended=lambda: not wrapper.in_atomic_block,
+                                failed=lambda: bool(wrapper.needs_rollback) or store._transaction_failed(raw)) as tx:
             yield tx
     finally:
         end(True)

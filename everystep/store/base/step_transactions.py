@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 #: Said by the guard and by a transaction found ended after the body.
 OWN_COMMIT = ("a transactional step must not commit or roll back its transaction: everystep commits it with "
               "the step's record (raise an exception to roll the step back)")
+#: Said of a body that caught the error of one of its statements and returned.
+FAILED_INSIDE = ("a statement of this transactional step failed and its transaction can only roll back; "
+                 "the step returned anyway, so its writes are rolled back and the step fails")
 
 
 class CommitGuard:
@@ -73,7 +76,7 @@ class StepTransaction:
 
     def __init__(self, store: Store, raw: Any, executor: Any,
                  commit: Callable[[], None], rollback: Callable[[], None],
-                 ended: Callable[[], bool] | None = None) -> None:
+                 ended: Callable[[], bool] | None = None, failed: Callable[[], bool] | None = None) -> None:
         #: The DB-API connection the step's body uses.
         self.connection = raw
         self._store = store
@@ -81,17 +84,19 @@ class StepTransaction:
         self._commit = commit
         self._rollback = rollback
         self._ended = ended or (lambda: not store._in_transaction(raw))
+        self._failed = failed or (lambda: store._transaction_failed(raw))
         self.open = True
 
     @classmethod
     @contextlib.contextmanager
     def on(cls, store: Store, raw: Any, commit: Callable[[], None], rollback: Callable[[], None],
-           ended: Callable[[], bool]) -> Iterator[StepTransaction]:
+           ended: Callable[[], bool], failed: Callable[[], bool]) -> Iterator[StepTransaction]:
         """A transaction a host framework began on its own connection
         ``raw``: ``commit`` and ``rollback`` end it the framework's way,
-        ``ended`` says whether the body ended it."""
+        ``ended`` says whether the body ended it, ``failed`` whether it can
+        only roll back."""
         with store._caller_cursor(raw) as cursor:
-            tx = cls(store, raw, cursor, commit, rollback, ended)
+            tx = cls(store, raw, cursor, commit, rollback, ended, failed)
             try:
                 yield tx
             finally:
@@ -106,6 +111,12 @@ class StepTransaction:
         """Whether the body ended the transaction itself (``COMMIT`` as SQL)."""
         with self._mapped():
             return self._ended()
+
+    def failed_in_body(self) -> bool:
+        """Whether a statement of the body failed and the transaction can
+        only roll back (the body caught the error and returned)."""
+        with self._mapped():
+            return self._failed()
 
     def record(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
         """Write the step's record in this transaction, fenced by ``claim``
@@ -183,3 +194,8 @@ class StepTransactions(StoreCore):
     def _in_transaction(self, raw: Any) -> bool:
         """Whether the DB-API connection ``raw`` is inside a transaction."""
         return bool(raw.in_transaction)
+
+    def _transaction_failed(self, raw: Any) -> bool:
+        """Whether ``raw``'s transaction can only roll back (PostgreSQL's
+        aborted state; elsewhere a failed statement leaves it usable)."""
+        return False
