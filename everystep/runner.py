@@ -42,6 +42,10 @@ ends the run ``blocked`` instead of repeating the effect. ``fault`` lets
 tests stop at that exact point with ``SimulatedCrash``, after which nothing
 more is written.
 
+Transactional steps (``@step(transactional=True)``) have no such window:
+their SQL runs on ``step_connection()`` inside the transaction that writes
+their record, and one commit ends both (``everystep.transactional``).
+
 Budgets and costs. A runner may hand ``execute`` a ``StepMeter``
 (``everystep.resources``): each step's function then runs inside its gauge,
 which may bound it (what it raises on the step's behalf, such as

@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from .errors import EverystepError, SimulatedCrash, StoreUnavailable
+from .errors import EverystepError, SimulatedCrash
 from .store.base.step_transactions import FAILED_INSIDE, OWN_COMMIT, StepTransaction
 from .store.base.values import NewStep, StepWrite
 
@@ -115,13 +115,13 @@ def opened(ex: Execution, step: StepFunction) -> Iterator[StepTransaction | None
     if not step.transactional:
         yield None
         return
-    opening = _provider(ex.store) if _provider is not None else None
-    if opening is None:
-        opening = ex.store.step_transaction()
     with contextlib.ExitStack() as stack:
         try:
-            tx = stack.enter_context(opening)
-        except StoreUnavailable as exc:
+            opening = _provider(ex.store) if _provider is not None else None
+            tx = stack.enter_context(opening if opening is not None else ex.store.step_transaction())
+        except EverystepError as exc:
+            # The database is away (the run is requeued), or the step cannot
+            # run here (the run fails): either way no step starts.
             raise ex.interrupt_with(exc) from None
         token = _open.set(tx)
         tx.guard(True)

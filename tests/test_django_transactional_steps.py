@@ -159,3 +159,13 @@ def _committed_status(project: Project, order_id: int) -> str:
 
     with contextlib.closing(sqlite3.connect(project.databases["default"]["NAME"], timeout=30)) as conn:
         return str(conn.execute("SELECT status FROM shop_order WHERE id = ?", (order_id,)).fetchone()[0])
+
+
+def test_a_transactional_step_refuses_to_start_inside_an_open_atomic_block(project: Project, store: Store) -> None:
+    order = new_order()
+    run = everystep.schedule(pay, order.pk, False)
+    with transaction.atomic():
+        assert execute_run(store, run.id) == Outcome.FAILED
+    error = store.get_run(run.id).error
+    assert "cannot run inside an open transaction.atomic() block" in error["message"]
+    assert order_state(order.pk) == ("new", 1) and store.get_steps(run.id) == []
