@@ -507,3 +507,27 @@ def test_a_run_scheduled_on_the_step_connection_commits_with_the_step(store: Sto
     child = store.get_run(store.get_run(run.id).result)
     assert child.name == three_rows.name and child.args == ["p-child"]
     assert rows(effects, run.id) == ["p"]
+
+
+@pytest.mark.backends("postgres", "mariadb")
+def test_a_cancel_during_the_step_rolls_its_writes_back_and_records_nothing(
+        store: Store, effects: str, db_url: str) -> None:
+    """Under the threaded worker a cancel takes effect at the step boundary:
+    the transactional step's record is refused, so its writes roll back,
+    and nothing is recorded for it (it did not happen)."""
+    from everystep import admin
+
+    run = schedule(three_rows, "x", database=store)
+    other = connect(db_url)
+
+    def cancel() -> None:
+        PROBE.pop("during")
+        admin.cancel(other, run.id, "customer left")
+
+    PROBE["during"] = cancel
+    try:
+        assert execute_run(store, run.id) == Outcome.CANCELLED
+    finally:
+        other.close()
+    assert store.get_run(run.id).status == "cancelled"
+    assert rows(effects, run.id) == [] and store.get_steps(run.id) == []
