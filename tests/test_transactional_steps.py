@@ -155,6 +155,10 @@ def ends_its_transaction(how: str) -> str:
         conn.commit()
     elif how == "rollback":
         conn.rollback()
+    elif how == "begin":
+        conn.begin()
+    elif how == "ddl":
+        run_sql(conn, "CREATE TABLE IF NOT EXISTS tx_implicit (x INT)")
     else:
         run_sql(conn, "COMMIT")
     return how
@@ -327,6 +331,21 @@ def test_a_commit_sent_as_sql_fails_the_step(store: Store, effects: str) -> None
     assert execute_run(store, run.id) == Outcome.FAILED
     assert "must not commit or roll back its transaction" in store.get_run(run.id).error["message"]
     assert store.get_steps(run.id)[0].status == STEP_FAILED
+
+
+@pytest.mark.backends("mariadb")
+def test_begin_inside_the_step_raises_on_mariadb(store: Store, effects: str) -> None:
+    run = schedule(self_committing, "begin", database=store)
+    assert execute_run(store, run.id) == Outcome.FAILED
+    assert "must not commit or roll back its transaction" in store.get_run(run.id).error["message"]
+    assert rows(effects, run.id) == []
+
+
+@pytest.mark.backends("mariadb")
+def test_an_implicit_commit_fails_the_step_on_mariadb(store: Store, effects: str) -> None:
+    run = schedule(self_committing, "ddl", database=store)
+    assert execute_run(store, run.id) == Outcome.FAILED
+    assert "must not commit or roll back its transaction" in store.get_run(run.id).error["message"]
 
 
 # -- fencing ------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from ..errors import EverystepError
 from ..models import Run
 from ..queues import Placement
 from .base import Row, RunnerInfo, Store
-from .base.step_transactions import CommitGuard
+from .base.step_transactions import OWN_COMMIT, CommitGuard
 from .mariadb_claim import MariaDBClaim
 
 DEFAULT_PORT = 3306
@@ -171,7 +171,13 @@ _NOTHING = _Result([], 0, None)
 
 class _RawConnection(CommitGuard, pymysql.connections.Connection):
     """PyMySQL's connection, whose ``commit()`` and ``rollback()`` refuse
-    while a transactional step uses it."""
+    while a transactional step uses it, and ``begin()`` too (MariaDB's
+    START TRANSACTION commits the transaction in progress first)."""
+
+    def begin(self) -> None:
+        if self.everystep_step_open:
+            raise EverystepError(OWN_COMMIT)
+        super().begin()
 
 
 class _Connection:
