@@ -1,7 +1,7 @@
 """Run every case against one PostgreSQL server and write the report.
 
 Order: cases 1 and 2 together (their repetitions interleave), then 3 to
-11, then cases 2 and 4 on MariaDB against a MariaDB baseline
+12, then cases 2 and 4 on MariaDB against a MariaDB baseline
 (``bench.case_mariadb``; ``--only mariadb`` runs just those). Case 9 prunes the history case 7 leaves in the shared scale database. A case that fails is reported as not measured, with its error; the
 others still run. The exit status is 1 if an everystep case failed (a peer
 that is missing or fails does not count), 0 otherwise.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
                case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues,
-               case_mariadb, esdb, pg)
+               case12_transactional, case_mariadb, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -41,6 +41,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case9", "Case 9 — retention", case9_prune.run, case9_prune.section),
     ("case10", "Case 10 — profile", case10_profile.run, case10_profile.section),
     ("case11", "Case 11 — queues", case11_queues.run, case11_queues.section),
+    ("case12", "Case 12 — transactional steps", case12_transactional.run, case12_transactional.section),
     ("mariadb", "MariaDB — cases 2 and 4", case_mariadb.run, case_mariadb.section),
 ]
 

@@ -39,6 +39,7 @@ from .errors import (
 )
 from .models import Run, StepRecord
 from .provider import set_connection_provider
+from .transactional import step_connection
 
 __version__ = "0.1.0"
 
@@ -71,6 +72,7 @@ __all__ = [
     "sleep",
     "sleep_until",
     "step",
+    "step_connection",
     "wait",
     "workflow",
 ]

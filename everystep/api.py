@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
 from . import borrowed, registry, resources, runner, serde
+from . import transactional as transactional_steps
 from .cron import CronSchedule
 from .errors import EverystepError, WorkflowArgumentsError
 from .models import TERMINAL_STATUSES, Run, StepRecord
@@ -68,6 +69,7 @@ class StepFunction:
         retry: RetryPolicy | None = None,
         memory_limit: int | None = None,
         cpu_limit: float | None = None,
+        transactional: bool = False,
     ) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
@@ -79,12 +81,15 @@ class StepFunction:
         #: (None: the supervisor's default, if any). See ``everystep.resources``.
         self.memory_limit = memory_limit
         self.cpu_limit = cpu_limit
+        #: Its writes through ``step_connection()`` commit with its record
+        #: (``everystep.transactional``): exactly once.
+        self.transactional = transactional
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return runner.call_step(self, args, kwargs)
 
     def __repr__(self) -> str:
-        flags = " unsafe_to_repeat" if self.unsafe_to_repeat else ""
+        flags = " unsafe_to_repeat" if self.unsafe_to_repeat else " transactional" if self.transactional else ""
         return f"<step {self.name}{flags}>"
 
     def describe_limits(self) -> str:
@@ -138,7 +143,7 @@ def step(
     *, unsafe_to_repeat: bool = False, timeout: float | None = None, name: str | None = None,
     retries: int = 0, backoff: float = 1.0, backoff_max: float = 300.0, jitter: bool = True,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
-    memory_limit: str | int | None = None, cpu_limit: float | None = None,
+    memory_limit: str | int | None = None, cpu_limit: float | None = None, transactional: bool = False,
 ) -> Callable[[F], StepFunction]: ...
 
 
@@ -155,6 +160,7 @@ def step(
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
     memory_limit: str | int | None = None,
     cpu_limit: float | None = None,
+    transactional: bool = False,
 ) -> Any:
     """Declare a step. ``unsafe_to_repeat=True`` records a ``started`` row
     before the effect so a crash mid-effect blocks the run instead of
@@ -169,7 +175,13 @@ def step(
     to its process) and ``cpu_limit`` (CPU seconds) are enforced by the
     supervisor too: a step over either fails with ``StepResourceExceeded``.
     The threaded worker cannot enforce them and refuses to start while a
-    step declares one (see ``everystep.resources``)."""
+    step declares one (see ``everystep.resources``).
+
+    ``transactional=True``: the step's SQL, run on ``step_connection()``,
+    commits in one transaction with its record, so its database writes
+    happen exactly once (see ``everystep.transactional``)."""
+    if transactional:
+        transactional_steps.check_declaration(unsafe_to_repeat)
     if timeout is not None and not timeout > 0:
         raise EverystepError(f"step timeout must be a positive number of seconds, not {timeout!r}")
     policy = RetryPolicy.build(retries, backoff, backoff_max, jitter, retry_on)
@@ -181,9 +193,11 @@ def step(
 
     def decorate(fn: Callable[..., Any]) -> StepFunction:
         declared = StepFunction(fn, name or registry.qualified_name(fn), unsafe_to_repeat, timeout, policy,
-                                memory_limit=memory, cpu_limit=cpu)
+                                memory_limit=memory, cpu_limit=cpu, transactional=transactional)
         if memory is not None or cpu is not None:
             registry.register_step_limits(declared.name, declared.describe_limits())
+        if transactional:
+            registry.register_transactional_step(declared.name)
         return declared
 
     return decorate(fn) if fn is not None else decorate

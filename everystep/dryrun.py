@@ -147,8 +147,9 @@ def _judge(run: Run, outcome: BaseException | None) -> Verdict:
         return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then waits until "
                                               f"{outcome.wake_at.isoformat()} (a sleep or a retry's backoff)")
     if isinstance(outcome, StopBeforeStep):
+        once = "; exactly once: a transactional step" if outcome.name in registry.transactional_steps() else ""
         return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then runs step {outcome.step_id} "
-                                              f"({outcome.name})", outcome.step_id)
+                                              f"({outcome.name}{once})", outcome.step_id)
     if isinstance(outcome, WorkflowCodeError):
         return _verdict(run, Outcome.CODE_ERROR, str(outcome))
     if isinstance(outcome, EffectUncertain):

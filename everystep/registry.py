@@ -22,6 +22,8 @@ _workflows: dict[str, Any] = {}
 #: runner that cannot enforce limits (the threaded worker) refuses to start
 #: while there is any, rather than run them unbounded.
 _limited_steps: dict[str, str] = {}
+#: Names of the transactional steps imported so far (check-deploy and the console mark them).
+_transactional_steps: set[str] = set()
 _lock = threading.Lock()
 
 
@@ -59,6 +61,18 @@ def limited_steps() -> dict[str, str]:
     step imported so far that declares a limit."""
     with _lock:
         return dict(_limited_steps)
+
+
+def register_transactional_step(name: str) -> None:
+    with _lock:
+        _transactional_steps.add(name)
+
+
+def transactional_steps() -> frozenset[str]:
+    """The names of every ``@step(transactional=True)`` imported so far:
+    their writes commit with their record, exactly once."""
+    with _lock:
+        return frozenset(_transactional_steps)
 
 
 def import_apps(spec: str | Iterable[str] | None) -> list[str]:

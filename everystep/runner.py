@@ -42,6 +42,10 @@ ends the run ``blocked`` instead of repeating the effect. ``fault`` lets
 tests stop at that exact point with ``SimulatedCrash``, after which nothing
 more is written.
 
+Transactional steps (``@step(transactional=True)``) have no such window:
+their SQL runs on ``step_connection()`` inside the transaction that writes
+their record, and one commit ends both (``everystep.transactional``).
+
 Budgets and costs. A runner may hand ``execute`` a ``StepMeter``
 (``everystep.resources``): each step's function then runs inside its gauge,
 which may bound it (what it raises on the step's behalf, such as
@@ -86,7 +90,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from . import outcomes, registry, serde, telemetry
+from . import outcomes, registry, serde, telemetry, transactional
 from .context import (
     NOT_AN_INTERRUPT,
     Context,
@@ -126,6 +130,7 @@ from .observer import Observer, Observers
 from .recovery import requeue_patiently
 from .resources import StepCost, StepGauge, StepMeter
 from .store import LOST, NewStep, Store, StepWrite, utcnow
+from .store.base.step_transactions import StepTransaction
 from .tail_position import is_tail_call
 
 if TYPE_CHECKING:
@@ -182,16 +187,17 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     ex.starting[step_id] = StepAttempt(attempt, policy.delay_after(attempt, StepTimeout()) if policy else None)
     gauge = ex.meter.begin(ctx, step_id, step) if ex.meter is not None else None
     cost: StepCost | None = None
-    try:
+    with transactional.opened(ex, step) as tx:  # a transactional step's: its writes and record, one commit
         try:
-            token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
+            try:
+                token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
+            finally:
+                ex.starting.pop(step_id, None)
+            result, error = _invoke(step, args, kwargs, gauge)
         finally:
-            ex.starting.pop(step_id, None)
-        result, error = _invoke(step, args, kwargs, gauge)
-    finally:
-        if gauge is not None:
-            cost = gauge.end()
-    return _record(ex, ctx, step, entry, started, args, kwargs, result, error, cost, token)
+            if gauge is not None:
+                cost = gauge.end()
+        return _record(ex, ctx, step, entry, started, args, kwargs, result, error, cost, token, tx)
 
 
 def _next_id(ex: Execution, ctx: Context, name: str | None) -> str:
@@ -268,12 +274,19 @@ def _claim_effect(ex: Execution, step: StepFunction, entry: NewStep) -> StepReco
 
 def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, started: StepRecord | None,
             args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, error: Exception | None,
-            cost: StepCost | None, token: Any) -> Any:
+            cost: StepCost | None, token: Any, tx: StepTransaction | None = None) -> Any:
     """The record phase: write how the step ended and return its result (or
     raise its error). A crash writes nothing; a failure the step's policy
     retries is recorded as a wait; the body's last step is held back to go
-    with the run's status (``HeldRecord``)."""
+    with the run's status (``HeldRecord``). A transactional step's record
+    commits with its writes (``tx``); a failed one's writes roll back first."""
     step_id = entry.step_id
+    if tx is not None:
+        try:
+            error = transactional.body_ended(tx, error)
+        except StoreUnavailable as exc:
+            ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
+            raise ex.interrupt_with(exc) from None
     if isinstance(error, Terminal):
         # The run stops now, not once this step's record is written: a
         # sibling branch must not start a new step during that write.
@@ -313,7 +326,7 @@ def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, sta
     finished = NewStep(step_id, step.name, entry.args_json, entry.kwargs_json, entry.started_at, status=status,
                        result_json=result_json, error_json=error_json, attempt=entry.attempt,
                        cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss)
-    if error is None and started is None and _is_last_act(ex, ctx):
+    if error is None and started is None and tx is None and _is_last_act(ex, ctx):
         ex.held = HeldRecord(ctx, finished, decoded, token)
         return result
     try:
@@ -321,6 +334,9 @@ def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, sta
             write = _store_call(ex, lambda: ex.store.finish_step(
                 ex.claim, started, status, result_json, error_json, decoded, cost
             ), finished)
+        elif tx is not None and tx.open:
+            # Refused, its writes are rolled back: a cancel records nothing of it.
+            write = _store_call(ex, lambda: transactional.record(ex, ctx, tx, finished, decoded))
         else:
             write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded), finished)
     except BaseException as exc:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .. import registry
 from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepRecord
 from .plan import Choice, Exit, Fork, Loop, Node, Plan, StepCall, Try, Wait, wait_records
 
@@ -112,6 +113,7 @@ def _step(call: StepCall | None, step_id: str | None, record: StepRecord | None,
         "label": call.label if call is not None else function.rsplit(".", 1)[-1],
         "state": state,
         "unsafe": bool(call.unsafe) if call is not None else False,
+        "exactly_once": call.exactly_once if call is not None else function in registry.transactional_steps(),
         "line": call.line if call is not None else None,
         "record": None,
     }

@@ -58,6 +58,7 @@ class StepCall:
     name: str | None = None  # a constant ``everystep_id``
     dynamic_name: bool = False  # an ``everystep_id`` computed at run time
     unsafe: bool = False
+    exactly_once: bool = False  # a transactional step: its writes commit with its record
 
 
 @dataclass(frozen=True)
@@ -491,7 +492,8 @@ class _Reader:
                 return []
             name, dynamic = _everystep_id(node)
             label = _text(node.func) if isinstance(node, ast.Call) else target.fn.__name__
-            return [StepCall(target.name, label, self.line(node), name, dynamic, target.unsafe_to_repeat)]
+            return [StepCall(target.name, label, self.line(node), name, dynamic, target.unsafe_to_repeat,
+                             target.transactional)]
         if isinstance(target, WorkflowFunction) and isinstance(target.fn, types.FunctionType):
             return self.inline(target.fn, node)
         if isinstance(target, (ast.FunctionDef, ast.AsyncFunctionDef)):

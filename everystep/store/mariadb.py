@@ -52,6 +52,7 @@ from ..errors import EverystepError
 from ..models import Run
 from ..queues import Placement
 from .base import Row, RunnerInfo, Store
+from .base.step_transactions import OWN_COMMIT, CommitGuard
 from .mariadb_claim import MariaDBClaim
 
 DEFAULT_PORT = 3306
@@ -171,6 +172,17 @@ class _Result:
 _NOTHING = _Result([], 0, None)
 
 
+class _RawConnection(CommitGuard, pymysql.connections.Connection):
+    """PyMySQL's connection, whose ``commit()`` and ``rollback()`` refuse
+    while a transactional step uses it, and ``begin()`` too (MariaDB's
+    START TRANSACTION commits the transaction in progress first)."""
+
+    def begin(self) -> None:
+        if self.everystep_step_open:
+            raise EverystepError(OWN_COMMIT)
+        super().begin()
+
+
 class _Connection:
     """A PyMySQL connection with the ``execute(sql, params)`` the Store calls
     (psycopg and sqlite3 have it), running scripts as mariadb.sql says."""
@@ -267,7 +279,7 @@ class MariaDBStore(Store):
     def _open(self) -> _Connection:
         timeout = self.statement_timeout
         try:
-            raw = pymysql.connect(
+            raw = _RawConnection(
                 **self.connect_args,
                 charset="utf8mb4",
                 autocommit=True,
@@ -300,6 +312,12 @@ class MariaDBStore(Store):
 
     def _healthy(self, conn: Any) -> bool:
         return bool(conn.raw.open) and not conn.in_transaction
+
+    def _raw(self, conn: Any) -> Any:
+        return conn.raw
+
+    def _in_transaction(self, raw: Any) -> bool:
+        return _Connection(raw).in_transaction
 
     def _schema_missing(self, exc: BaseException) -> bool:
         # 1146: table doesn't exist.

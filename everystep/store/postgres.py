@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 import psycopg
 import psycopg.errors
 from psycopg.abc import Params
-from psycopg.rows import dict_row
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
@@ -36,6 +37,7 @@ from .. import serde
 from ..models import Claim, StepRecord
 from . import postgres_hot
 from .base import LOST, NewStep, Notifications, Row, StepWrite, Store
+from .base.step_transactions import CommitGuard
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,12 @@ class PostgresStore(Store):
             return LOST
         return StepWrite(self._written(claim, step, decoded, row), ours=True)
 
+    def _in_transaction(self, raw: Any) -> bool:
+        return raw.info.transaction_status != TransactionStatus.IDLE  # type: ignore[no-any-return]
+
+    def _transaction_failed(self, raw: Any) -> bool:
+        return raw.info.transaction_status == TransactionStatus.INERROR  # type: ignore[no-any-return]
+
     @classmethod
     def accepts(cls, conn: Any) -> bool:
         return isinstance(conn, psycopg.Connection)
@@ -190,14 +198,18 @@ def _hot_statements(sql: Mapping[str, str]) -> dict[str, postgres_hot.HotStateme
     return {name: postgres_hot.HotStatement(number, sql[name]) for number, name in enumerate(HOT_STATEMENTS, 1)}
 
 
-class _Connection(psycopg.Connection[Any]):
+class _Connection(CommitGuard, psycopg.Connection[Any]):
     """A connection whose ``execute`` reuses one cursor.
 
     ``Connection.execute`` makes a cursor per call, and with it a fresh
     adaptation context that looks every parameter's dumper up again: about
     a quarter of the client's CPU for a step record, which a runner pays on
     every step. Every caller in this package reads its rows before its next
-    statement on the connection, which is all that reuse asks."""
+    statement on the connection, which is all that reuse asks.
+
+    Lent to a transactional step's body, it behaves as a plain psycopg
+    connection (tuple rows, a cursor per ``execute``), and its ``commit()``
+    and ``rollback()`` refuse (``CommitGuard``)."""
 
     _reused: psycopg.Cursor[Any] | None = None
     #: What this session has prepared for ``postgres_hot`` (set on open).
@@ -206,12 +218,16 @@ class _Connection(psycopg.Connection[Any]):
     def execute(
         self, query: Any, params: Params | None = None, *, prepare: bool | None = None, binary: bool = False
     ) -> psycopg.Cursor[Any]:
-        if binary or not isinstance(query, str):
+        if binary or not isinstance(query, str) or self.everystep_step_open:
             return super().execute(query, params, prepare=prepare, binary=binary)
         cursor = self._reused
         if cursor is None or cursor.closed:
             cursor = self._reused = self.cursor()
         return cursor.execute(query, params, prepare=prepare)
+
+    def everystep_lend(self, lent: bool) -> None:
+        super().everystep_lend(lent)
+        self.row_factory = tuple_row if lent else dict_row
 
 
 class _Listening(Notifications):

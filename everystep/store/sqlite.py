@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from .. import serde
 from ..errors import EverystepError
 from .base import Row, Store, utcnow
+from .base.step_transactions import CommitGuard
 from .sqlite_claim import SQLiteClaim
 
 BUSY_TIMEOUT_SECONDS = 30.0
@@ -68,9 +69,17 @@ def path_from_url(url: str) -> str:
     return path
 
 
+class _Connection(CommitGuard, sqlite3.Connection):
+    """A sqlite3 connection whose ``commit()`` and ``rollback()`` refuse
+    while a transactional step uses it."""
+
+
 class SQLiteStore(Store):
     driver: ClassVar[str] = "sqlite3"
     backend: ClassVar[str] = "sqlite"
+    #: A transactional step's transaction holds the write lock from its
+    #: BEGIN IMMEDIATE: the plain record is fenced to the commit already.
+    step_record_statement: ClassVar[str] = "record_step"
     _unavailable: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.OperationalError,)
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)
 
@@ -91,7 +100,8 @@ class SQLiteStore(Store):
         self.migrate()
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False,
+                               factory=_Connection)
         conn.row_factory = sqlite3.Row
         _use_wal(conn, self.sql)
         for statement in self.sql["connection_setup"].split(";"):

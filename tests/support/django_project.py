@@ -75,8 +75,10 @@ def _ensure_configured() -> None:
     settings.configure(**base)
     django.setup()
     from everystep.provider import set_connection_provider
+    from everystep.transactional import set_transaction_provider
 
     set_connection_provider(None)
+    set_transaction_provider(None)
 
 
 def _reset_connections() -> None:
@@ -97,9 +99,11 @@ def django_configured(databases: dict[str, Any], everystep: dict[str, Any] | Non
     from django.test.utils import setup_test_environment, teardown_test_environment
 
     from everystep.provider import set_connection_provider
+    from everystep.transactional import set_transaction_provider
 
     saved = settings.DATABASES, settings.EVERYSTEP
     previous_provider = set_connection_provider(None)
+    previous_steps = set_transaction_provider(None)
     settings.DATABASES = databases
     settings.EVERYSTEP = dict(everystep or EVERYSTEP_SETTINGS)
     _reset_connections()
@@ -112,6 +116,7 @@ def django_configured(databases: dict[str, Any], everystep: dict[str, Any] | Non
         settings.DATABASES, settings.EVERYSTEP = saved
         _reset_connections()
         set_connection_provider(previous_provider)
+        set_transaction_provider(previous_steps)
 
 
 def write_settings(directory: Path, databases: dict[str, Any], extra: str = "") -> str:

@@ -190,6 +190,37 @@ WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
   );
 SELECT completed_at FROM everystep_step WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s
 
+-- name: record_step_locked
+-- A transactional step's record, in the transaction of its own writes
+-- (everystep/store/base/step_transactions.py): record_step, its values
+-- selected from the run's row under this claim and that row locked in
+-- share mode, to the commit (at READ COMMITTED an INSERT ... SELECT reads
+-- its source without a lock unless told to), so a claim cannot bump the
+-- epoch between this fence check and the commit: it waits for it.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s, %(kwargs)s, %(status)s, %(result)s, %(error)s,
+       %(started_at)s, %(now)s, %(attempt)s, %(wake_at)s, %(cpu_seconds)s, %(peak_rss_bytes)s
+FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+LOCK IN SHARE MODE
+ON DUPLICATE KEY UPDATE
+    name = IF(everystep_step.status IN {step_open_statuses}, VALUES(name), everystep_step.name),
+    args = IF(everystep_step.status IN {step_open_statuses}, VALUES(args), everystep_step.args),
+    kwargs = IF(everystep_step.status IN {step_open_statuses}, VALUES(kwargs), everystep_step.kwargs),
+    result = IF(everystep_step.status IN {step_open_statuses}, VALUES(result), everystep_step.result),
+    error = IF(everystep_step.status IN {step_open_statuses}, VALUES(error), everystep_step.error),
+    started_at = IF(everystep_step.status IN {step_open_statuses}, VALUES(started_at), everystep_step.started_at),
+    completed_at = IF(everystep_step.status IN {step_open_statuses}, VALUES(completed_at), everystep_step.completed_at),
+    attempt = IF(everystep_step.status IN {step_open_statuses}, VALUES(attempt), everystep_step.attempt),
+    wake_at = IF(everystep_step.status IN {step_open_statuses}, VALUES(wake_at), everystep_step.wake_at),
+    cpu_seconds = IF(everystep_step.status IN {step_open_statuses}, VALUES(cpu_seconds), everystep_step.cpu_seconds),
+    peak_rss_bytes = IF(everystep_step.status IN {step_open_statuses}, VALUES(peak_rss_bytes), everystep_step.peak_rss_bytes),
+    status = IF(everystep_step.status IN {step_open_statuses}, VALUES(status), everystep_step.status)
+RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
+
 -- name: step_conflict
 SELECT (SELECT count(*) FROM everystep_workflow
         WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s

@@ -137,6 +137,42 @@ WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND status = 'started'
   )
 RETURNING completed_at
 
+-- name: record_step_locked
+-- A transactional step's record, in the transaction of its own writes
+-- (everystep/store/base/step_transactions.py): record_step, except that
+-- the run's row is locked FOR SHARE, to the commit, so a claim cannot bump
+-- the epoch between this fence check and the commit (it waits for it).
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
+       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
+       %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+    FOR SHARE
+)
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+    status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
+    cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
+WHERE everystep_step.status IN {step_open_statuses}
+RETURNING completed_at
+
+-- name: begin_write
+-- A transactional step's transaction (the store's own use conn.transaction()).
+BEGIN
+
+-- name: commit
+COMMIT
+
+-- name: rollback
+ROLLBACK
+
 -- name: step_conflict
 -- After a refused step write: do we still own the run, and what is recorded?
 SELECT (SELECT count(*) FROM everystep_workflow

@@ -82,6 +82,7 @@ function stepNode(node, path, ctx) {
   h("span", { class: "node-id", text: node.id || (node.state === "skipped" ? "–" : "?") }),
   h("span", { class: "node-label", text: node.label }),
   node.unsafe ? h("span", { class: "tag", text: "unsafe" }) : null,
+  node.exactly_once ? h("span", { class: "tag", text: "exactly once" }) : null,
   meta.length ? h("span", { class: "node-meta", text: meta.join(" · ") }) : null,
   error ? h("span", { class: "node-error", text: error }) : null);
   return el;

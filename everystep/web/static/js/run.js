@@ -166,6 +166,7 @@ export function runPage(main, runId) {
       h("h3", {}, h("span", { class: "node-label", text: node.label }), " ", h("code", { text: node.id || "?" })),
       h("p", {}, h("span", { class: `badge state-${node.state}`, text: node.state }),
         node.unsafe ? h("span", { class: "tag", text: "unsafe to repeat" }) : null,
+        node.exactly_once ? h("span", { class: "tag", title: "transactional: its database writes commit with its record", text: "exactly once" }) : null,
         record && record.effect_uncertain ? h("span", { class: "tag uncertain", text: "effect uncertain" }) : null),
       h("p", { class: "mono small", text: node.function }),
     ];

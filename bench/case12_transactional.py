@@ -1,0 +1,212 @@
+"""Case 12, transactional steps against plain steps writing the same rows.
+
+A 3-step run whose steps each insert one row into an application table,
+in two forms, executed in this process (``runner.execute`` of claimed runs,
+as a supervisor child does):
+
+- **transactional**: ``@step(transactional=True)``, the insert on
+  ``step_connection()``: per step one transaction holding the insert and
+  the record (BEGIN, INSERT, record, COMMIT);
+- **plain**: ``@step``, the same insert on an application connection of its
+  own in autocommit (its own commit), then the step's record (the last
+  step's folded with the run's status, as usual).
+
+Paired: each repetition times ``runs`` runs of each form on the same
+database, the order alternating between repetitions, and the ratio is taken
+within the repetition. On PostgreSQL with the benchmark's durable commit
+and on SQLite (WAL, ``synchronous=NORMAL``: commits do not wait for the disk).
+
+``python -m bench.case12_transactional --database URL [--runs N] [--reps N]``
+runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import threading
+import time
+from typing import Any
+
+from everystep import runner, step, step_connection, workflow
+from everystep.store import Store, connect
+
+from . import esdb
+from .context import Context
+from .report import Section, Table
+from .stats import Series
+
+CLAIMER = "bench-transactional"
+TABLE = "bench_tx_row"
+_app = threading.local()
+
+
+def _placeholder(conn: Any) -> str:
+    return "?" if isinstance(conn, sqlite3.Connection) else "%s"
+
+
+def _insert(conn: Any, label: str) -> None:
+    sql = f"INSERT INTO {TABLE} (label) VALUES ({_placeholder(conn)})"
+    if hasattr(conn, "execute"):
+        conn.execute(sql, (label,))
+    else:  # PyMySQL
+        with conn.cursor() as cursor:
+            cursor.execute(sql, (label,))
+
+
+def _own_connection() -> Any:
+    """The plain steps' application connection (autocommit: each insert its own commit)."""
+    conn = getattr(_app, "conn", None)
+    if conn is None:
+        conn = _app.conn = _open(_app.url)
+    return conn
+
+
+def _open(url: str) -> Any:
+    if url.startswith("sqlite"):
+        return sqlite3.connect(url[len("sqlite:///"):], isolation_level=None, timeout=30)
+    if url.startswith("postgres"):
+        import psycopg
+
+        return psycopg.connect(url, autocommit=True)
+    import pymysql
+
+    from everystep.store.mariadb import connect_args
+
+    return pymysql.connect(**connect_args(url), autocommit=True)
+
+
+@step(transactional=True)
+def insert_in_transaction(label: str) -> str:
+    _insert(step_connection(), label)
+    return label
+
+
+@step
+def insert_on_its_own(label: str) -> str:
+    _insert(_own_connection(), label)
+    return label
+
+
+@workflow
+def three_transactional(label: str) -> str:
+    insert_in_transaction(f"{label}-1")
+    insert_in_transaction(f"{label}-2")
+    return insert_in_transaction(f"{label}-3")
+
+
+@workflow
+def three_plain(label: str) -> str:
+    insert_on_its_own(f"{label}-1")
+    insert_on_its_own(f"{label}-2")
+    return insert_on_its_own(f"{label}-3")
+
+
+FORMS = {"transactional": three_transactional, "plain": three_plain}
+
+
+def _prepare(url: str) -> None:
+    conn = _open(url)
+    try:
+        for sql in (f"CREATE TABLE IF NOT EXISTS {TABLE} (label VARCHAR(64) NOT NULL)", f"DELETE FROM {TABLE}"):
+            if hasattr(conn, "execute"):
+                conn.execute(sql)
+            else:
+                with conn.cursor() as cursor:
+                    cursor.execute(sql)
+    finally:
+        conn.close()
+
+
+def _batch(store: Store, form: str, runs: int, rep: int) -> float:
+    """Seconds to execute ``runs`` runs of ``form``, each claimed first
+    (scheduling and claiming are outside the timing)."""
+    wf = FORMS[form]
+    for index in range(runs):
+        store.schedule(wf.name, f'["{form}-{rep}-{index}"]')
+    claimed = store.claim(CLAIMER, runs, [wf.name])
+    if len(claimed) != runs:
+        raise RuntimeError(f"claimed {len(claimed)} of {runs} runs")
+    start = time.perf_counter()
+    for run in claimed:
+        if runner.execute(store, run, claimer=CLAIMER) != "completed":
+            raise RuntimeError(f"a {form} run did not complete")
+    return time.perf_counter() - start
+
+
+def measure(url: str, runs: int, reps: int) -> dict[str, Series]:
+    """ms per run of each form, and plain ÷ transactional within each repetition."""
+    _prepare(url)
+    _app.url = url
+    store = connect(url)
+    out = {"transactional": Series(), "plain": Series(), "ratio": Series()}
+    try:
+        store.migrate()
+        for form in FORMS:  # warm up: connections, prepared statements
+            _batch(store, form, max(2, runs // 10), -1)
+        for rep in range(reps):
+            order = ("transactional", "plain") if rep % 2 == 0 else ("plain", "transactional")
+            ms = {form: _batch(store, form, runs, rep) / runs * 1000.0 for form in order}
+            for form, value in ms.items():
+                out[form].add(value)
+            out["ratio"].add(ms["plain"] / ms["transactional"])
+    finally:
+        store.close()
+        conn = getattr(_app, "conn", None)
+        if conn is not None:
+            conn.close()
+            _app.conn = None
+    return out
+
+
+def run(ctx: Context) -> None:
+    s = ctx.settings
+    out = ctx.results.setdefault("case12", {})
+    runs, reps = max(5, s.overhead_steps // 2), max(3, s.overhead_reps)
+    for key, url in (("pg", ctx.urls["es"]), ("sqlite", f"sqlite:///{ctx.work.path / 'transactional.db'}")):
+        if key == "pg":
+            esdb.reset(url)
+        out[key] = measure(url, runs, reps)
+        out["runs"], out["reps"] = runs, reps
+        ctx.log(f"case 12: {key}: transactional {out[key]['transactional'].median:.2f} ms per run, "
+                f"plain {out[key]['plain'].median:.2f} ms")
+
+
+def section(ctx: Context) -> Section:
+    out = ctx.results.get("case12", {})
+    section = Section(
+        "case12", "Case 12 — transactional steps",
+        method=(
+            f"In process, `runner.execute` of claimed 3-step runs whose steps each insert one row: "
+            f"`@step(transactional=True)` inserting on `step_connection()` (the insert and the record in one "
+            f"transaction) against `@step` inserting on an application connection in autocommit (its own "
+            f"commit, then the record). {out.get('runs', '?')} runs of each form per repetition, "
+            f"{out.get('reps', '?')} repetitions alternating which form goes first; the ratio is taken within "
+            "each repetition."
+        ),
+    )
+    table = Table(["database", "transactional, ms per run", "plain, ms per run", "plain ÷ transactional (paired)"])
+    for key, label in (("pg", "PostgreSQL (benchmark setting: durable commit)"),
+                       ("sqlite", "SQLite (WAL, synchronous=NORMAL)")):
+        data = out.get(key)
+        if data:
+            table.add(label, data["transactional"].cell(2), data["plain"].cell(2), data["ratio"].cell(2))
+        else:
+            table.add(label, "n/a", "n/a", "n/a")
+    section.tables.append(table)
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.case12_transactional")
+    parser.add_argument("--database", required=True)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    data = measure(args.database, args.runs, args.reps)
+    for key, series in data.items():
+        print(f"{key:14} median {series.median:.3f}  low {series.low:.3f}  high {series.high:.3f}")
+
+
+if __name__ == "__main__":
+    main()
