@@ -36,6 +36,7 @@ from .errors import (
     WorkflowCodeError,
 )
 from .models import Run, StepRecord
+from .patches import deprecate_patch, patched
 from .provider import set_connection_provider
 
 __version__ = "0.1.0"
@@ -61,7 +62,9 @@ __all__ = [
     "WorkflowFunction",
     "get_run",
     "get_steps",
+    "deprecate_patch",
     "parallel",
+    "patched",
     "schedule",
     "set_connection_provider",
     "sleep",

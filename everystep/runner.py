@@ -259,7 +259,8 @@ def _claim_effect(ex: Execution, step: StepFunction, entry: NewStep) -> StepReco
     """An unsafe step's ``started`` row, whose insert is the atomic claim on
     its effect. Returns that row, or the outcome a racing execution already
     recorded; one that started and has no outcome blocks the run."""
-    write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry))
+    markers = ex.take_markers()
+    write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry, markers))
     if write.ours or write.record.status != STEP_STARTED:
         ex.outcomes[entry.step_id] = write.record
         return write.record
@@ -317,12 +318,13 @@ def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, sta
         ex.held = HeldRecord(ctx, finished, decoded, token)
         return result
     try:
+        markers = ex.take_markers()
         if started is not None:
             write = _store_call(ex, lambda: ex.store.finish_step(
-                ex.claim, started, status, result_json, error_json, decoded, cost
+                ex.claim, started, status, result_json, error_json, decoded, cost, markers
             ), finished)
         else:
-            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded), finished)
+            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded, markers), finished)
     except BaseException as exc:
         ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
         raise
@@ -349,8 +351,9 @@ def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: t
         workflow_id=ex.run.id, step_id=entry.step_id, name=name, status=STEP_RETRYING, error=encoded,
         args=list(args), kwargs=dict(kwargs), started_at=entry.started_at, attempt=entry.attempt, wake_at=retry_at,
     )
+    markers = ex.take_markers()
     try:
-        write = _store_call(ex, lambda: ex.store.record_attempt(ex.claim, waiting, decoded))
+        write = _store_call(ex, lambda: ex.store.record_attempt(ex.claim, waiting, decoded, markers))
     except BaseException as exc:
         ex.observer.step_finished(ctx, entry.step_id, name, "unrecorded", exc, token)
         raise
@@ -475,8 +478,10 @@ class HeldRecord:
         causes, as any step write's does (a cancel records the step through
         the cancelled claim)."""
         ex.held = None
+        markers = ex.take_markers()
         try:
-            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, self.entry, self.decoded), self.entry)
+            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, self.entry, self.decoded, markers),
+                                self.entry)
         except BaseException as exc:
             self._finished(ex, "unrecorded", exc)
             raise
@@ -488,12 +493,15 @@ class HeldRecord:
         False if that was refused (nothing written: ``flush`` then says
         why). The database failing raises its interrupt."""
         ex.held = None
+        markers = ex.take_markers()
         try:
-            write = ex.store.finish_run_with_step(ex.claim, self.entry, status, result_json, None, self.decoded)
+            write = ex.store.finish_run_with_step(ex.claim, self.entry, status, result_json, None, self.decoded,
+                                                  markers)
         except StoreUnavailable as exc:
             self._finished(ex, "unrecorded", exc)
             raise ex.interrupt_with(exc) from None
         if write is LOST:
+            ex.give_back_markers(markers)  # the step alone goes next, and says why
             return False
         self._written(ex, write)
         return True
@@ -569,7 +577,8 @@ def _record_sleep(ex: Execution, step_id: str, wake_at: dt.datetime | None, star
                     result_json="null" if status == STEP_DONE else None, wake_at=wake_at)
     decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=SLEEP_STEP, status=status,
                          args=[wake_at], started_at=started_at, wake_at=wake_at)
-    write = _store_call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded), entry)
+    markers = ex.take_markers()
+    write = _store_call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded, markers), entry)
     ex.outcomes[step_id] = write.record
     return write
 
@@ -856,7 +865,7 @@ def _write(ex: Execution, outcome: Outcome, error: BaseException | None,
             written = outcomes.requeue(ex.store, ex.claim)
         else:
             error_json = serde.dumps(serde.encode_exception(error), "run error") if error is not None else None
-            written = ex.store.finish_run(ex.claim, outcome, result_json, error_json)
+            written = ex.store.finish_run(ex.claim, outcome, result_json, error_json, ex.take_markers())
     except StoreUnavailable as exc:
         return Outcome.UNFINISHED, exc
     return (outcome if written else _lost(ex)), error

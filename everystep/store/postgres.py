@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import psycopg
@@ -122,7 +122,12 @@ class PostgresStore(Store):
         result_json: str | None = None,
         error_json: str | None = None,
         decoded: StepRecord | None = None,
+        markers: Sequence[NewStep] = (),
     ) -> StepWrite | None:
+        if markers:
+            # Rare (a run whose last act follows a patch point): the general
+            # form, one transaction holding the markers, the step and the status.
+            return super().finish_run_with_step(claim, step, status, result_json, error_json, decoded, markers)
         # One statement, not a transaction of two: BEGIN and COMMIT would be
         # round trips of their own (docs/performance.md measures both forms).
         params = self._step_params(claim, step)

@@ -1,0 +1,151 @@
+"""Patches: changing a workflow's steps under runs already in flight.
+
+A run replays its body from the top, so new code that adds, removes or
+reorders steps would meet runs recorded by the old code at the wrong ids.
+``patched(id)`` lets both versions live in one body::
+
+    if everystep.patched("charge-v2"):
+        charge_with_tax(order)        # the new path
+    else:
+        charge(order)                 # the path runs in flight already took
+
+The first time a run reaches a patch id, the answer is decided and
+recorded, durably, as one step row (name ``everystep.patch``, kind
+``patch``, result ``true``/``false``) at the reserved id ``@patch:<id>``:
+
+- ``False`` when the run's recorded steps already went past that point on
+  the old code: its scope holds a recorded step this replay has not reached
+  yet (a step id the scope has not handed out), which the old code recorded
+  after the place the marker would be;
+- ``True`` otherwise: a new run, or one that had not reached that point
+  when the code changed.
+
+Every replay returns the recorded answer. A marker takes no position in its
+scope (step ids after it do not shift), and ``@`` cannot begin a step name,
+so a marker never collides with a step. The answer is per run: the same id
+asked again, in any scope, gets the same answer.
+
+The marker is not written on its own: it is held by the execution and goes
+with its next write (the next step's record, or the run's end) in that
+write's transaction (``Store.record_step(markers=...)``), so a patch costs
+no round trip of its own. A step recorded after the patch point is never
+durable without the marker; a marker lost with nothing recorded after it is
+decided again, the same way, on the next claim.
+
+``deprecate_patch(id)`` replaces the ``if``/``else`` once no run in flight
+took the old branch (``everystep check-deploy`` says when): it records
+nothing and fails a run (``WorkflowCodeError``, as a divergence does) only if
+that run recorded ``False``. Outside a workflow ``patched`` is ``True``
+(unit tests run the new path) and ``deprecate_patch`` does nothing.
+"""
+
+from __future__ import annotations
+
+from . import serde
+from .context import Context, Execution, recording_context, validate_name
+from .errors import WorkflowCodeError
+from .models import STEP_DONE, StepRecord
+from .store import NewStep, utcnow
+
+#: The function name recorded for a patch marker's row.
+PATCH_STEP = "everystep.patch"
+#: What begins a marker's step id: no step name can begin with it.
+MARKER_PREFIX = "@patch:"
+#: A marker row's kind, as ``show`` and the console say it.
+KIND_PATCH = "patch"
+
+
+def marker_id(patch_id: str) -> str:
+    return MARKER_PREFIX + patch_id
+
+
+def is_marker(record: StepRecord) -> bool:
+    return record.name == PATCH_STEP and record.step_id.startswith(MARKER_PREFIX)
+
+
+def patch_of(record: StepRecord) -> str:
+    """The patch id of a marker row."""
+    return record.step_id[len(MARKER_PREFIX):]
+
+
+def patched(patch_id: str) -> bool:
+    """Whether this run takes the new path at patch ``patch_id`` (see the module)."""
+    validate_name(patch_id)
+    ctx = recording_context()
+    if ctx is None:
+        return True
+    ex = ctx.execution
+    ex.check_interrupt()
+    step_id = marker_id(patch_id)
+    recorded = ex.outcomes.get(step_id)
+    if recorded is not None:
+        return _answer(ex, step_id, recorded)
+    answer = not went_past(ctx)
+    now = utcnow()
+    args_json = serde.dumps([patch_id], "patch id")
+    result_json = "true" if answer else "false"
+    record = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=PATCH_STEP, status=STEP_DONE, result=answer,
+                        args=[patch_id], started_at=now)
+    with ex._lock:
+        if step_id in ex.outcomes:  # a sibling branch decided it first
+            return _answer(ex, step_id, ex.outcomes[step_id])
+        ex.outcomes[step_id] = record
+        if not ex.dry_run:
+            ex.markers.append(NewStep(step_id, PATCH_STEP, args_json, "{}", now, status=STEP_DONE,
+                                      result_json=result_json))
+    return answer
+
+
+def deprecate_patch(patch_id: str) -> None:
+    """The old branch of ``patch_id`` is gone: a run that recorded ``False``
+    there cannot go on with this code (``WorkflowCodeError``); any other run
+    goes on, and nothing is recorded."""
+    validate_name(patch_id)
+    ctx = recording_context()
+    if ctx is None:
+        return
+    ex = ctx.execution
+    ex.check_interrupt()
+    step_id = marker_id(patch_id)
+    recorded = ex.outcomes.get(step_id)
+    if recorded is not None and _answer(ex, step_id, recorded) is False:
+        raise ex.interrupt_with(WorkflowCodeError(
+            f"run {ex.run.id}: patch {patch_id!r} is deprecated but this run took its old branch "
+            f"(recorded at {step_id}); the code diverged from the recorded run. Deploy code that still has "
+            f"the old branch under patched({patch_id!r}), or fork the run: everystep fork {ex.run.id} "
+            "--from-step STEP"
+        ))
+
+
+def went_past(ctx: Context) -> bool:
+    """Whether the run's records go past the point this scope has reached:
+    a recorded step of this scope (or nested under one of its forks) whose
+    id the scope has not handed out yet in this replay."""
+    prefix = ctx.prefix
+    start = len(prefix)
+    for step_id, record in list(ctx.execution.outcomes.items()):
+        if record.name == PATCH_STEP or not step_id.startswith(prefix):
+            continue
+        dot = step_id.find(".", start)
+        head = step_id if dot < 0 else step_id[:dot]
+        if not ctx.allocated(head):
+            return True
+    return False
+
+
+def _answer(ex: Execution, step_id: str, recorded: StepRecord) -> bool:
+    if recorded.name != PATCH_STEP:
+        raise ex.interrupt_with(WorkflowCodeError(
+            f"run {ex.run.id}: step {step_id} recorded {recorded.name!r} but the workflow now asks for a patch "
+            "marker there; the code diverged from the recorded run"
+        ))
+    return bool(recorded.result)
+
+
+def marker_counts(records: list[StepRecord]) -> dict[str, bool]:
+    """The patches a run recorded, with the branch each took (True: new)."""
+    return {patch_of(record): bool(record.result) for record in records if is_marker(record)}
+
+
+__all__ = ["KIND_PATCH", "MARKER_PREFIX", "PATCH_STEP", "deprecate_patch", "is_marker", "marker_counts",
+           "marker_id", "patch_of", "patched", "went_past"]
