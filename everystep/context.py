@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from .resources import StepMeter
     from .runner import HeldRecord
-    from .store import NewStep, Store
+    from .store import Marker, Store
 
 MAX_STEP_ID_LENGTH = 300
 # fullmatch, not match with "$": "$" also matches before a trailing newline.
@@ -132,7 +132,7 @@ class Execution:
     held: HeldRecord | None = None
     #: Patch markers decided and not yet written: they go with the next
     #: write of this execution, in its transaction (``everystep.patches``).
-    markers: list[NewStep] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -152,7 +152,7 @@ class Execution:
         if self.interrupt is not None:
             raise self.interrupt
 
-    def take_markers(self) -> tuple[NewStep, ...]:
+    def take_markers(self) -> tuple[Marker, ...]:
         """The patch markers not yet written, handed to the write about to
         be made (and no longer held here)."""
         if not self.markers:
@@ -161,7 +161,7 @@ class Execution:
             taken, self.markers = tuple(self.markers), []
         return taken
 
-    def give_back_markers(self, markers: tuple[NewStep, ...]) -> None:
+    def give_back_markers(self, markers: tuple[Marker, ...]) -> None:
         """Markers a write did not take after all: the next write carries them."""
         if markers:
             with self._lock:

@@ -41,11 +41,12 @@ that run recorded ``False``. Outside a workflow ``patched`` is ``True``
 
 from __future__ import annotations
 
-from . import serde
+import functools
+
 from .context import Context, Execution, recording_context, validate_name
 from .errors import WorkflowCodeError
 from .models import STEP_DONE, StepRecord
-from .store import NewStep, utcnow
+from .store import Marker, utcnow
 
 #: The function name recorded for a patch marker's row.
 PATCH_STEP = "everystep.patch"
@@ -70,43 +71,61 @@ def patch_of(record: StepRecord) -> str:
 
 def patched(patch_id: str) -> bool:
     """Whether this run takes the new path at patch ``patch_id`` (see the module)."""
-    validate_name(patch_id)
+    step_id = _marker_ids.get(patch_id) or _checked(patch_id)
     ctx = recording_context()
     if ctx is None:
         return True
     ex = ctx.execution
-    ex.check_interrupt()
-    step_id = marker_id(patch_id)
+    if ex.interrupt is not None:
+        raise ex.interrupt
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         return _answer(ex, step_id, recorded)
     answer = not went_past(ctx)
-    now = utcnow()
-    args_json = serde.dumps([patch_id], "patch id")
-    result_json = "true" if answer else "false"
-    record = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=PATCH_STEP, status=STEP_DONE, result=answer,
-                        args=[patch_id], started_at=now)
+    marker, template = _decided(patch_id, answer)
+    record = template.completed(None)
+    record.__dict__.update(workflow_id=ex.run.id, started_at=utcnow())
     with ex._lock:
         if step_id in ex.outcomes:  # a sibling branch decided it first
             return _answer(ex, step_id, ex.outcomes[step_id])
         ex.outcomes[step_id] = record
         if not ex.dry_run:
-            ex.markers.append(NewStep(step_id, PATCH_STEP, args_json, "{}", now, status=STEP_DONE,
-                                      result_json=result_json))
+            ex.markers.append(marker)
     return answer
+
+
+#: Patch id → its marker's step id, for ids already checked.
+_marker_ids: dict[str, str] = {}
+
+
+def _checked(patch_id: str) -> str:
+    validate_name(patch_id)
+    step_id = _marker_ids[patch_id] = marker_id(patch_id)
+    return step_id
+
+
+@functools.cache
+def _decided(patch_id: str, answer: bool) -> tuple[Marker, StepRecord]:
+    """The marker row of ``answer`` at ``patch_id``, and the record a run
+    keeps of it (copied per run: ``StepRecord.completed``). The same for
+    every run, so made once."""
+    step_id = marker_id(patch_id)
+    # The id is a checked name: no character of it needs escaping in JSON.
+    marker = Marker(step_id, PATCH_STEP, f'["{patch_id}"]', "true" if answer else "false")
+    return marker, StepRecord(workflow_id="", step_id=step_id, name=PATCH_STEP, status=STEP_DONE, result=answer,
+                              args=[patch_id])
 
 
 def deprecate_patch(patch_id: str) -> None:
     """The old branch of ``patch_id`` is gone: a run that recorded ``False``
     there cannot go on with this code (``WorkflowCodeError``); any other run
     goes on, and nothing is recorded."""
-    validate_name(patch_id)
+    step_id = _marker_ids.get(patch_id) or _checked(patch_id)
     ctx = recording_context()
     if ctx is None:
         return
     ex = ctx.execution
     ex.check_interrupt()
-    step_id = marker_id(patch_id)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None and _answer(ex, step_id, recorded) is False:
         raise ex.interrupt_with(WorkflowCodeError(

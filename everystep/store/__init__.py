@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 from ..errors import EverystepError
-from .base import LOST, ClaimState, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow
+from .base import LOST, ClaimState, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow
 
 DEFAULT_URL = "sqlite:///everystep.db"
 ENV_VAR = "EVERYSTEP_DATABASE_URL"
@@ -107,6 +107,7 @@ __all__ = [
     "ENV_VAR",
     "LOST",
     "ClaimState",
+    "Marker",
     "NewStep",
     "Notifications",
     "RunnerInfo",

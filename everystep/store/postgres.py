@@ -34,13 +34,14 @@ from psycopg.types.string import TextLoader
 from .. import serde
 from ..models import Claim, StepRecord
 from . import postgres_hot
-from .base import LOST, NewStep, Notifications, Row, StepWrite, Store
+from .base import LOST, Marker, NewStep, Notifications, Row, StepWrite, Store
 
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "everystep_scheduled"
 #: What a runner sends for every run: these go through ``postgres_hot``.
-HOT_STATEMENTS = ("claim", "record_step", "finish_run_with_step")
+HOT_STATEMENTS = ("claim", "record_step", "finish_run_with_step", "record_step_marked",
+                  "finish_run_with_step_marked")
 #: Payload "RUNNER RUN_ID": a run RUNNER holds was taken from it (requeue --force).
 FENCE_CHANNEL = "everystep_fenced"
 
@@ -122,18 +123,22 @@ class PostgresStore(Store):
         result_json: str | None = None,
         error_json: str | None = None,
         decoded: StepRecord | None = None,
-        markers: Sequence[NewStep] = (),
+        markers: Sequence[Marker] = (),
     ) -> StepWrite | None:
-        if markers:
-            # Rare (a run whose last act follows a patch point): the general
-            # form, one transaction holding the markers, the step and the status.
+        if len(markers) > 1:
+            # Rare: the general form, one transaction holding the markers,
+            # the step and the status.
             return super().finish_run_with_step(claim, step, status, result_json, error_json, decoded, markers)
         # One statement, not a transaction of two: BEGIN and COMMIT would be
         # round trips of their own (docs/performance.md measures both forms).
+        # A patch marker decided since the last write rides in it.
         params = self._step_params(claim, step)
         params.update(step_status=params["status"], step_result=params["result"], step_error=params["error"],
                       status=status, result=result_json, error=error_json)
-        row = self._fetchone("finish_run_with_step", params)
+        if markers:
+            row = self._fetchone("finish_run_with_step_marked", self._with_marker(params, markers[0]))
+        else:
+            row = self._fetchone("finish_run_with_step", params)
         if row is None:
             return LOST
         return StepWrite(self._written(claim, step, decoded, row), ours=True)

@@ -51,7 +51,7 @@ from .runners import Runners
 from .runs import Runs
 from .schema import Schema
 from .values import (
-    LOST, MAX_UUID, MIN_UUID, ClaimState, NewStep, Notifications, RunnerInfo, StepWrite, id_prefix_range,
+    LOST, MAX_UUID, MIN_UUID, ClaimState, Marker, NewStep, Notifications, RunnerInfo, StepWrite, id_prefix_range,
     new_run_id, utcnow,
 )
 
@@ -61,6 +61,6 @@ class Store(Execution, ConsoleReads, Runs, Runners, Queues, OperatorRequests, Re
 
 
 __all__ = [
-    "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "NewStep", "Notifications", "Row",
+    "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "Marker", "NewStep", "Notifications", "Row",
     "RunnerInfo", "Store", "StoreCore", "StepWrite", "id_prefix_range", "new_run_id", "utcnow",
 ]

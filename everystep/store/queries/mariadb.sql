@@ -157,6 +157,21 @@ ON DUPLICATE KEY UPDATE
     status = IF(status IN {step_open_statuses}, VALUES(status), status)
 RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
 
+-- name: record_marker
+-- A patch marker (everystep.patches), in the transaction of the write it
+-- goes with, before that write. Fenced like every step record; a marker
+-- already recorded is left as it is.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s, '{{}}', 'done', %(result)s, %(now)s, %(now)s, 1
+FROM DUAL
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON DUPLICATE KEY UPDATE step_id = everystep_step.step_id
+
 -- name: start_step
 -- The atomic claim on an unsafe step's effect: exactly one insert wins. The
 -- run's row lock (FOR UPDATE, under this claim) serialises the claimants;

@@ -105,6 +105,57 @@ SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
 WHERE everystep_step.status IN {step_open_statuses}
 RETURNING completed_at
 
+-- name: record_step_marked
+-- record_step and one patch marker (everystep.patches) in one statement,
+-- so the marker takes no statement or transaction of its own (and, on the
+-- runner's path, no round trip).
+WITH marker AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+    SELECT %(run_id)s, %(marker_id)s, %(marker_name)s, %(marker_args)s::json, '{{}}'::json, 'done',
+           %(marker_result)s::json, clock_timestamp(), clock_timestamp(), 1
+    WHERE EXISTS (
+        SELECT 1 FROM everystep_workflow
+        WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+          AND claim_epoch = %(claim_epoch)s
+    )
+    ON CONFLICT (workflow_id, step_id) DO NOTHING
+)
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
+       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
+       %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+    status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
+    cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
+WHERE everystep_step.status IN {step_open_statuses}
+RETURNING step_id, completed_at
+
+-- name: record_marker
+-- A patch marker (everystep.patches), in the transaction of the write it
+-- goes with, before that write. Fenced like every step record; a marker
+-- already recorded is left as it is.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, '{{}}'::json, 'done', %(result)s::json,
+       clock_timestamp(), clock_timestamp(), 1
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON CONFLICT (workflow_id, step_id) DO NOTHING
+
 -- name: start_step
 -- The atomic claim on an unsafe step's effect: exactly one insert wins. A
 -- `retrying` row (the step was retried under older code that did not mark
@@ -173,6 +224,46 @@ WITH owned AS (
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
     FOR UPDATE
+), step AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+         attempt, wake_at, cpu_seconds, peak_rss_bytes)
+    SELECT owned.id, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(step_status)s,
+           %(step_result)s::json, %(step_error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
+           %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
+    FROM owned
+    ON CONFLICT (workflow_id, step_id) DO UPDATE
+    SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+        status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+        started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+        attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
+        cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
+    WHERE everystep_step.status IN {step_open_statuses}
+    RETURNING completed_at
+), run AS (
+    UPDATE everystep_workflow
+    SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
+        completed_at = clock_timestamp()
+    WHERE id = (SELECT id FROM owned) AND EXISTS (SELECT 1 FROM step)
+    RETURNING id
+)
+SELECT step.completed_at FROM step, run
+
+-- name: finish_run_with_step_marked
+-- finish_run_with_step and one patch marker (everystep.patches), in one
+-- statement: the marker is written under the same lock of the run row.
+WITH owned AS (
+    SELECT id FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+    FOR UPDATE
+), marker AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+    SELECT owned.id, %(marker_id)s, %(marker_name)s, %(marker_args)s::json, '{{}}'::json, 'done',
+           %(marker_result)s::json, clock_timestamp(), clock_timestamp(), 1
+    FROM owned
+    ON CONFLICT (workflow_id, step_id) DO NOTHING
 ), step AS (
     INSERT INTO everystep_step
         (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,

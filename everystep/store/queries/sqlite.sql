@@ -165,6 +165,53 @@ SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
 WHERE everystep_step.status IN {step_open_statuses}
 RETURNING completed_at
 
+-- name: record_step_marked
+-- record_step and one patch marker (everystep.patches) in one statement,
+-- so the marker takes no statement or transaction of its own. The marker
+-- row conflicts only with itself, already `done`: the upsert leaves it.
+-- RETURNING: the step's row says the write was made (a marker row may
+-- come back beside it).
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now,
+       :attempt, :wake_at, :cpu_seconds, :peak_rss_bytes
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
+)
+UNION ALL
+SELECT :run_id, :marker_id, :marker_name, :marker_args, '{{}}', 'done', :marker_result, NULL, :now, :now,
+       1, NULL, NULL, NULL
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
+)
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
+    status = excluded.status, result = excluded.result, error = excluded.error,
+    started_at = excluded.started_at, completed_at = excluded.completed_at,
+    attempt = excluded.attempt, wake_at = excluded.wake_at,
+    cpu_seconds = excluded.cpu_seconds, peak_rss_bytes = excluded.peak_rss_bytes
+WHERE everystep_step.status IN {step_open_statuses}
+RETURNING step_id, completed_at
+
+-- name: record_marker
+-- A patch marker (everystep.patches), in the transaction of the write it
+-- goes with, before that write. Fenced like every step record; a marker
+-- already recorded is left as it is.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+SELECT :run_id, :step_id, :name, :args, '{{}}', 'done', :result, :now, :now, 1
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
+)
+ON CONFLICT (workflow_id, step_id) DO NOTHING
+
 -- name: start_step
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, started_at)
