@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, queue_commands, registry, relay, resources, retention, serde
+from . import admin, dryrun, patches, queue_commands, registry, relay, resources, retention, serde
 from .api import workflow_placement
 from .queues import Placement
 from .cliutil import (
@@ -569,19 +569,27 @@ def cmd_check_deploy(store: Store, args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     listed: list[dryrun.Verdict] = []
     problems = 0
+    seen: list[tuple[dict[str, bool], dict[str, str]]] = []
     for verdict in dryrun.check_deploy(store, timeout=args.timeout):
+        seen.append((verdict.patches, verdict.patch_calls))
         counts[verdict.outcome.value] = counts.get(verdict.outcome.value, 0) + 1
         problems += verdict.problem
         if verdict.problem or args.all:
             listed.append(verdict)
     checked = sum(counts.values())
+    reports = patches.patch_reports(seen)
     if args.json:
         print_json({"checked": checked, "problems": problems, "counts": counts,
-                    "runs": [verdict.to_dict() for verdict in listed]})
+                    "runs": [verdict.to_dict() for verdict in listed],
+                    "patches": [report.to_dict() for report in reports]})
         return 1 if problems else 0
     if listed:
         rows = [(v.run_id, v.status, v.workflow, v.outcome.value, v.detail) for v in listed]
         print(format_table(("RUN", "STATUS", "WORKFLOW", "VERDICT", "DETAIL"), rows))
+        print()
+    if reports:
+        rows = [(r.patch_id, str(r.new), str(r.old), r.in_code or "-", r.advice) for r in reports]
+        print(format_table(("PATCH", "NEW", "OLD", "CODE", "ADVICE"), rows))
         print()
     summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items())) or "none"
     print(f"checked {checked} unfinished run(s): {summary}; "

@@ -133,6 +133,9 @@ class Execution:
     #: Patch markers decided and not yet written: they go with the next
     #: write of this execution, in its transaction (``everystep.patches``).
     markers: list[Marker] = field(default_factory=list)
+    #: A dry replay only: the patches the body asked about, and how
+    #: (``patched`` or ``deprecated``), for ``check-deploy``'s advice.
+    patch_calls: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

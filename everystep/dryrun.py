@@ -24,10 +24,10 @@ import ctypes
 import enum
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import registry
+from . import patches, registry
 from .context import Context, Execution, _current
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
 from .models import BLOCKED, RUNNING, SCHEDULED, Run, StepRecord
@@ -83,6 +83,10 @@ class Verdict:
     outcome: Outcome
     detail: str
     next_step: str | None = None
+    #: The patches the run recorded (True: it took the new branch).
+    patches: dict[str, bool] = field(default_factory=dict)
+    #: The patches this code asked about in the replay (``patched``/``deprecated``).
+    patch_calls: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def problem(self) -> bool:
@@ -92,7 +96,7 @@ class Verdict:
         return {
             "run_id": self.run_id, "workflow": self.workflow, "status": self.status,
             "outcome": self.outcome.value, "problem": self.problem, "detail": self.detail,
-            "next_step": self.next_step,
+            "next_step": self.next_step, "patches": dict(self.patches),
         }
 
 
@@ -130,7 +134,8 @@ def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT
         _abandon(thread)
         return _verdict(run, Outcome.TIMEOUT, f"the replay had not stopped after {timeout:g}s "
                                               "(code between steps that waits or loops?)")
-    return _judge(run, ex.interrupt or box.get("error"))
+    verdict = _judge(run, ex.interrupt or box.get("error"))
+    return replace(verdict, patches=patches.recorded_patches(records), patch_calls=dict(ex.patch_calls))
 
 
 def _abandon(thread: threading.Thread) -> None:

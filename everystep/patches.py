@@ -42,6 +42,8 @@ that run recorded ``False``. Outside a workflow ``patched`` is ``True``
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .context import Context, Execution, recording_context, validate_name
 from .errors import WorkflowCodeError
@@ -54,6 +56,9 @@ PATCH_STEP = "everystep.patch"
 MARKER_PREFIX = "@patch:"
 #: A marker row's kind, as ``show`` and the console say it.
 KIND_PATCH = "patch"
+#: How the code asks about a patch (``check-deploy``).
+PATCHED = "patched"
+DEPRECATED = "deprecated"
 
 
 def marker_id(patch_id: str) -> str:
@@ -78,6 +83,8 @@ def patched(patch_id: str) -> bool:
     ex = ctx.execution
     if ex.interrupt is not None:
         raise ex.interrupt
+    if ex.dry_run:
+        ex.patch_calls.setdefault(patch_id, PATCHED)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         return _answer(ex, step_id, recorded)
@@ -126,6 +133,8 @@ def deprecate_patch(patch_id: str) -> None:
         return
     ex = ctx.execution
     ex.check_interrupt()
+    if ex.dry_run:
+        ex.patch_calls[patch_id] = DEPRECATED
     recorded = ex.outcomes.get(step_id)
     if recorded is not None and _answer(ex, step_id, recorded) is False:
         raise ex.interrupt_with(WorkflowCodeError(
@@ -161,10 +170,54 @@ def _answer(ex: Execution, step_id: str, recorded: StepRecord) -> bool:
     return bool(recorded.result)
 
 
-def marker_counts(records: list[StepRecord]) -> dict[str, bool]:
+def recorded_patches(records: Iterable[StepRecord]) -> dict[str, bool]:
     """The patches a run recorded, with the branch each took (True: new)."""
     return {patch_of(record): bool(record.result) for record in records if is_marker(record)}
 
 
-__all__ = ["KIND_PATCH", "MARKER_PREFIX", "PATCH_STEP", "deprecate_patch", "is_marker", "marker_counts",
-           "marker_id", "patch_of", "patched", "went_past"]
+@dataclass
+class PatchReport:
+    """One patch across the runs in flight: how many took each branch, and
+    how the code checked asks about it (``patched``, ``deprecated``, or
+    None: not reached by any replay)."""
+
+    patch_id: str
+    new: int = 0
+    old: int = 0
+    in_code: str | None = None
+
+    @property
+    def advice(self) -> str:
+        if self.in_code == DEPRECATED:
+            if self.old:
+                return (f"{self.old} run(s) in flight took the old branch and fail with this code: keep "
+                        f"patched({self.patch_id!r}) until they finish (or fork them)")
+            return "no run in flight took the old branch: deprecate_patch() can be deleted"
+        if self.old:
+            return f"keep both branches: {self.old} run(s) in flight took the old one"
+        return "no run in flight took the old branch: can be deprecated (deprecate_patch)"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"patch": self.patch_id, "new": self.new, "old": self.old, "in_code": self.in_code,
+                "advice": self.advice}
+
+
+def patch_reports(seen: Iterable[tuple[dict[str, bool], dict[str, str]]]) -> list[PatchReport]:
+    """Per patch, from each run's (recorded patches, patch calls of its dry replay)."""
+    reports: dict[str, PatchReport] = {}
+    for recorded, calls in seen:
+        for patch_id, answer in recorded.items():
+            report = reports.setdefault(patch_id, PatchReport(patch_id))
+            if answer:
+                report.new += 1
+            else:
+                report.old += 1
+        for patch_id, how in calls.items():
+            report = reports.setdefault(patch_id, PatchReport(patch_id))
+            if report.in_code != DEPRECATED:
+                report.in_code = how
+    return sorted(reports.values(), key=lambda report: report.patch_id)
+
+
+__all__ = ["DEPRECATED", "KIND_PATCH", "MARKER_PREFIX", "PATCHED", "PATCH_STEP", "PatchReport", "deprecate_patch",
+           "is_marker", "marker_id", "patch_of", "patch_reports", "patched", "recorded_patches", "went_past"]

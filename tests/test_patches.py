@@ -9,7 +9,10 @@ the transaction of the next write."""
 
 from __future__ import annotations
 
+import json
 import types
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +23,7 @@ from everystep.models import COMPLETED, FAILED
 from everystep.patches import PATCH_STEP, marker_id
 from everystep.store import Store
 from tests.apps import patch_v1, patch_v2, patch_v3
+from tests.support.cli import run_in_process
 from tests.support.runs import crash_at, execute_run
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -143,3 +147,48 @@ def test_deprecating_a_patch_fails_a_run_that_took_the_old_branch(store: Store) 
 
 def test_outside_a_workflow_the_new_branch() -> None:
     assert patched("anything") is True
+
+
+def in_flight(store: Store, module: types.ModuleType, run_id: str, dies_after: str) -> None:
+    """Execute ``run_id`` with ``module``'s code until it dies after step
+    ``dies_after``'s effect; back in the queue."""
+    use(module)
+    crash_at(dies_after)
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, run_id)
+    assert store.requeue(store.get_run(run_id).claim_as("tester"))
+
+
+def test_check_deploy_counts_each_patchs_branches(store: Store, db_url: str, subprocess_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    old = left_after(store, "3")
+    in_flight(store, patch_v2, old, "4")  # recorded False
+    new = schedule(patch_v2.order, ORDER, database=store).id
+    in_flight(store, patch_v2, new, "3")  # recorded True
+    schedule(patch_v2.order, ORDER, database=store)  # not at the patch point yet
+
+    def check(module: types.ModuleType) -> tuple[int, dict[str, Any]]:
+        use(module)
+        done = run_in_process(["check-deploy", "--database", db_url, "--app", module.__name__, "--json"],
+                              subprocess_env, tmp_path)
+        report = json.loads(done.stdout)
+        (tax,) = [patch for patch in report["patches"] if patch["patch"] == "tax"]
+        return done.returncode, tax
+
+    code, tax = check(patch_v2)
+    assert code == 0
+    assert (tax["new"], tax["old"], tax["in_code"]) == (1, 1, "patched")
+    assert "keep both branches" in tax["advice"]
+    code, tax = check(patch_v3)
+    assert code == 1  # the old run would fail
+    assert (tax["new"], tax["old"], tax["in_code"]) == (1, 1, "deprecated")
+    use(patch_v2)
+    assert execute_run(store, old) == COMPLETED
+    code, tax = check(patch_v2)
+    assert (code, tax["old"]) == (0, 0) and "can be deprecated" in tax["advice"]
+    code, tax = check(patch_v3)
+    assert (code, tax["old"], tax["in_code"]) == (0, 0, "deprecated") and "can be deleted" in tax["advice"]
+    use(patch_v3)
+    done = run_in_process(["check-deploy", "--database", db_url, "--app", "tests.apps.patch_v3"], subprocess_env,
+                          tmp_path)
+    assert "PATCH" in done.stdout and "can be deleted" in done.stdout
