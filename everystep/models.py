@@ -113,6 +113,12 @@ class Run:
     #: unknown). A run with none is on its first execution, so the runner
     #: skips reading its steps.
     has_steps: bool | None = field(default=None, compare=False)
+    #: The code version the run was started under (``--app-version``, or a
+    #: hash of its workflow's code: ``everystep.versions``); None before
+    #: versions were recorded.
+    app_version: str | None = None
+    #: The run this one was forked from (``everystep fork``).
+    forked_from: str | None = None
 
     @property
     def exception(self) -> BaseException | None:
@@ -148,6 +154,8 @@ class Run:
             "queue": self.queue,
             "priority": self.priority,
             "concurrency_key": self.concurrency_key,
+            "app_version": self.app_version,
+            "forked_from": self.forked_from,
         }
 
 

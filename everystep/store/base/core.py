@@ -245,6 +245,9 @@ class StoreCore(abc.ABC):
             priority=int(row["priority"]),
             concurrency_key=row["concurrency_key"],
             has_steps=bool(row["has_steps"]) if "has_steps" in row.keys() else None,
+            # Absent from the claim function's rows (the runner needs neither).
+            app_version=row["app_version"] if "app_version" in row.keys() else None,
+            forked_from=str(row["forked_from"]) if "forked_from" in row.keys() and row["forked_from"] else None,
         )
 
     @classmethod

@@ -56,9 +56,9 @@ ROLLBACK
 -- (IGNORE would also cut a value too long for its column: the only such
 -- column, the workflow name, is checked before, see mariadb.py.)
 INSERT IGNORE INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                       queue, priority, concurrency_key)
+                                       queue, priority, concurrency_key, app_version)
 VALUES (%(id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMESTAMP(6), %(not_before)s,
-        %(queue)s, %(priority)s, %(concurrency_key)s)
+        %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s)
 RETURNING {run_columns}
 
 -- name: get_run_by_key

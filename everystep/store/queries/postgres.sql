@@ -9,9 +9,9 @@
 -- time and set their timer by it.
 WITH inserted AS (
     INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                    queue, priority, concurrency_key)
+                                    queue, priority, concurrency_key, app_version)
     VALUES (%(id)s, %(name)s, %(args)s::json, %(idempotency_key)s, 'scheduled', clock_timestamp(),
-            %(not_before)s, %(queue)s, %(priority)s, %(concurrency_key)s)
+            %(not_before)s, %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s)
     ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {run_columns}
 )

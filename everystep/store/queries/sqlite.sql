@@ -5,9 +5,9 @@
 
 -- name: schedule
 INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                queue, priority, concurrency_key)
+                                queue, priority, concurrency_key, app_version)
 VALUES (:id, :name, :args, :idempotency_key, 'scheduled', :now, :not_before,
-        :queue, :priority, :concurrency_key)
+        :queue, :priority, :concurrency_key, :app_version)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {run_columns}
 
