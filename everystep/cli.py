@@ -114,6 +114,17 @@ def build_parser() -> OneLineParser:
                    "Record what happened to the unsafe step a blocked run stopped at, and schedule the run again.")
     add_resolve_step_arguments(sub)
 
+    sub = _command(commands, "fork", "start a new run from a recorded step of a run, with the code in --app",
+                   "A new run of RUN's workflow: the steps RUN recorded before --from-step are copied (their "
+                   "results replayed, never re-run) and everything from that step on is executed by the code "
+                   "deployed now. Repairs a run a bad deploy failed: fix the code, fork it from the failed step.")
+    sub.add_argument("run_id", metavar="RUN", help="the run to fork")
+    sub.add_argument("--from-step", required=True, metavar="ID", help="the first step the fork executes")
+    sub.add_argument("--args", metavar="JSON", default=None,
+                     help="replace the run's arguments (a JSON list of positional arguments, or one value) "
+                          "(default: RUN's own)")
+    sub.add_argument("--json", action="store_true", help="print the new run as JSON (default: one line)")
+
     sub = _command(commands, "cancel", "cancel a run that is not finished (it ends 'cancelled')",
                    "Cancel a scheduled, sleeping, retry-waiting, blocked or running run: it ends 'cancelled' at "
                    "once; a supervisor executing it kills its child within a second (a poll on SQLite).")
@@ -270,6 +281,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "show": cmd_show,
         "resolve-step": cmd_resolve_step,
         "cancel": cmd_cancel,
+        "fork": cmd_fork,
         "schedules": cmd_schedules,
         "requeue": cmd_requeue,
         "runners": cmd_runners,
@@ -378,9 +390,11 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     steps = sorted(store.get_steps(run.id), key=lambda step: step_sort_key(step.step_id))
     waiting = waiting_for(run, steps)
     cost = resources.run_cost(steps)
+    forks = store.forks_of(run.id)
     if args.json:
-        print_json({"run": {**run.to_dict(), "waiting": waiting},
-                    "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)}
+        print_json({"run": {**run.to_dict(), "waiting": waiting, "forks": [fork.id for fork in forks]},
+                    "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step),
+                               "kind": patches.KIND_PATCH if patches.is_marker(step) else "step"}
                               for step in steps],
                     "cost": cost.to_dict() if cost is not None else None})
         return 0
@@ -392,6 +406,11 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
           + (f", concurrency key {run.concurrency_key})" if run.concurrency_key else ")"))
     if run.claimed_by:
         print(f"claimed by {run.claimed_by}")
+    print(f"version    {run.app_version or '-'}")
+    if run.forked_from:
+        print(f"forked     forked from {run.forked_from}")
+    for fork in forks:
+        print(f"fork       {fork.id} ({fork.status})")
     if run.result is not None:
         print(f"result     {json.dumps(serde.to_jsonable(run.result))}")
     if run.error:
@@ -440,6 +459,19 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
     cpu = resources.format_cpu(step.cpu_seconds) if step.cpu_seconds is not None else "-"
     rss = resources.format_size(step.peak_rss_bytes) if step.peak_rss_bytes is not None else "-"
     return step.step_id, status, step.name, str(step.attempt), cpu, rss, outcome
+
+
+def cmd_fork(store: Store, args: argparse.Namespace) -> int:
+    options: dict[str, Any] = {}
+    if args.args is not None:
+        options["args"] = parse_json(args.args, "--args")
+    run, copied = admin.fork(store, args.run_id, args.from_step, **options)
+    if args.json:
+        print_json({**run.to_dict(), "copied_steps": copied})
+    else:
+        print(f"run {run.id} forked from {args.run_id} at step {args.from_step} ({copied} step(s) copied); "
+              f"now {run.status}")
+    return 0
 
 
 def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:

@@ -61,6 +61,37 @@ VALUES (%(id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMEST
         %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s)
 RETURNING {run_columns}
 
+-- name: insert_fork
+-- A run forked from run_id (everystep fork): the same workflow, in the
+-- same queue, scheduled now; its copied steps follow (fork_steps), in the
+-- same transaction.
+INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
+                                app_version, forked_from)
+VALUES (%(id)s, %(name)s, %(args)s, 'scheduled', UTC_TIMESTAMP(6), %(queue)s, %(priority)s,
+        %(concurrency_key)s, %(app_version)s, %(run_id)s)
+RETURNING {run_columns}
+
+-- name: fork_steps
+-- Copy the steps run_id recorded before step_id's record (`cut`, its
+-- completion time) into the fork, results as they are: the fork replays
+-- them, never re-runs them. A patch marker written with the cut step's own
+-- record was decided before that step began: it is copied too.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(id)s, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+       attempt, wake_at, cpu_seconds, peak_rss_bytes
+FROM everystep_step
+WHERE workflow_id = %(run_id)s AND step_id <> %(step_id)s AND completed_at IS NOT NULL
+  AND (completed_at < %(cut)s OR (name = %(patch_name)s AND completed_at <= %(cut)s))
+
+-- name: steps_for_update
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(run_id)s ORDER BY id FOR UPDATE
+
+-- name: forks_of
+-- The runs forked from a run, oldest first (its page says them).
+SELECT {run_columns} FROM everystep_workflow WHERE forked_from = %(id)s ORDER BY created_at, id
+
 -- name: get_run_by_key
 SELECT {run_columns} FROM everystep_workflow
 WHERE idempotency_digest = UNHEX(SHA2(CONCAT(%(name)s, CHAR(0), %(idempotency_key)s), 256))

@@ -17,6 +17,40 @@ WITH inserted AS (
 )
 SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS notified FROM inserted
 
+-- name: insert_fork
+-- A run forked from run_id (everystep fork): the same workflow, in the
+-- same queue, scheduled now; its copied steps follow (fork_steps), in the
+-- same transaction.
+WITH inserted AS (
+    INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
+                                    app_version, forked_from)
+    VALUES (%(id)s, %(name)s, %(args)s::json, 'scheduled', clock_timestamp(), %(queue)s, %(priority)s,
+            %(concurrency_key)s, %(app_version)s, %(run_id)s)
+    RETURNING {run_columns}
+)
+SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS notified FROM inserted
+
+-- name: fork_steps
+-- Copy the steps run_id recorded before step_id's record (`cut`, its
+-- completion time) into the fork, results as they are: the fork replays
+-- them, never re-runs them. A patch marker written with the cut step's own
+-- record was decided before that step began: it is copied too.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(id)s, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+       attempt, wake_at, cpu_seconds, peak_rss_bytes
+FROM everystep_step
+WHERE workflow_id = %(run_id)s AND step_id <> %(step_id)s AND completed_at IS NOT NULL
+  AND (completed_at < %(cut)s OR (name = %(patch_name)s AND completed_at <= %(cut)s))
+
+-- name: steps_for_update
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(run_id)s ORDER BY id
+
+-- name: forks_of
+-- The runs forked from a run, oldest first (its page says them).
+SELECT {run_columns} FROM everystep_workflow WHERE forked_from = %(id)s ORDER BY created_at, id
+
 -- name: get_run_by_key
 SELECT {run_columns} FROM everystep_workflow
 WHERE name = %(name)s AND idempotency_key = %(idempotency_key)s

@@ -11,6 +11,36 @@ VALUES (:id, :name, :args, :idempotency_key, 'scheduled', :now, :not_before,
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {run_columns}
 
+-- name: insert_fork
+-- A run forked from run_id (everystep fork): the same workflow, in the
+-- same queue, scheduled now; its copied steps follow (fork_steps), in the
+-- same transaction.
+INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
+                                app_version, forked_from)
+VALUES (:id, :name, :args, 'scheduled', :now, :queue, :priority, :concurrency_key, :app_version, :run_id)
+RETURNING {run_columns}
+
+-- name: fork_steps
+-- Copy the steps run_id recorded before step_id's record (`cut`, its
+-- completion time) into the fork, results as they are: the fork replays
+-- them, never re-runs them. A patch marker written with the cut step's own
+-- record was decided before that step began: it is copied too.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT :id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+       attempt, wake_at, cpu_seconds, peak_rss_bytes
+FROM everystep_step
+WHERE workflow_id = :run_id AND step_id <> :step_id AND completed_at IS NOT NULL
+  AND (completed_at < :cut OR (name = :patch_name AND completed_at <= :cut))
+
+-- name: steps_for_update
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = :run_id ORDER BY id
+
+-- name: forks_of
+-- The runs forked from a run, oldest first (its page says them).
+SELECT {run_columns} FROM everystep_workflow WHERE forked_from = :id ORDER BY created_at, id
+
 -- name: get_run_by_key
 SELECT {run_columns} FROM everystep_workflow
 WHERE name = :name AND idempotency_key = :idempotency_key
