@@ -125,6 +125,17 @@ def build_parser() -> OneLineParser:
                           "(default: RUN's own)")
     sub.add_argument("--json", action="store_true", help="print the new run as JSON (default: one line)")
 
+    sub = _command(commands, "replay", "replay a recorded run here, against its records, writing nothing",
+                   "Replay RUN's body in this process with the code in --app against its recorded steps, through "
+                   "a read-only connection (a read replica will do), printing each step as it is matched: its "
+                   "recorded outcome, or where and why the code diverges. Never executes a step. Exit 1 if the "
+                   "code diverges from the records.")
+    sub.add_argument("run_id", metavar="RUN", help="the run's id (or a unique prefix)")
+    sub.add_argument("--pdb", action="store_true",
+                     help="stop in the debugger at the first divergence, or at --until-step (default: off)")
+    sub.add_argument("--until-step", metavar="ID", default=None,
+                     help="stop the replay before step ID (in the debugger with --pdb) (default: replay it all)")
+
     sub = _command(commands, "cancel", "cancel a run that is not finished (it ends 'cancelled')",
                    "Cancel a scheduled, sleeping, retry-waiting, blocked or running run: it ends 'cancelled' at "
                    "once; a supervisor executing it kills its child within a second (a poll on SQLite).")
@@ -273,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "replay":
+        return cmd_replay(connect(args.database, read_only=True), args)
     store = connect(args.database)
     handler = {
         "migrate": cmd_migrate,
@@ -459,6 +472,15 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
     cpu = resources.format_cpu(step.cpu_seconds) if step.cpu_seconds is not None else "-"
     rss = resources.format_size(step.peak_rss_bytes) if step.peak_rss_bytes is not None else "-"
     return step.step_id, status, step.name, str(step.attempt), cpu, rss, outcome
+
+
+def cmd_replay(store: Store, args: argparse.Namespace) -> int:
+    from .local_replay import replay_run
+
+    try:
+        return replay_run(store, args.run_id, sys.stdout, until=args.until_step, debugger=args.pdb)
+    finally:
+        store.close()
 
 
 def cmd_fork(store: Store, args: argparse.Namespace) -> int:

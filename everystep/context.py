@@ -84,6 +84,19 @@ class Flag(Protocol):
     def is_set(self) -> bool: ...
 
 
+class ReplayLog(Protocol):
+    """Told of each step a dry replay meets (``everystep replay``): before
+    it (``reaching``), then how it matched its record."""
+
+    def reaching(self, step_id: str, name: str) -> None: ...
+
+    def matched(self, step_id: str, name: str, record: StepRecord) -> None: ...
+
+    def diverged(self, step_id: str, recorded: str, called: str) -> None: ...
+
+    def unrecorded(self, step_id: str, name: str) -> None: ...
+
+
 class SignalFlag:
     """A flag a signal handler may set: no lock, unlike ``threading.Event``,
     so setting it from a handler can never deadlock the thread it interrupts."""
@@ -136,6 +149,8 @@ class Execution:
     #: A dry replay only: the patches the body asked about, and how
     #: (``patched`` or ``deprecated``), for ``check-deploy``'s advice.
     patch_calls: dict[str, str] = field(default_factory=dict)
+    #: A dry replay only: told of each step as it is matched (``everystep replay``).
+    replay_log: ReplayLog | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import patches, registry
-from .context import Context, Execution, _current
+from .context import Context, Execution, ReplayLog, _current
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
 from .models import BLOCKED, RUNNING, SCHEDULED, Run, StepRecord
 from .observer import Observers
@@ -107,27 +107,34 @@ class _NoStore:
         raise EverystepError(f"a dry replay tried to use the database (Store.{name}); nothing was written")
 
 
+def _execution(run: Run, records: list[StepRecord], log: ReplayLog | None = None) -> Execution:
+    """What a dry replay of ``run`` executes in: its records, no store."""
+    return Execution(run=run, store=_NoStore(), claimer="check-deploy",  # type: ignore[arg-type]
+                     outcomes={record.step_id: record for record in records}, observer=Observers([]),
+                     dry_run=True, replay_log=log)
+
+
+def _body(workflow: Any, run: Run, ctx: Context, box: dict[str, Any]) -> None:
+    """The body over its records, in this thread: what it returned or raised goes in ``box``."""
+    token = _current.set(ctx)
+    try:
+        box["value"] = workflow.fn(*run.args)
+    except BaseException as exc:  # judged by the caller
+        box["error"] = exc
+    finally:
+        _current.reset(token)
+
+
 def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT) -> Verdict:
     """Dry-replay ``run`` over ``records`` with the code loaded now."""
     workflow = registry.get_workflow(run.name)
     if workflow is None:
         return _verdict(run, Outcome.MISSING, f"workflow {run.name!r} is not registered by this code")
-    ex = Execution(run=run, store=_NoStore(), claimer="check-deploy",  # type: ignore[arg-type]
-                   outcomes={record.step_id: record for record in records}, observer=Observers([]),
-                   dry_run=True)
+    ex = _execution(run, records)
     ctx = Context(ex)
     box: dict[str, Any] = {}
-
-    def body() -> None:
-        token = _current.set(ctx)
-        try:
-            box["value"] = workflow.fn(*run.args)
-        except BaseException as exc:  # judged below, in the caller's thread
-            box["error"] = exc
-        finally:
-            _current.reset(token)
-
-    thread = threading.Thread(target=body, name=f"everystep-dryrun-{run.id}", daemon=True)
+    thread = threading.Thread(target=_body, args=(workflow, run, ctx, box), name=f"everystep-dryrun-{run.id}",
+                              daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
@@ -136,6 +143,21 @@ def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT
                                               "(code between steps that waits or loops?)")
     verdict = _judge(run, ex.interrupt or box.get("error"))
     return replace(verdict, patches=patches.recorded_patches(records), patch_calls=dict(ex.patch_calls))
+
+
+def replay_here(run: Run, records: list[StepRecord], log: ReplayLog) -> tuple[Verdict, BaseException | None]:
+    """Dry-replay ``run`` in this thread, telling ``log`` of each step
+    (``everystep replay``: a debugger may stop in it, so no timeout). Returns
+    the verdict and what the body raised, if anything."""
+    workflow = registry.get_workflow(run.name)
+    if workflow is None:
+        return _verdict(run, Outcome.MISSING, f"workflow {run.name!r} is not registered by this code"), None
+    ex = _execution(run, records, log)
+    box: dict[str, Any] = {}
+    _body(workflow, run, Context(ex), box)
+    raised = ex.interrupt or box.get("error")
+    verdict = _judge(run, raised)
+    return replace(verdict, patches=patches.recorded_patches(records), patch_calls=dict(ex.patch_calls)), raised
 
 
 def _abandon(thread: threading.Thread) -> None:
@@ -193,4 +215,5 @@ def check_deploy(store: Store, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Ver
         yield replay(run, records, timeout)
 
 
-__all__ = ["Outcome", "PROBLEMS", "StopBeforeStep", "Verdict", "check_deploy", "replay", "unfinished_runs"]
+__all__ = ["Outcome", "PROBLEMS", "StopBeforeStep", "Verdict", "check_deploy", "replay", "replay_here",
+           "unfinished_runs"]

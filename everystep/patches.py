@@ -87,6 +87,8 @@ def patched(patch_id: str) -> bool:
         ex.patch_calls.setdefault(patch_id, PATCHED)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
+        if ex.replay_log is not None:
+            ex.replay_log.matched(step_id, PATCH_STEP, recorded)
         return _answer(ex, step_id, recorded)
     answer = not went_past(ctx)
     marker, template = _decided(patch_id, answer)

@@ -167,10 +167,14 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     ex = ctx.execution
     step_id = _next_id(ex, ctx, name)
     attempt = 1
+    if ex.replay_log is not None:
+        ex.replay_log.reaching(step_id, step.name)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         attempt = _attempt_to_run(ex, step, step_id, recorded)
         if attempt == _RECORDED:
+            if ex.replay_log is not None:
+                ex.replay_log.matched(step_id, step.name, recorded)
             return _replay(ex, recorded)
     entry = _begin(ex, step, step_id, args, kwargs, attempt)
     started: StepRecord | None = None
@@ -237,6 +241,8 @@ def _may_start(ex: Execution, step_id: str, name: str) -> None:
     if ex.dry_run:
         from .dryrun import StopBeforeStep
 
+        if ex.replay_log is not None:
+            ex.replay_log.unrecorded(step_id, name)
         raise StopBeforeStep(step_id, name)
     if ex.draining is not None and ex.draining.is_set():
         raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
@@ -385,6 +391,8 @@ def _suspend(ex: Execution, wake_at: dt.datetime | None) -> Suspended:
 
 
 def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseException:
+    if ex.replay_log is not None:
+        ex.replay_log.diverged(step_id, recorded, called)
     return ex.interrupt_with(
         WorkflowCodeError(
             f"run {ex.run.id}: step {step_id} recorded {recorded!r} but the workflow now "
@@ -546,10 +554,14 @@ def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
         return
     ex = ctx.execution
     step_id = _next_id(ex, ctx, name)
+    if ex.replay_log is not None:
+        ex.replay_log.reaching(step_id, SLEEP_STEP)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         if recorded.name != SLEEP_STEP:
             raise _diverged(ex, step_id, recorded.name, SLEEP_STEP)
+        if ex.replay_log is not None:
+            ex.replay_log.matched(step_id, SLEEP_STEP, recorded)
         if recorded.status != STEP_SLEEPING:
             _replay(ex, recorded)
             return

@@ -251,8 +251,10 @@ class MariaDBStore(Store):
     _unavailable: ClassVar[tuple[type[BaseException], ...]] = (Unreachable, pymysql.err.InterfaceError)
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
 
-    def __init__(self, url: str, statement_timeout: float | None = None) -> None:
+    def __init__(self, url: str, statement_timeout: float | None = None, read_only: bool = False) -> None:
         super().__init__(url, statement_timeout)
+        #: Sessions the server holds read-only (``connect(read_only=True)``).
+        self.read_only = read_only
         self.connect_args = connect_args(url)
         self.connect_timeout = min(CONNECT_TIMEOUT_SECONDS, statement_timeout) if statement_timeout else (
             CONNECT_TIMEOUT_SECONDS)
@@ -281,6 +283,8 @@ class MariaDBStore(Store):
         if timeout:
             seconds = {"seconds": float(timeout), "lock_seconds": max(1, int(math.ceil(timeout)))}
             setup += [(statement, seconds) for statement in _script(self.sql["statement_timeout"])]
+        if self.read_only:
+            setup.append((self.sql["read_only_session"], None))
         try:
             with raw.cursor() as cursor:
                 for statement, params in setup:

@@ -60,15 +60,23 @@ class PostgresStore(Store):
     )
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg.Error,)
 
-    def __init__(self, url: str, statement_timeout: float | None = None, application_name: str = "everystep") -> None:
+    def __init__(self, url: str, statement_timeout: float | None = None, application_name: str = "everystep",
+                 read_only: bool = False) -> None:
         super().__init__(url, statement_timeout)
+        #: Sessions the server holds read-only (``connect(read_only=True)``).
+        self.read_only = read_only
         # Opening a connection is bounded by the same budget as a statement.
         self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
         self._hot = _hot_statements(self.sql)
 
     def _open(self) -> psycopg.Connection[Any]:
-        timeout = f"-c statement_timeout={int(self.statement_timeout * 1000)}" if self.statement_timeout else None
+        settings = []
+        if self.statement_timeout:
+            settings.append(f"-c statement_timeout={int(self.statement_timeout * 1000)}")
+        if self.read_only:
+            settings.append("-c default_transaction_read_only=on")
+        timeout = " ".join(settings) or None
         conn = _Connection.connect(
             self.url,
             autocommit=True,

@@ -732,3 +732,7 @@ FROM everystep_workflow
 WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue
+
+-- name: read_only_session
+-- A session that cannot write (connect(read_only=True): everystep replay).
+SET SESSION TRANSACTION READ ONLY

@@ -673,3 +673,7 @@ FROM everystep_workflow
 WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue
+
+-- name: read_only_session
+-- A session that cannot write (connect(read_only=True): everystep replay).
+PRAGMA query_only = ON
