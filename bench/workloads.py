@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from everystep import step, workflow
+from everystep import patched, step, workflow
 
 
 def burn(iterations: int) -> int:
@@ -38,6 +38,18 @@ def noop(value: dict) -> dict:
 def noop3(args: dict) -> dict:
     a = noop(args)
     b = noop(a)
+    return noop(b)
+
+
+@workflow
+def noop3_patched(args: dict) -> dict:
+    """``noop3`` with two patch points, both on the new path (``bench.patch_cost``)."""
+    a = noop(args)
+    if patched("bench-a"):
+        a = noop(a)
+    else:
+        a = noop(dict(a))
+    b = a if patched("bench-b") else dict(a)
     return noop(b)
 
 

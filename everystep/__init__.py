@@ -38,6 +38,7 @@ from .errors import (
     WorkflowCodeError,
 )
 from .models import Run, StepRecord
+from .patches import deprecate_patch, patched
 from .provider import set_connection_provider
 from .transactional import step_connection
 
@@ -66,7 +67,9 @@ __all__ = [
     "WorkflowFunction",
     "get_run",
     "get_steps",
+    "deprecate_patch",
     "parallel",
+    "patched",
     "schedule",
     "set_connection_provider",
     "sleep",

@@ -134,3 +134,41 @@ def cancel(store: Store, run_id: str, reason: str | None = None) -> Run:
             store.notify_fenced(conn, run.claimed_by, run.id)
     return store.get_run(run_id)
 
+
+
+def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING) -> tuple[Run, int]:
+    """A new run of ``run_id``'s workflow that starts where ``run_id`` was at
+    step ``from_step``: every step recorded before it is copied (its result
+    or error replayed, never re-run), and everything from ``from_step`` on is
+    executed by the code deployed now. The new run records ``forked_from``.
+    ``args`` replaces the run's arguments (a list: the positional ones).
+
+    How a run a bad deploy failed is repaired: fix the code, then fork the
+    failed run from the step that failed. Refused (``AdminError``) when
+    ``from_step`` is not a recorded step, or lies inside an unsafe step's
+    uncertain effect window (a ``started`` row without outcome, recorded
+    before it or at it: that effect may have happened, and the fork would
+    repeat it or block on it; resolve it first). Everything is written in
+    one transaction. Returns the new run and how many steps were copied."""
+    from .patches import PATCH_STEP, is_marker
+    from .versions import version_for
+
+    with store.locked_run(run_id) as (conn, run):
+        steps = store.steps_in(conn, run.id)
+        cut = next((step for step in steps if step.step_id == from_step and not is_marker(step)), None)
+        if cut is None:
+            recorded = ", ".join(step.step_id for step in steps if not is_marker(step)) or "none"
+            raise AdminError(f"run {run.id} has no recorded step {from_step!r} (its steps: {recorded})")
+        window = [step for step in steps if step.status == STEP_STARTED
+                  and (step is cut or (step.started_at is not None and cut.started_at is not None
+                                       and step.started_at <= cut.started_at))]
+        if window or cut.completed_at is None:
+            uncertain = window[0].step_id if window else cut.step_id
+            raise AdminError(
+                f"step {from_step} of run {run.id} lies inside the uncertain effect window of unsafe step "
+                f"{uncertain} (started, no outcome recorded): resolve it first "
+                f"(everystep resolve-step {run.id} {uncertain} --result JSON | --error MESSAGE | --discard)")
+        positional = run.args if args is _MISSING else (args if isinstance(args, list) else [args])
+        args_json = serde.dumps(list(positional), "arguments of the fork")
+        new, copied = store.fork_run(conn, run, cut, args_json, version_for(run.name), PATCH_STEP)
+    return new, copied

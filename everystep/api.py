@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from . import borrowed, registry, resources, runner, serde
+from . import borrowed, registry, resources, runner, serde, versions
 from . import transactional as transactional_steps
 from .cron import CronSchedule
 from .errors import EverystepError, WorkflowArgumentsError
@@ -294,6 +294,7 @@ def schedule(
     queue: str | None = None,
     priority: int | None = None,
     concurrency_key: str | None = None,
+    app_version: str | None = None,
 ) -> Run:
     """Schedule a run of ``wf`` with positional ``args``; returns the ``Run``.
 
@@ -311,6 +312,9 @@ def schedule(
     same workflow and key again (even concurrently) returns the existing run.
     ``wf`` may be a registered workflow or its name.
 
+    The run records ``app_version``, by default the process's
+    (``--app-version``) or its workflow's code hash (``everystep.versions``).
+
     When a host framework installed a connection provider
     (``everystep.provider``; ``everystep.contrib.django`` does) and neither
     ``conn`` nor ``database`` is given, the run is inserted through the
@@ -323,13 +327,14 @@ def schedule(
         raise EverystepError("idempotency_key must be a string")
     not_before = _not_before(run_at, delay)
     placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
+    version = app_version or versions.version_for(name)
     if conn is not None:
-        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement)
+        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement, version)
     provider = _provided(database)
     if provider is not None:
         with provider() as provided:
-            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement)
-    return _store(database).schedule(name, args_json, idempotency_key, not_before, placement)
+            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement, version)
+    return _store(database).schedule(name, args_json, idempotency_key, not_before, placement, version)
 
 
 def check_arguments(name: str, args: Sequence[Any]) -> None:

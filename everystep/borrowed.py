@@ -41,10 +41,12 @@ def cursor(conn: Any) -> Iterator[tuple[type[Store], Any]]:
 
 
 def schedule(conn: Any, name: str, args_json: str, idempotency_key: str | None,
-             not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+             not_before: dt.datetime | None = None, placement: Placement | None = None,
+             app_version: str | None = None) -> Run:
     """Insert a run in ``conn``'s open transaction (or commit it at once if
     the connection is in autocommit mode)."""
-    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key, not_before, placement)
+    return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key, not_before, placement,
+                                                    app_version)
 
 
 def get_run(conn: Any, run_id: str) -> Run:

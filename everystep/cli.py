@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, queue_commands, registry, relay, resources, retention, serde
+from . import admin, dryrun, patches, queue_commands, registry, relay, resources, retention, serde
 from .api import check_arguments, workflow_placement
 from .queues import Placement
 from .cliutil import (
@@ -122,6 +122,28 @@ def build_parser() -> OneLineParser:
     sub = _command(commands, "resolve-step", "resolve the uncertain step of a blocked run",
                    "Record what happened to the unsafe step a blocked run stopped at, and schedule the run again.")
     add_resolve_step_arguments(sub)
+
+    sub = _command(commands, "fork", "start a new run from a recorded step of a run, with the code in --app",
+                   "A new run of RUN's workflow: the steps RUN recorded before --from-step are copied (their "
+                   "results replayed, never re-run) and everything from that step on is executed by the code "
+                   "deployed now. Repairs a run a bad deploy failed: fix the code, fork it from the failed step.")
+    sub.add_argument("run_id", metavar="RUN", help="the run to fork")
+    sub.add_argument("--from-step", required=True, metavar="ID", help="the first step the fork executes")
+    sub.add_argument("--args", metavar="JSON", default=None,
+                     help="replace the run's arguments (a JSON list of positional arguments, or one value) "
+                          "(default: RUN's own)")
+    sub.add_argument("--json", action="store_true", help="print the new run as JSON (default: one line)")
+
+    sub = _command(commands, "replay", "replay a recorded run here, against its records, writing nothing",
+                   "Replay RUN's body in this process with the code in --app against its recorded steps, through "
+                   "a read-only connection (a read replica will do), printing each step as it is matched: its "
+                   "recorded outcome, or where and why the code diverges. Never executes a step. Exit 1 if the "
+                   "code diverges from the records.")
+    sub.add_argument("run_id", metavar="RUN", help="the run's id (or a unique prefix)")
+    sub.add_argument("--pdb", action="store_true",
+                     help="stop in the debugger at the first divergence, or at --until-step (default: off)")
+    sub.add_argument("--until-step", metavar="ID", default=None,
+                     help="stop the replay before step ID (in the debugger with --pdb) (default: replay it all)")
 
     sub = _command(commands, "cancel", "cancel a run that is not finished (it ends 'cancelled')",
                    "Cancel a scheduled, sleeping, retry-waiting, blocked or running run: it ends 'cancelled' at "
@@ -296,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "replay":
+        return cmd_replay(connect(args.database, read_only=True), args)
     store = connect(args.database)
     handler = {
         "migrate": cmd_migrate,
@@ -304,6 +328,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "show": cmd_show,
         "resolve-step": cmd_resolve_step,
         "cancel": cmd_cancel,
+        "fork": cmd_fork,
         "schedules": cmd_schedules,
         "requeue": cmd_requeue,
         "runners": cmd_runners,
@@ -417,9 +442,11 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     steps = sorted(store.get_steps(run.id), key=lambda step: step_sort_key(step.step_id))
     waiting = waiting_for(run, steps)
     cost = resources.run_cost(steps)
+    forks = store.forks_of(run.id)
     if args.json:
-        print_json({"run": {**run.to_dict(), "waiting": waiting},
-                    "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)}
+        print_json({"run": {**run.to_dict(), "waiting": waiting, "forks": [fork.id for fork in forks]},
+                    "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step),
+                               "kind": patches.KIND_PATCH if patches.is_marker(step) else "step"}
                               for step in steps],
                     "cost": cost.to_dict() if cost is not None else None})
         return 0
@@ -431,6 +458,11 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
           + (f", concurrency key {run.concurrency_key})" if run.concurrency_key else ")"))
     if run.claimed_by:
         print(f"claimed by {run.claimed_by}")
+    print(f"version    {run.app_version or '-'}")
+    if run.forked_from:
+        print(f"forked     forked from {run.forked_from}")
+    for fork in forks:
+        print(f"fork       {fork.id} ({fork.status})")
     if run.result is not None:
         print(f"result     {json.dumps(serde.to_jsonable(run.result))}")
     if run.error:
@@ -479,6 +511,28 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
     cpu = resources.format_cpu(step.cpu_seconds) if step.cpu_seconds is not None else "-"
     rss = resources.format_size(step.peak_rss_bytes) if step.peak_rss_bytes is not None else "-"
     return step.step_id, status, step.name, str(step.attempt), cpu, rss, outcome
+
+
+def cmd_replay(store: Store, args: argparse.Namespace) -> int:
+    from .local_replay import replay_run
+
+    try:
+        return replay_run(store, args.run_id, sys.stdout, until=args.until_step, debugger=args.pdb)
+    finally:
+        store.close()
+
+
+def cmd_fork(store: Store, args: argparse.Namespace) -> int:
+    options: dict[str, Any] = {}
+    if args.args is not None:
+        options["args"] = parse_json(args.args, "--args")
+    run, copied = admin.fork(store, args.run_id, args.from_step, **options)
+    if args.json:
+        print_json({**run.to_dict(), "copied_steps": copied})
+    else:
+        print(f"run {run.id} forked from {args.run_id} at step {args.from_step} ({copied} step(s) copied); "
+              f"now {run.status}")
+    return 0
 
 
 def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
@@ -608,19 +662,27 @@ def cmd_check_deploy(store: Store, args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     listed: list[dryrun.Verdict] = []
     problems = 0
+    seen: list[tuple[dict[str, bool], dict[str, str]]] = []
     for verdict in dryrun.check_deploy(store, timeout=args.timeout):
+        seen.append((verdict.patches, verdict.patch_calls))
         counts[verdict.outcome.value] = counts.get(verdict.outcome.value, 0) + 1
         problems += verdict.problem
         if verdict.problem or args.all:
             listed.append(verdict)
     checked = sum(counts.values())
+    reports = patches.patch_reports(seen)
     if args.json:
         print_json({"checked": checked, "problems": problems, "counts": counts,
-                    "runs": [verdict.to_dict() for verdict in listed]})
+                    "runs": [verdict.to_dict() for verdict in listed],
+                    "patches": [report.to_dict() for report in reports]})
         return 1 if problems else 0
     if listed:
         rows = [(v.run_id, v.status, v.workflow, v.outcome.value, v.detail) for v in listed]
         print(format_table(("RUN", "STATUS", "WORKFLOW", "VERDICT", "DETAIL"), rows))
+        print()
+    if reports:
+        rows = [(r.patch_id, str(r.new), str(r.old), r.in_code or "-", r.advice) for r in reports]
+        print(format_table(("PATCH", "NEW", "OLD", "CODE", "ADVICE"), rows))
         print()
     summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items())) or "none"
     print(f"checked {checked} unfinished run(s): {summary}; "

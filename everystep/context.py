@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from .resources import StepMeter
     from .runner import HeldRecord
-    from .store import Store
+    from .store import Marker, Store
 
 MAX_STEP_ID_LENGTH = 300
 # fullmatch, not match with "$": "$" also matches before a trailing newline.
@@ -82,6 +82,19 @@ class Flag(Protocol):
     """Anything with ``is_set()``: a ``threading.Event`` or a signal-safe flag."""
 
     def is_set(self) -> bool: ...
+
+
+class ReplayLog(Protocol):
+    """Told of each step a dry replay meets (``everystep replay``): before
+    it (``reaching``), then how it matched its record."""
+
+    def reaching(self, step_id: str, name: str) -> None: ...
+
+    def matched(self, step_id: str, name: str, record: StepRecord) -> None: ...
+
+    def diverged(self, step_id: str, recorded: str, called: str) -> None: ...
+
+    def unrecorded(self, step_id: str, name: str) -> None: ...
 
 
 class SignalFlag:
@@ -130,6 +143,14 @@ class Execution:
     #: The record of the body's last step, held back to be written with the
     #: run's terminal status in one transaction.
     held: HeldRecord | None = None
+    #: Patch markers decided and not yet written: they go with the next
+    #: write of this execution, in its transaction (``everystep.patches``).
+    markers: list[Marker] = field(default_factory=list)
+    #: A dry replay only: the patches the body asked about, and how
+    #: (``patched`` or ``deprecated``), for ``check-deploy``'s advice.
+    patch_calls: dict[str, str] = field(default_factory=dict)
+    #: A dry replay only: told of each step as it is matched (``everystep replay``).
+    replay_log: ReplayLog | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -148,6 +169,21 @@ class Execution:
     def check_interrupt(self) -> None:
         if self.interrupt is not None:
             raise self.interrupt
+
+    def take_markers(self) -> tuple[Marker, ...]:
+        """The patch markers not yet written, handed to the write about to
+        be made (and no longer held here)."""
+        if not self.markers:
+            return ()
+        with self._lock:
+            taken, self.markers = tuple(self.markers), []
+        return taken
+
+    def give_back_markers(self, markers: tuple[Marker, ...]) -> None:
+        """Markers a write did not take after all: the next write carries them."""
+        if markers:
+            with self._lock:
+                self.markers[:0] = markers
 
     def wait_until(self, wake_at: dt.datetime) -> None:
         """A scope waits until ``wake_at``: keep the earliest wake time."""
@@ -213,6 +249,10 @@ class Context:
             )
         self._used.add(step_id)
         return step_id
+
+    def allocated(self, step_id: str) -> bool:
+        """Whether this scope has handed out ``step_id`` in this execution."""
+        return step_id in self._used
 
     def branch(self, fork_id: str, index: int) -> Context:
         return Context(self.execution, prefix=f"{fork_id}.{index}.")

@@ -24,11 +24,11 @@ import ctypes
 import enum
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import registry
-from .context import Context, Execution, _current
+from . import patches, registry
+from .context import Context, Execution, ReplayLog, _current
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
 from .models import BLOCKED, RUNNING, SCHEDULED, Run, StepRecord
 from .observer import Observers
@@ -83,6 +83,10 @@ class Verdict:
     outcome: Outcome
     detail: str
     next_step: str | None = None
+    #: The patches the run recorded (True: it took the new branch).
+    patches: dict[str, bool] = field(default_factory=dict)
+    #: The patches this code asked about in the replay (``patched``/``deprecated``).
+    patch_calls: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def problem(self) -> bool:
@@ -92,7 +96,7 @@ class Verdict:
         return {
             "run_id": self.run_id, "workflow": self.workflow, "status": self.status,
             "outcome": self.outcome.value, "problem": self.problem, "detail": self.detail,
-            "next_step": self.next_step,
+            "next_step": self.next_step, "patches": dict(self.patches),
         }
 
 
@@ -103,34 +107,57 @@ class _NoStore:
         raise EverystepError(f"a dry replay tried to use the database (Store.{name}); nothing was written")
 
 
+def _execution(run: Run, records: list[StepRecord], log: ReplayLog | None = None) -> Execution:
+    """What a dry replay of ``run`` executes in: its records, no store."""
+    return Execution(run=run, store=_NoStore(), claimer="check-deploy",  # type: ignore[arg-type]
+                     outcomes={record.step_id: record for record in records}, observer=Observers([]),
+                     dry_run=True, replay_log=log)
+
+
+def _body(workflow: Any, run: Run, ctx: Context, box: dict[str, Any]) -> None:
+    """The body over its records, in this thread: what it returned or raised goes in ``box``."""
+    token = _current.set(ctx)
+    try:
+        box["value"] = workflow.fn(*run.args)
+    except BaseException as exc:  # judged by the caller
+        box["error"] = exc
+    finally:
+        _current.reset(token)
+
+
 def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT) -> Verdict:
     """Dry-replay ``run`` over ``records`` with the code loaded now."""
     workflow = registry.get_workflow(run.name)
     if workflow is None:
         return _verdict(run, Outcome.MISSING, f"workflow {run.name!r} is not registered by this code")
-    ex = Execution(run=run, store=_NoStore(), claimer="check-deploy",  # type: ignore[arg-type]
-                   outcomes={record.step_id: record for record in records}, observer=Observers([]),
-                   dry_run=True)
+    ex = _execution(run, records)
     ctx = Context(ex)
     box: dict[str, Any] = {}
-
-    def body() -> None:
-        token = _current.set(ctx)
-        try:
-            box["value"] = workflow.fn(*run.args)
-        except BaseException as exc:  # judged below, in the caller's thread
-            box["error"] = exc
-        finally:
-            _current.reset(token)
-
-    thread = threading.Thread(target=body, name=f"everystep-dryrun-{run.id}", daemon=True)
+    thread = threading.Thread(target=_body, args=(workflow, run, ctx, box), name=f"everystep-dryrun-{run.id}",
+                              daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
         _abandon(thread)
         return _verdict(run, Outcome.TIMEOUT, f"the replay had not stopped after {timeout:g}s "
                                               "(code between steps that waits or loops?)")
-    return _judge(run, ex.interrupt or box.get("error"))
+    verdict = _judge(run, ex.interrupt or box.get("error"))
+    return replace(verdict, patches=patches.recorded_patches(records), patch_calls=dict(ex.patch_calls))
+
+
+def replay_here(run: Run, records: list[StepRecord], log: ReplayLog) -> tuple[Verdict, BaseException | None]:
+    """Dry-replay ``run`` in this thread, telling ``log`` of each step
+    (``everystep replay``: a debugger may stop in it, so no timeout). Returns
+    the verdict and what the body raised, if anything."""
+    workflow = registry.get_workflow(run.name)
+    if workflow is None:
+        return _verdict(run, Outcome.MISSING, f"workflow {run.name!r} is not registered by this code"), None
+    ex = _execution(run, records, log)
+    box: dict[str, Any] = {}
+    _body(workflow, run, Context(ex), box)
+    raised = ex.interrupt or box.get("error")
+    verdict = _judge(run, raised)
+    return replace(verdict, patches=patches.recorded_patches(records), patch_calls=dict(ex.patch_calls)), raised
 
 
 def _abandon(thread: threading.Thread) -> None:
@@ -189,4 +216,5 @@ def check_deploy(store: Store, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Ver
         yield replay(run, records, timeout)
 
 
-__all__ = ["Outcome", "PROBLEMS", "StopBeforeStep", "Verdict", "check_deploy", "replay", "unfinished_runs"]
+__all__ = ["Outcome", "PROBLEMS", "StopBeforeStep", "Verdict", "check_deploy", "replay", "replay_here",
+           "unfinished_runs"]

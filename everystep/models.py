@@ -118,6 +118,12 @@ class Run:
     #: never claimed, or claimed before runs recorded it).
     #: (Not compared: PostgreSQL's claim function does not return it.)
     first_claimed_at: dt.datetime | None = field(default=None, compare=False)
+    #: The code version the run was started under (``--app-version``, or a
+    #: hash of its workflow's code: ``everystep.versions``); None before
+    #: versions were recorded.
+    app_version: str | None = None
+    #: The run this one was forked from (``everystep fork``).
+    forked_from: str | None = None
 
     @property
     def exception(self) -> BaseException | None:
@@ -154,6 +160,8 @@ class Run:
             "priority": self.priority,
             "concurrency_key": self.concurrency_key,
             "first_claimed_at": _iso(self.first_claimed_at),
+            "app_version": self.app_version,
+            "forked_from": self.forked_from,
         }
 
 

@@ -172,10 +172,14 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
     ex = ctx.execution
     step_id = _next_id(ex, ctx, name)
     attempt = 1
+    if ex.replay_log is not None:
+        ex.replay_log.reaching(step_id, step.name)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         attempt = _attempt_to_run(ex, step, step_id, recorded)
         if attempt == _RECORDED:
+            if ex.replay_log is not None:
+                ex.replay_log.matched(step_id, step.name, recorded)
             return _replay(ex, recorded)
     entry = _begin(ex, step, step_id, args, kwargs, attempt)
     started: StepRecord | None = None
@@ -243,6 +247,8 @@ def _may_start(ex: Execution, step_id: str, name: str) -> None:
     if ex.dry_run:
         from .dryrun import StopBeforeStep
 
+        if ex.replay_log is not None:
+            ex.replay_log.unrecorded(step_id, name)
         raise StopBeforeStep(step_id, name)
     if ex.draining is not None and ex.draining.is_set():
         raise ex.interrupt_with(DrainOrphan(f"run {ex.run.id}: draining before step {step_id}"))
@@ -265,7 +271,8 @@ def _claim_effect(ex: Execution, step: StepFunction, entry: NewStep) -> StepReco
     """An unsafe step's ``started`` row, whose insert is the atomic claim on
     its effect. Returns that row, or the outcome a racing execution already
     recorded; one that started and has no outcome blocks the run."""
-    write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry))
+    markers = ex.take_markers()
+    write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry, markers))
     if write.ours or write.record.status != STEP_STARTED:
         ex.outcomes[entry.step_id] = write.record
         return write.record
@@ -330,15 +337,16 @@ def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, sta
         ex.held = HeldRecord(ctx, finished, decoded, token)
         return result
     try:
+        markers = ex.take_markers()
         if started is not None:
             write = _store_call(ex, lambda: ex.store.finish_step(
-                ex.claim, started, status, result_json, error_json, decoded, cost
+                ex.claim, started, status, result_json, error_json, decoded, cost, markers
             ), finished)
         elif tx is not None and tx.open:
             # Refused, its writes are rolled back: a cancel records nothing of it.
             write = _store_call(ex, lambda: transactional.record(ex, ctx, tx, finished, decoded))
         else:
-            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded), finished)
+            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded, markers), finished)
     except BaseException as exc:
         ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
         raise
@@ -365,8 +373,9 @@ def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: t
         workflow_id=ex.run.id, step_id=entry.step_id, name=name, status=STEP_RETRYING, error=encoded,
         args=list(args), kwargs=dict(kwargs), started_at=entry.started_at, attempt=entry.attempt, wake_at=retry_at,
     )
+    markers = ex.take_markers()
     try:
-        write = _store_call(ex, lambda: ex.store.record_attempt(ex.claim, waiting, decoded))
+        write = _store_call(ex, lambda: ex.store.record_attempt(ex.claim, waiting, decoded, markers))
     except BaseException as exc:
         ex.observer.step_finished(ctx, entry.step_id, name, "unrecorded", exc, token)
         raise
@@ -398,6 +407,8 @@ def _suspend(ex: Execution, wake_at: dt.datetime | None) -> Suspended:
 
 
 def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseException:
+    if ex.replay_log is not None:
+        ex.replay_log.diverged(step_id, recorded, called)
     return ex.interrupt_with(
         WorkflowCodeError(
             f"run {ex.run.id}: step {step_id} recorded {recorded!r} but the workflow now "
@@ -491,8 +502,10 @@ class HeldRecord:
         causes, as any step write's does (a cancel records the step through
         the cancelled claim)."""
         ex.held = None
+        markers = ex.take_markers()
         try:
-            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, self.entry, self.decoded), self.entry)
+            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, self.entry, self.decoded, markers),
+                                self.entry)
         except BaseException as exc:
             self._finished(ex, "unrecorded", exc)
             raise
@@ -504,12 +517,15 @@ class HeldRecord:
         False if that was refused (nothing written: ``flush`` then says
         why). The database failing raises its interrupt."""
         ex.held = None
+        markers = ex.take_markers()
         try:
-            write = ex.store.finish_run_with_step(ex.claim, self.entry, status, result_json, None, self.decoded)
+            write = ex.store.finish_run_with_step(ex.claim, self.entry, status, result_json, None, self.decoded,
+                                                  markers)
         except StoreUnavailable as exc:
             self._finished(ex, "unrecorded", exc)
             raise ex.interrupt_with(exc) from None
         if write is LOST:
+            ex.give_back_markers(markers)  # the step alone goes next, and says why
             return False
         self._written(ex, write)
         return True
@@ -554,10 +570,14 @@ def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
         return
     ex = ctx.execution
     step_id = _next_id(ex, ctx, name)
+    if ex.replay_log is not None:
+        ex.replay_log.reaching(step_id, SLEEP_STEP)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         if recorded.name != SLEEP_STEP:
             raise _diverged(ex, step_id, recorded.name, SLEEP_STEP)
+        if ex.replay_log is not None:
+            ex.replay_log.matched(step_id, SLEEP_STEP, recorded)
         if recorded.status != STEP_SLEEPING:
             _replay(ex, recorded)
             return
@@ -585,7 +605,8 @@ def _record_sleep(ex: Execution, step_id: str, wake_at: dt.datetime | None, star
                     result_json="null" if status == STEP_DONE else None, wake_at=wake_at)
     decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=SLEEP_STEP, status=status,
                          args=[wake_at], started_at=started_at, wake_at=wake_at)
-    write = _store_call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded), entry)
+    markers = ex.take_markers()
+    write = _store_call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded, markers), entry)
     ex.outcomes[step_id] = write.record
     return write
 
@@ -872,7 +893,7 @@ def _write(ex: Execution, outcome: Outcome, error: BaseException | None,
             written = outcomes.requeue(ex.store, ex.claim)
         else:
             error_json = serde.dumps(serde.encode_exception(error), "run error") if error is not None else None
-            written = ex.store.finish_run(ex.claim, outcome, result_json, error_json)
+            written = ex.store.finish_run(ex.claim, outcome, result_json, error_json, ex.take_markers())
     except StoreUnavailable as exc:
         return Outcome.UNFINISHED, exc
     return (outcome if written else _lost(ex)), error

@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 from ..errors import EverystepError
-from .base import LOST, ClaimState, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow
+from .base import LOST, ClaimState, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow
 
 DEFAULT_URL = "sqlite:///everystep.db"
 ENV_VAR = "EVERYSTEP_DATABASE_URL"
@@ -44,11 +44,14 @@ def _backend(path: str) -> type[Store]:
     return cls
 
 
-def connect(url: str | None = None, statement_timeout: float | None = None) -> Store:
+def connect(url: str | None = None, statement_timeout: float | None = None, read_only: bool = False) -> Store:
     """Open a Store for ``url`` (resolved as ``resolve_url`` does).
 
     ``statement_timeout`` bounds every statement (and connecting), in
-    seconds; by default the backend's own limits apply."""
+    seconds; by default the backend's own limits apply. ``read_only``: a
+    store that never writes nor migrates, and whose sessions the database
+    itself holds read-only (``everystep replay``, against a replica or a
+    role granted SELECT only)."""
     url = resolve_url(url)
     scheme = url.split(":", 1)[0].lower()
     scheme, _, driver = scheme.partition("+")  # SQLAlchemy-style postgresql+psycopg://
@@ -57,6 +60,8 @@ def connect(url: str | None = None, statement_timeout: float | None = None) -> S
         raise EverystepError(f"unsupported database URL {url!r}: expected one of {expected}")
     if driver:
         url = scheme + url[url.index(":"):]
+    if read_only:
+        return _backend(BACKENDS[scheme])(url, statement_timeout, read_only=True)  # type: ignore[call-arg]
     return _backend(BACKENDS[scheme])(url, statement_timeout)
 
 
@@ -107,6 +112,7 @@ __all__ = [
     "ENV_VAR",
     "LOST",
     "ClaimState",
+    "Marker",
     "NewStep",
     "Notifications",
     "RunnerInfo",

@@ -266,8 +266,10 @@ class MariaDBStore(Store):
     _unavailable: ClassVar[tuple[type[BaseException], ...]] = (Unreachable, pymysql.err.InterfaceError)
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
 
-    def __init__(self, url: str, statement_timeout: float | None = None) -> None:
+    def __init__(self, url: str, statement_timeout: float | None = None, read_only: bool = False) -> None:
         super().__init__(url, statement_timeout)
+        #: Sessions the server holds read-only (``connect(read_only=True)``).
+        self.read_only = read_only
         self.connect_args = connect_args(url)
         self.connect_timeout = min(CONNECT_TIMEOUT_SECONDS, statement_timeout) if statement_timeout else (
             CONNECT_TIMEOUT_SECONDS)
@@ -300,6 +302,8 @@ class MariaDBStore(Store):
         if timeout:
             seconds = {"seconds": float(timeout), "lock_seconds": max(1, int(math.ceil(timeout)))}
             setup += [(statement, seconds) for statement in _script(self.sql["statement_timeout"])]
+        if self.read_only:
+            setup.append((self.sql["read_only_session"], None))
         try:
             with raw.cursor() as cursor:
                 for statement, params in setup:
@@ -386,11 +390,12 @@ class MariaDBStore(Store):
 
     @classmethod
     def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
-                          not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+                          not_before: dt.datetime | None = None, placement: Placement | None = None,
+                          app_version: str | None = None) -> Run:
         # INSERT IGNORE (the idempotent insert) would cut a longer name (a
         # queue name and a concurrency key are checked by Placement).
         _check_length("workflow name", name)
-        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before, placement)
+        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before, placement, app_version)
 
     def register_runner(self, name: str, instance: str, kind: str, host: str, pid: int, lease: float,
                         vet: Callable[[RunnerInfo], None]) -> tuple[RunnerInfo | None, list[str]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import psycopg
@@ -36,14 +36,15 @@ from psycopg.types.string import TextLoader
 from .. import serde
 from ..models import Claim, StepRecord
 from . import postgres_hot
-from .base import LOST, NewStep, Notifications, Row, StepWrite, Store
+from .base import LOST, Marker, NewStep, Notifications, Row, StepWrite, Store
 from .base.step_transactions import CommitGuard
 
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "everystep_scheduled"
 #: What a runner sends for every run: these go through ``postgres_hot``.
-HOT_STATEMENTS = ("claim", "record_step", "finish_run_with_step")
+HOT_STATEMENTS = ("claim", "record_step", "finish_run_with_step", "record_step_marked",
+                  "finish_run_with_step_marked")
 #: Payload "RUNNER RUN_ID": a run RUNNER holds was taken from it (requeue --force).
 FENCE_CHANNEL = "everystep_fenced"
 
@@ -71,15 +72,23 @@ class PostgresStore(Store):
     )
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg.Error,)
 
-    def __init__(self, url: str, statement_timeout: float | None = None, application_name: str = "everystep") -> None:
+    def __init__(self, url: str, statement_timeout: float | None = None, application_name: str = "everystep",
+                 read_only: bool = False) -> None:
         super().__init__(url, statement_timeout)
+        #: Sessions the server holds read-only (``connect(read_only=True)``).
+        self.read_only = read_only
         # Opening a connection is bounded by the same budget as a statement.
         self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
         self._hot = _hot_statements(self.sql)
 
     def _open(self) -> psycopg.Connection[Any]:
-        timeout = f"-c statement_timeout={int(self.statement_timeout * 1000)}" if self.statement_timeout else None
+        settings = []
+        if self.statement_timeout:
+            settings.append(f"-c statement_timeout={int(self.statement_timeout * 1000)}")
+        if self.read_only:
+            settings.append("-c default_transaction_read_only=on")
+        timeout = " ".join(settings) or None
         conn = _Connection.connect(
             self.url,
             autocommit=True,
@@ -139,13 +148,22 @@ class PostgresStore(Store):
         result_json: str | None = None,
         error_json: str | None = None,
         decoded: StepRecord | None = None,
+        markers: Sequence[Marker] = (),
     ) -> StepWrite | None:
+        if len(markers) > 1:
+            # Rare: the general form, one transaction holding the markers,
+            # the step and the status.
+            return super().finish_run_with_step(claim, step, status, result_json, error_json, decoded, markers)
         # One statement, not a transaction of two: BEGIN and COMMIT would be
         # round trips of their own (docs/performance.md measures both forms).
+        # A patch marker decided since the last write rides in it.
         params = self._step_params(claim, step)
         params.update(step_status=params["status"], step_result=params["result"], step_error=params["error"],
                       status=status, result=result_json, error=error_json)
-        row = self._fetchone("finish_run_with_step", params)
+        if markers:
+            row = self._fetchone("finish_run_with_step_marked", self._with_marker(params, markers[0]))
+        else:
+            row = self._fetchone("finish_run_with_step", params)
         if row is None:
             return LOST
         return StepWrite(self._written(claim, step, decoded, row), ours=True)

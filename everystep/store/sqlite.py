@@ -83,8 +83,11 @@ class SQLiteStore(Store):
     _unavailable: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.OperationalError,)
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)
 
-    def __init__(self, url: str, statement_timeout: float | None = None) -> None:
+    def __init__(self, url: str, statement_timeout: float | None = None, read_only: bool = False) -> None:
         super().__init__(url, statement_timeout)
+        #: Opened read-only (``connect(read_only=True)``): no migration, no
+        #: journal mode change, connections in SQLite's ``mode=ro``.
+        self.read_only = read_only
         # How long a statement waits for another writer's lock.
         self.busy_timeout = statement_timeout or BUSY_TIMEOUT_SECONDS
         self.path = path_from_url(url)
@@ -97,9 +100,19 @@ class SQLiteStore(Store):
             raise EverystepError(f"cannot open SQLite database {self.path!r}: directory does not exist")
         if os.path.isdir(self.path):
             raise EverystepError(f"cannot open SQLite database {self.path!r}: it is a directory")
+        if read_only:
+            if not os.path.isfile(self.path):
+                raise EverystepError(f"cannot open SQLite database {self.path!r} read-only: no such file")
+            return
         self.migrate()
 
     def _open(self) -> sqlite3.Connection:
+        if self.read_only:
+            conn = sqlite3.connect(f"file:{os.path.abspath(self.path)}?mode=ro", uri=True, timeout=self.busy_timeout,
+                                   isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute(self.sql["read_only_session"])
+            return conn
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False,
                                factory=_Connection)
         conn.row_factory = sqlite3.Row

@@ -53,7 +53,7 @@ from .runs import Runs
 from .schema import Schema
 from .step_transactions import StepTransactions
 from .values import (
-    LOST, MAX_UUID, MIN_UUID, ClaimState, NewStep, Notifications, RunnerInfo, StepWrite, id_prefix_range,
+    LOST, MAX_UUID, MIN_UUID, ClaimState, Marker, NewStep, Notifications, RunnerInfo, StepWrite, id_prefix_range,
     new_run_id, utcnow,
 )
 
@@ -64,6 +64,6 @@ class Store(Execution, StepTransactions, ConsoleReads, Runs, Runners, Queues, Op
 
 
 __all__ = [
-    "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "NewStep", "Notifications", "Row",
+    "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "Marker", "NewStep", "Notifications", "Row",
     "RunnerInfo", "Store", "StoreCore", "StepWrite", "id_prefix_range", "new_run_id", "utcnow",
 ]

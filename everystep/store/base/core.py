@@ -259,6 +259,8 @@ class StoreCore(abc.ABC):
             has_steps=bool(row["has_steps"]) if "has_steps" in row.keys() else None,
             # Not returned by PostgreSQL's claim function (the executor needs none).
             first_claimed_at=cls._time(row["first_claimed_at"]) if "first_claimed_at" in row.keys() else None,
+            app_version=row["app_version"] if "app_version" in row.keys() else None,
+            forked_from=str(row["forked_from"]) if "forked_from" in row.keys() and row["forked_from"] else None,
         )
 
     @classmethod

@@ -10,20 +10,28 @@ ran but whose record never committed runs again on the next claim
 (at-least-once; an unsafe step's ``started`` row makes that ``blocked``
 instead); ``finish_run_with_step`` writes the last record and the run's
 status together or not at all.
+
+Patch markers (``everystep.patched``) never take a transaction of their
+own: the runner hands the ones it holds to its next write (``markers=``),
+and they are written in that write's transaction, fenced by the same
+claim, before its own statement. So a step recorded after a patch point is
+never durable without the marker before it; a marker with nothing after it
+that is lost in a crash is decided again, the same way, on the next claim.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ... import serde
 from ...models import STEP_STARTED, Claim, Run, StepRecord
 from ...resources import StepCost
 from .core import Row, StoreCore
-from .values import LOST, ClaimState, NewStep, StepWrite, checked_run_id, utcnow
+from .values import LOST, ClaimState, Marker, NewStep, StepWrite, checked_run_id, utcnow
 
 
 class Execution(StoreCore):
@@ -111,17 +119,57 @@ class Execution(StoreCore):
         rows = self._fetchall("get_steps", {"id": checked_run_id(run_id)})
         return {record.step_id: record for record in map(self._step, rows)}
 
-    def record_step(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
+    def record_step(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None,
+                    markers: Sequence[Marker] = ()) -> StepWrite | None:
         """Record a finished step. Returns ``LOST`` if ``claim`` is no longer
         current, or the record someone else wrote first (``ours=False``).
         ``decoded`` is the caller's own Python view of the same step, so the
-        store need not parse back what it was just given."""
+        store need not parse back what it was just given. ``markers``: patch
+        markers to write first, in the same transaction (see the module)."""
         params = self._step_params(claim, step)
-        with self.connection() as conn:
-            row = self._fetchone("record_step", params, conn)
+        single = len(markers) == 1 and "record_step_marked" in self.sql
+        with self._marked(params, () if single else markers) as conn:
+            row = self._record_step_with(conn, params, step, markers if single else ())
             if row is None:
                 return self._conflict(conn, params)
         return StepWrite(self._written(claim, step, decoded, row), ours=True)
+
+    def _record_step_with(self, conn: Any, params: dict[str, Any], step: NewStep,
+                          markers: Sequence[Marker]) -> Row | None:
+        """``record_step`` on ``conn``; one marker goes in the same statement
+        where the backend has it (``record_step_marked``: the usual case,
+        which then takes no transaction of its own), more before it."""
+        if len(markers) == 1 and "record_step_marked" in self.sql:
+            rows = self._fetchall("record_step_marked", self._with_marker(params, markers[0]), conn)
+            return next((row for row in rows if row["step_id"] == step.step_id), None)
+        self._record_markers(conn, params, markers)
+        return self._fetchone("record_step", params, conn)
+
+    @staticmethod
+    def _with_marker(params: dict[str, Any], marker: Marker) -> dict[str, Any]:
+        """``params`` of a write, with those of the one marker it carries."""
+        return {**params, "marker_id": marker.step_id, "marker_name": marker.name, "marker_args": marker.args_json,
+                "marker_result": marker.result_json}
+
+    @contextlib.contextmanager
+    def _marked(self, params: Mapping[str, Any], markers: Sequence[Marker]) -> Iterator[Any]:
+        """A connection for one write; with ``markers``, a write transaction
+        whose first statements record them (fenced like any step record: a
+        lost claim writes none of them, and the write after them learns why)."""
+        with self.connection() as conn:
+            if not markers:
+                yield conn
+                return
+            with self._transaction(conn):
+                self._record_markers(conn, params, markers)
+                yield conn
+
+    def _record_markers(self, conn: Any, params: Mapping[str, Any], markers: Sequence[Marker]) -> None:
+        """Write ``markers`` on ``conn``, inside the caller's transaction.
+        ``params``: those of the write they go with (its claim and time)."""
+        for marker in markers:
+            conn.execute(self.sql["record_marker"], {**params, "step_id": marker.step_id, "name": marker.name,
+                                                     "args": marker.args_json, "result": marker.result_json})
 
     def _step_params(self, claim: Claim, step: NewStep) -> dict[str, Any]:
         return self._params(
@@ -143,7 +191,7 @@ class Execution(StoreCore):
             )
         return decoded.completed(self._time(row["completed_at"]))
 
-    def start_step(self, claim: Claim, step: NewStep) -> StepWrite | None:
+    def start_step(self, claim: Claim, step: NewStep, markers: Sequence[Marker] = ()) -> StepWrite | None:
         """Insert the ``started`` row of an unsafe step: the atomic claim on its
         effect, itself fenced by ``claim``. A conflicting row is returned
         with ``ours=False``; ``LOST`` if the claim is no longer current."""
@@ -151,7 +199,7 @@ class Execution(StoreCore):
             **self._claim_params(claim), step_id=step.step_id, name=step.name,
             args=step.args_json, kwargs=step.kwargs_json, started_at=self._time_param(step.started_at),
         )
-        with self.connection() as conn:
+        with self._marked(params, markers) as conn:
             row = conn.execute(self.sql["start_step"], params).fetchone()
             if row is None:
                 return self._conflict(conn, params)
@@ -169,6 +217,7 @@ class Execution(StoreCore):
         result_json: str | None, error_json: str | None,
         decoded: StepRecord | None = None,
         cost: StepCost | None = None,
+        markers: Sequence[Marker] = (),
     ) -> StepWrite | None:
         """Turn our ``started`` row into its outcome (``decoded``: as in
         ``record_step``; ``cost``: what the step used, where it was measured)."""
@@ -178,7 +227,7 @@ class Execution(StoreCore):
             cpu_seconds=cost.cpu_seconds if cost is not None else None,
             peak_rss_bytes=cost.peak_rss_bytes if cost is not None else None,
         )
-        with self.connection() as conn:
+        with self._marked(params, markers) as conn:
             row = conn.execute(self.sql["finish_step"], params).fetchone()
             if row is None:
                 return self._conflict(conn, params)
@@ -198,13 +247,15 @@ class Execution(StoreCore):
             return LOST
         return StepWrite(self._step(row), ours=False)
 
-    def record_attempt(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
+    def record_attempt(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None,
+                       markers: Sequence[Marker] = ()) -> StepWrite | None:
         """Record a failed attempt that will be retried: the step row becomes
         ``retrying`` (attempt ``step.attempt``, next one at ``step.wake_at``)
         and the attempt joins the step's history, in one transaction fenced
         by ``claim``. Returns like ``record_step``."""
         params = self._step_params(claim, step)
         with self.connection() as conn, self._transaction(conn):
+            self._record_markers(conn, params, markers)
             row = conn.execute(self.sql["record_step"], params).fetchone()
             if row is None:
                 return self._conflict(conn, params)
@@ -232,10 +283,15 @@ class Execution(StoreCore):
         status: str,
         result_json: str | None = None,
         error_json: str | None = None,
+        markers: Sequence[Marker] = (),
     ) -> bool:
-        """Move a running run to a terminal status, if ``claim`` is still current."""
+        """Move a running run to a terminal status, if ``claim`` is still
+        current (with ``markers``, written first in the same transaction)."""
         params = self._params(**self._claim_params(claim), status=status, result=result_json, error=error_json)
-        return self._fetchone("finish_run", params) is not None
+        if not markers:
+            return self._fetchone("finish_run", params) is not None
+        with self._marked(params, markers) as conn:
+            return self._fetchone("finish_run", params, conn) is not None
 
     def finish_run_with_step(
         self,
@@ -245,6 +301,7 @@ class Execution(StoreCore):
         result_json: str | None = None,
         error_json: str | None = None,
         decoded: StepRecord | None = None,
+        markers: Sequence[Marker] = (),
     ) -> StepWrite | None:
         """Record the run's last step and move the run to its terminal
         status, both or neither, in one transaction with one durable commit
@@ -256,7 +313,7 @@ class Execution(StoreCore):
         finish = {**params, "status": status, "result": result_json, "error": error_json}
         try:
             with self.connection() as conn, self._transaction(conn):
-                row = conn.execute(self.sql["record_step"], params).fetchone()
+                row = self._record_step_with(conn, params, step, markers)
                 if row is None or conn.execute(self.sql["finish_run"], finish).fetchone() is None:
                     raise _NothingWritten
         except _NothingWritten:

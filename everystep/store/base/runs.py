@@ -28,7 +28,8 @@ class Runs(StoreCore):
     """Scheduling, reading runs and their steps, and the admin commands' locked transactions."""
 
     def schedule(self, name: str, args_json: str, idempotency_key: str | None = None,
-                 not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+                 not_before: dt.datetime | None = None, placement: Placement | None = None,
+                 app_version: str | None = None) -> Run:
         """Insert a scheduled run and commit it (claimable from ``not_before``
         on, if given), in ``placement``'s queue (default: the default queue).
 
@@ -36,23 +37,26 @@ class Runs(StoreCore):
         is returned instead of inserting a second one.
         """
         with self.connection() as conn:
-            return self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement)
+            return self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement, app_version)
 
     @classmethod
     def schedule_on(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
-                    not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+                    not_before: dt.datetime | None = None, placement: Placement | None = None,
+                    app_version: str | None = None) -> Run:
         """Insert a run through a caller's own connection of this backend,
         inside whatever transaction it has open."""
         with cls._caller_cursor(conn) as cursor:
-            return cls._schedule_through(cursor, name, args_json, idempotency_key, not_before, placement)
+            return cls._schedule_through(cursor, name, args_json, idempotency_key, not_before, placement, app_version)
 
     @classmethod
     def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
-                          not_before: dt.datetime | None = None, placement: Placement | None = None) -> Run:
+                          not_before: dt.datetime | None = None, placement: Placement | None = None,
+                          app_version: str | None = None) -> Run:
         place = placement or Placement()
         params = cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key,
                              not_before=cls._time_param(not_before) if not_before is not None else None,
-                             queue=place.queue, priority=place.priority, concurrency_key=place.concurrency_key)
+                             queue=place.queue, priority=place.priority, concurrency_key=place.concurrency_key,
+                             app_version=app_version)
         sql = cls.statements()
         row = conn.execute(sql["schedule"], params).fetchone()
         if row is None:
@@ -129,6 +133,32 @@ class Runs(StoreCore):
         notifications leave it to the runner's next heartbeat."""
         if self.notifies:
             conn.execute(self.sql["notify_fenced"], {"runner": runner, "run_id": checked_run_id(run_id)})
+
+    def forks_of(self, run_id: str) -> list[Run]:
+        """The runs forked from ``run_id`` (``everystep fork``), oldest first."""
+        return [self._run(row) for row in self._fetchall("forks_of", {"id": checked_run_id(run_id)})]
+
+    def steps_in(self, conn: Any, run_id: str) -> list[StepRecord]:
+        """A run's steps, read in ``conn``'s transaction (``locked_run``)."""
+        rows = conn.execute(self.sql["steps_for_update"], {"run_id": checked_run_id(run_id)}).fetchall()
+        return [self._step(row) for row in rows]
+
+    def fork_run(self, conn: Any, source: Run, cut: StepRecord, args_json: str, app_version: str | None,
+                 marker_name: str) -> tuple[Run, int]:
+        """In ``conn``'s transaction (``locked_run`` of ``source``): a new
+        scheduled run of ``source``'s workflow, ``forked_from`` it, holding
+        a copy of every step ``source`` recorded before ``cut`` was recorded
+        (and the patch markers written with ``cut``, named ``marker_name``).
+        Returns the new run and how many steps were copied."""
+        assert cut.completed_at is not None
+        params = self._params(
+            id=new_run_id(), name=source.name, args=args_json, queue=source.queue, priority=source.priority,
+            concurrency_key=source.concurrency_key, app_version=app_version, run_id=checked_run_id(source.id),
+            step_id=cut.step_id, cut=self._time_param(cut.completed_at), patch_name=marker_name,
+        )
+        row = conn.execute(self.sql["insert_fork"], params).fetchone()
+        copied = conn.execute(self.sql["fork_steps"], params).rowcount
+        return self._run(row), int(copied)
 
     def execute_named(self, conn: Any, name: str, **params: Any) -> int:
         """Run a named admin statement in ``conn``'s transaction; returns rows touched."""

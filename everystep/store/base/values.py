@@ -16,7 +16,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...errors import RunNotFound
 from ...models import STEP_STARTED, Claim, RunStatus, StepRecord
@@ -88,6 +88,17 @@ class NewStep:
     #: What the step cost, where its runner measured it (migration 0008).
     cpu_seconds: float | None = None
     peak_rss_bytes: int | None = None
+
+
+class Marker(NamedTuple):
+    """A patch marker as an executor writes it (``everystep.patches``): a
+    ``done`` step row whose result says which branch the run took. Written
+    only with another write of the execution, in its transaction."""
+
+    step_id: str
+    name: str
+    args_json: str
+    result_json: str
 
 
 @dataclass(frozen=True)

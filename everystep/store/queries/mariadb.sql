@@ -56,10 +56,41 @@ ROLLBACK
 -- (IGNORE would also cut a value too long for its column: the only such
 -- column, the workflow name, is checked before, see mariadb.py.)
 INSERT IGNORE INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                       queue, priority, concurrency_key)
+                                       queue, priority, concurrency_key, app_version)
 VALUES (%(id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMESTAMP(6), %(not_before)s,
-        %(queue)s, %(priority)s, %(concurrency_key)s)
+        %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s)
 RETURNING {run_columns}
+
+-- name: insert_fork
+-- A run forked from run_id (everystep fork): the same workflow, in the
+-- same queue, scheduled now; its copied steps follow (fork_steps), in the
+-- same transaction.
+INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
+                                app_version, forked_from)
+VALUES (%(id)s, %(name)s, %(args)s, 'scheduled', UTC_TIMESTAMP(6), %(queue)s, %(priority)s,
+        %(concurrency_key)s, %(app_version)s, %(run_id)s)
+RETURNING {run_columns}
+
+-- name: fork_steps
+-- Copy the steps run_id recorded before step_id's record (`cut`, its
+-- completion time) into the fork, results as they are: the fork replays
+-- them, never re-runs them. A patch marker written with the cut step's own
+-- record was decided before that step began: it is copied too.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(id)s, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+       attempt, wake_at, cpu_seconds, peak_rss_bytes
+FROM everystep_step
+WHERE workflow_id = %(run_id)s AND step_id <> %(step_id)s AND completed_at IS NOT NULL
+  AND (completed_at < %(cut)s OR (name = %(patch_name)s AND completed_at <= %(cut)s))
+
+-- name: steps_for_update
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(run_id)s ORDER BY id FOR UPDATE
+
+-- name: forks_of
+-- The runs forked from a run, oldest first (its page says them).
+SELECT {run_columns} FROM everystep_workflow WHERE forked_from = %(id)s ORDER BY created_at, id
 
 -- name: get_run_by_key
 SELECT {run_columns} FROM everystep_workflow
@@ -157,6 +188,21 @@ ON DUPLICATE KEY UPDATE
     peak_rss_bytes = IF(status IN {step_open_statuses}, VALUES(peak_rss_bytes), peak_rss_bytes),
     status = IF(status IN {step_open_statuses}, VALUES(status), status)
 RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
+
+-- name: record_marker
+-- A patch marker (everystep.patches), in the transaction of the write it
+-- goes with, before that write. Fenced like every step record; a marker
+-- already recorded is left as it is.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s, '{{}}', 'done', %(result)s, %(now)s, %(now)s, 1
+FROM DUAL
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON DUPLICATE KEY UPDATE step_id = everystep_step.step_id
 
 -- name: start_step
 -- The atomic claim on an unsafe step's effect: exactly one insert wins. The
@@ -724,3 +770,7 @@ FROM everystep_workflow
 WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue
+
+-- name: read_only_session
+-- A session that cannot write (connect(read_only=True): everystep replay).
+SET SESSION TRANSACTION READ ONLY

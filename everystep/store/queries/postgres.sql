@@ -9,13 +9,47 @@
 -- time and set their timer by it.
 WITH inserted AS (
     INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                    queue, priority, concurrency_key)
+                                    queue, priority, concurrency_key, app_version)
     VALUES (%(id)s, %(name)s, %(args)s::json, %(idempotency_key)s, 'scheduled', clock_timestamp(),
-            %(not_before)s, %(queue)s, %(priority)s, %(concurrency_key)s)
+            %(not_before)s, %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s)
     ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {run_columns}
 )
 SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS notified FROM inserted
+
+-- name: insert_fork
+-- A run forked from run_id (everystep fork): the same workflow, in the
+-- same queue, scheduled now; its copied steps follow (fork_steps), in the
+-- same transaction.
+WITH inserted AS (
+    INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
+                                    app_version, forked_from)
+    VALUES (%(id)s, %(name)s, %(args)s::json, 'scheduled', clock_timestamp(), %(queue)s, %(priority)s,
+            %(concurrency_key)s, %(app_version)s, %(run_id)s)
+    RETURNING {run_columns}
+)
+SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS notified FROM inserted
+
+-- name: fork_steps
+-- Copy the steps run_id recorded before step_id's record (`cut`, its
+-- completion time) into the fork, results as they are: the fork replays
+-- them, never re-runs them. A patch marker written with the cut step's own
+-- record was decided before that step began: it is copied too.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(id)s, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+       attempt, wake_at, cpu_seconds, peak_rss_bytes
+FROM everystep_step
+WHERE workflow_id = %(run_id)s AND step_id <> %(step_id)s AND completed_at IS NOT NULL
+  AND (completed_at < %(cut)s OR (name = %(patch_name)s AND completed_at <= %(cut)s))
+
+-- name: steps_for_update
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(run_id)s ORDER BY id
+
+-- name: forks_of
+-- The runs forked from a run, oldest first (its page says them).
+SELECT {run_columns} FROM everystep_workflow WHERE forked_from = %(id)s ORDER BY created_at, id
 
 -- name: get_run_by_key
 SELECT {run_columns} FROM everystep_workflow
@@ -104,6 +138,57 @@ SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
 WHERE everystep_step.status IN {step_open_statuses}
 RETURNING completed_at
+
+-- name: record_step_marked
+-- record_step and one patch marker (everystep.patches) in one statement,
+-- so the marker takes no statement or transaction of its own (and, on the
+-- runner's path, no round trip).
+WITH marker AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+    SELECT %(run_id)s, %(marker_id)s, %(marker_name)s, %(marker_args)s::json, '{{}}'::json, 'done',
+           %(marker_result)s::json, clock_timestamp(), clock_timestamp(), 1
+    WHERE EXISTS (
+        SELECT 1 FROM everystep_workflow
+        WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+          AND claim_epoch = %(claim_epoch)s
+    )
+    ON CONFLICT (workflow_id, step_id) DO NOTHING
+)
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
+       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
+       %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+    status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
+    cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
+WHERE everystep_step.status IN {step_open_statuses}
+RETURNING step_id, completed_at
+
+-- name: record_marker
+-- A patch marker (everystep.patches), in the transaction of the write it
+-- goes with, before that write. Fenced like every step record; a marker
+-- already recorded is left as it is.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, '{{}}'::json, 'done', %(result)s::json,
+       clock_timestamp(), clock_timestamp(), 1
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+ON CONFLICT (workflow_id, step_id) DO NOTHING
 
 -- name: start_step
 -- The atomic claim on an unsafe step's effect: exactly one insert wins. A
@@ -209,6 +294,46 @@ WITH owned AS (
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
     FOR UPDATE
+), step AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+         attempt, wake_at, cpu_seconds, peak_rss_bytes)
+    SELECT owned.id, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(step_status)s,
+           %(step_result)s::json, %(step_error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
+           %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
+    FROM owned
+    ON CONFLICT (workflow_id, step_id) DO UPDATE
+    SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+        status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+        started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+        attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
+        cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
+    WHERE everystep_step.status IN {step_open_statuses}
+    RETURNING completed_at
+), run AS (
+    UPDATE everystep_workflow
+    SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
+        completed_at = clock_timestamp()
+    WHERE id = (SELECT id FROM owned) AND EXISTS (SELECT 1 FROM step)
+    RETURNING id
+)
+SELECT step.completed_at FROM step, run
+
+-- name: finish_run_with_step_marked
+-- finish_run_with_step and one patch marker (everystep.patches), in one
+-- statement: the marker is written under the same lock of the run row.
+WITH owned AS (
+    SELECT id FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+    FOR UPDATE
+), marker AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+    SELECT owned.id, %(marker_id)s, %(marker_name)s, %(marker_args)s::json, '{{}}'::json, 'done',
+           %(marker_result)s::json, clock_timestamp(), clock_timestamp(), 1
+    FROM owned
+    ON CONFLICT (workflow_id, step_id) DO NOTHING
 ), step AS (
     INSERT INTO everystep_step
         (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,

@@ -5,11 +5,41 @@
 
 -- name: schedule
 INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                queue, priority, concurrency_key)
+                                queue, priority, concurrency_key, app_version)
 VALUES (:id, :name, :args, :idempotency_key, 'scheduled', :now, :not_before,
-        :queue, :priority, :concurrency_key)
+        :queue, :priority, :concurrency_key, :app_version)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {run_columns}
+
+-- name: insert_fork
+-- A run forked from run_id (everystep fork): the same workflow, in the
+-- same queue, scheduled now; its copied steps follow (fork_steps), in the
+-- same transaction.
+INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
+                                app_version, forked_from)
+VALUES (:id, :name, :args, 'scheduled', :now, :queue, :priority, :concurrency_key, :app_version, :run_id)
+RETURNING {run_columns}
+
+-- name: fork_steps
+-- Copy the steps run_id recorded before step_id's record (`cut`, its
+-- completion time) into the fork, results as they are: the fork replays
+-- them, never re-runs them. A patch marker written with the cut step's own
+-- record was decided before that step began: it is copied too.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT :id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+       attempt, wake_at, cpu_seconds, peak_rss_bytes
+FROM everystep_step
+WHERE workflow_id = :run_id AND step_id <> :step_id AND completed_at IS NOT NULL
+  AND (completed_at < :cut OR (name = :patch_name AND completed_at <= :cut))
+
+-- name: steps_for_update
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = :run_id ORDER BY id
+
+-- name: forks_of
+-- The runs forked from a run, oldest first (its page says them).
+SELECT {run_columns} FROM everystep_workflow WHERE forked_from = :id ORDER BY created_at, id
 
 -- name: get_run_by_key
 SELECT {run_columns} FROM everystep_workflow
@@ -166,6 +196,53 @@ SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
     cpu_seconds = excluded.cpu_seconds, peak_rss_bytes = excluded.peak_rss_bytes
 WHERE everystep_step.status IN {step_open_statuses}
 RETURNING completed_at
+
+-- name: record_step_marked
+-- record_step and one patch marker (everystep.patches) in one statement,
+-- so the marker takes no statement or transaction of its own. The marker
+-- row conflicts only with itself, already `done`: the upsert leaves it.
+-- RETURNING: the step's row says the write was made (a marker row may
+-- come back beside it).
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now,
+       :attempt, :wake_at, :cpu_seconds, :peak_rss_bytes
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
+)
+UNION ALL
+SELECT :run_id, :marker_id, :marker_name, :marker_args, '{{}}', 'done', :marker_result, NULL, :now, :now,
+       1, NULL, NULL, NULL
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
+)
+ON CONFLICT (workflow_id, step_id) DO UPDATE
+SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
+    status = excluded.status, result = excluded.result, error = excluded.error,
+    started_at = excluded.started_at, completed_at = excluded.completed_at,
+    attempt = excluded.attempt, wake_at = excluded.wake_at,
+    cpu_seconds = excluded.cpu_seconds, peak_rss_bytes = excluded.peak_rss_bytes
+WHERE everystep_step.status IN {step_open_statuses}
+RETURNING step_id, completed_at
+
+-- name: record_marker
+-- A patch marker (everystep.patches), in the transaction of the write it
+-- goes with, before that write. Fenced like every step record; a marker
+-- already recorded is left as it is.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
+SELECT :run_id, :step_id, :name, :args, '{{}}', 'done', :result, :now, :now, 1
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+      AND claim_epoch = :claim_epoch
+)
+ON CONFLICT (workflow_id, step_id) DO NOTHING
 
 -- name: start_step
 INSERT INTO everystep_step
@@ -603,3 +680,7 @@ FROM everystep_workflow
 WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue
+
+-- name: read_only_session
+-- A session that cannot write (connect(read_only=True): everystep replay).
+PRAGMA query_only = ON

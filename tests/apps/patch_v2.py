@@ -1,0 +1,24 @@
+"""The next release of ``patch_v1``: a tax step, under a patch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from everystep import patched, workflow
+from tests.apps.patch_v1 import charge, notify, reserve, ship, tax
+
+
+@workflow(name="patch.order")
+def order(o: dict[str, Any]) -> str:
+    reserve(o)
+    if patched("tax"):
+        tax(o)
+    charge(o)
+    shipped = ship(o["sku"])
+    return notify(shipped)
+
+
+@workflow(name="patch.tail")
+def tail(o: dict[str, Any]) -> bool:
+    reserve(o)
+    return patched("tail")

@@ -1,0 +1,194 @@
+"""Patches: a deploy that adds a step under ``patched()`` carries the runs
+already in flight on their old path, and new runs on the new one.
+
+Runs are left part-way by ``patch_v1`` (the fault hook stops them right
+after a step's effect, as a process death would), then resumed by
+``patch_v2`` (the tax step under ``patched("tax")``) and ``patch_v3`` (the
+patch deprecated). Every backend: the marker is one step row, written in
+the transaction of the next write."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from everystep import dryrun, patched, registry, schedule
+from everystep.api import WorkflowFunction
+from everystep.errors import SimulatedCrash, WorkflowCodeError
+from everystep.models import COMPLETED, FAILED
+from everystep.patches import PATCH_STEP, marker_id
+from everystep.store import Store
+from tests.apps import patch_v1, patch_v2, patch_v3
+from tests.support.cli import run_in_process
+from tests.support.runs import crash_at, execute_run
+
+pytestmark = [pytest.mark.timeout(120)]
+
+ORDER = {"sku": "A-1", "amount": 30}
+
+
+@pytest.fixture(autouse=True)
+def _v1_after() -> types.GeneratorType:  # type: ignore[type-arg]
+    yield
+    use(patch_v1)
+
+
+def use(module: types.ModuleType) -> None:
+    for value in vars(module).values():
+        if isinstance(value, WorkflowFunction):
+            registry.register_workflow(value.name, value)
+
+
+def left_after(store: Store, step_id: str) -> str:
+    """A ``patch_v1`` run whose process died right after step ``step_id``'s
+    effect; back in the queue."""
+    use(patch_v1)
+    run = schedule(patch_v1.order, ORDER, database=store)
+    crash_at(step_id)
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, run.id)
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
+    return run.id
+
+
+def steps(store: Store, run_id: str) -> dict[str, tuple[str, object]]:
+    return {record.step_id: (record.name, record.result) for record in store.get_steps(run_id)}
+
+
+def test_a_run_past_the_patch_point_keeps_the_old_branch(store: Store) -> None:
+    run_id = left_after(store, "3")  # reserve and charge recorded by the old code
+    use(patch_v2)
+    assert execute_run(store, run_id) == COMPLETED
+    assert steps(store, run_id) == {
+        "1": ("patch.reserve", "A-1"), marker_id("tax"): (PATCH_STEP, False),
+        "2": ("patch.charge", 30), "3": ("patch.ship", "shipped A-1"), "4": ("patch.notify", "shipped A-1"),
+    }
+
+
+def test_a_new_run_takes_the_new_branch(store: Store) -> None:
+    use(patch_v2)
+    run = schedule(patch_v2.order, ORDER, database=store)
+    assert execute_run(store, run.id) == COMPLETED
+    assert steps(store, run.id) == {
+        "1": ("patch.reserve", "A-1"), marker_id("tax"): (PATCH_STEP, True), "2": ("patch.tax", 3),
+        "3": ("patch.charge", 30), "4": ("patch.ship", "shipped A-1"), "5": ("patch.notify", "shipped A-1"),
+    }
+
+
+def test_a_run_short_of_the_patch_point_takes_the_new_branch(store: Store) -> None:
+    run_id = left_after(store, "2")  # only reserve recorded
+    use(patch_v2)
+    assert execute_run(store, run_id) == COMPLETED
+    recorded = steps(store, run_id)
+    assert recorded[marker_id("tax")] == (PATCH_STEP, True)
+    assert recorded["2"] == ("patch.tax", 3) and recorded["4"] == ("patch.ship", "shipped A-1")
+
+
+def test_the_marker_rides_with_the_next_write_and_replays(store: Store) -> None:
+    use(patch_v2)
+    run = schedule(patch_v2.order, ORDER, database=store)
+    crash_at("2")  # dies after tax's effect: nothing written since reserve
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, run.id)
+    assert set(steps(store, run.id)) == {"1"}  # no marker on its own
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
+    crash_at("3")  # dies after charge's effect: tax and its marker are recorded
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, run.id)
+    assert set(steps(store, run.id)) == {"1", marker_id("tax"), "2"}
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
+    assert execute_run(store, run.id) == COMPLETED
+    assert [r.step_id for r in store.get_steps(run.id) if r.name == PATCH_STEP] == [marker_id("tax")]
+
+
+def test_a_marker_with_the_runs_end(store: Store) -> None:
+    """A patch after the last step: the marker goes with the run's status."""
+    use(patch_v2)
+    run = schedule(patch_v2.tail, ORDER, database=store)
+    assert execute_run(store, run.id) == COMPLETED
+    assert store.get_run(run.id).result is True
+    assert steps(store, run.id)[marker_id("tail")] == (PATCH_STEP, True)
+
+
+def test_deprecating_a_patch_with_no_old_run_in_flight(store: Store) -> None:
+    use(patch_v2)
+    new = schedule(patch_v2.order, ORDER, database=store)
+    crash_at("3")
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, new.id)
+    assert store.requeue(store.get_run(new.id).claim_as("tester"))
+    use(patch_v3)
+    fresh = schedule(patch_v3.order, ORDER, database=store)
+    assert execute_run(store, new.id) == COMPLETED
+    assert execute_run(store, fresh.id) == COMPLETED
+    assert marker_id("tax") not in steps(store, fresh.id)  # deprecation records nothing
+    assert steps(store, fresh.id)["2"] == ("patch.tax", 3)
+
+
+def test_deprecating_a_patch_fails_a_run_that_took_the_old_branch(store: Store) -> None:
+    old = left_after(store, "3")
+    use(patch_v2)
+    crash_at("4")  # the marker (False) rides with ship's record; notify dies
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, old)
+    assert steps(store, old)[marker_id("tax")] == (PATCH_STEP, False)
+    assert store.requeue(store.get_run(old).claim_as("tester"))
+    use(patch_v3)
+    verdicts = {v.run_id: v for v in dryrun.check_deploy(store)}
+    assert verdicts[old].outcome == dryrun.Outcome.CODE_ERROR
+    assert execute_run(store, old) == FAILED
+    error = store.get_run(old).exception
+    assert isinstance(error, WorkflowCodeError) and "deprecated" in str(error)
+
+
+def test_outside_a_workflow_the_new_branch() -> None:
+    assert patched("anything") is True
+
+
+def in_flight(store: Store, module: types.ModuleType, run_id: str, dies_after: str) -> None:
+    """Execute ``run_id`` with ``module``'s code until it dies after step
+    ``dies_after``'s effect; back in the queue."""
+    use(module)
+    crash_at(dies_after)
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, run_id)
+    assert store.requeue(store.get_run(run_id).claim_as("tester"))
+
+
+def test_check_deploy_counts_each_patchs_branches(store: Store, db_url: str, subprocess_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    old = left_after(store, "3")
+    in_flight(store, patch_v2, old, "4")  # recorded False
+    new = schedule(patch_v2.order, ORDER, database=store).id
+    in_flight(store, patch_v2, new, "3")  # recorded True
+    schedule(patch_v2.order, ORDER, database=store)  # not at the patch point yet
+
+    def check(module: types.ModuleType) -> tuple[int, dict[str, Any]]:
+        use(module)
+        done = run_in_process(["check-deploy", "--database", db_url, "--app", module.__name__, "--json"],
+                              subprocess_env, tmp_path)
+        report = json.loads(done.stdout)
+        (tax,) = [patch for patch in report["patches"] if patch["patch"] == "tax"]
+        return done.returncode, tax
+
+    code, tax = check(patch_v2)
+    assert code == 0
+    assert (tax["new"], tax["old"], tax["in_code"]) == (1, 1, "patched")
+    assert "keep both branches" in tax["advice"]
+    code, tax = check(patch_v3)
+    assert code == 1  # the old run would fail
+    assert (tax["new"], tax["old"], tax["in_code"]) == (1, 1, "deprecated")
+    use(patch_v2)
+    assert execute_run(store, old) == COMPLETED
+    code, tax = check(patch_v2)
+    assert (code, tax["old"]) == (0, 0) and "can be deprecated" in tax["advice"]
+    code, tax = check(patch_v3)
+    assert (code, tax["old"], tax["in_code"]) == (0, 0, "deprecated") and "can be deleted" in tax["advice"]
+    use(patch_v3)
+    done = run_in_process(["check-deploy", "--database", db_url, "--app", "tests.apps.patch_v3"], subprocess_env,
+                          tmp_path)
+    assert "PATCH" in done.stdout and "can be deleted" in done.stdout
