@@ -35,6 +35,7 @@ over ``core.StoreCore``; ``Store`` composes them, so callers see one class
 ``console``            pages, bounded counts and id-prefix lookups for operators
 ``retention``          deleting finished runs in batches
 ``cron``               periodic workflows' ticks
+``waits``              messages, events, child runs, and releases that wait for them
 =====================  ==========================================================
 """
 
@@ -50,13 +51,14 @@ from .retention import Retention
 from .runners import Runners
 from .runs import Runs
 from .schema import Schema
+from .waits import Waits
 from .values import (
     LOST, MAX_UUID, MIN_UUID, ClaimState, NewStep, Notifications, RunnerInfo, StepWrite, id_prefix_range,
     new_run_id, utcnow,
 )
 
 
-class Store(Execution, ConsoleReads, Runs, Runners, Queues, OperatorRequests, Retention, Cron, Schema, StoreCore):
+class Store(Waits, Execution, ConsoleReads, Runs, Runners, Queues, OperatorRequests, Retention, Cron, Schema, StoreCore):
     """Base class; see ``postgres.PostgresStore`` and ``sqlite.SQLiteStore``."""
 
 
