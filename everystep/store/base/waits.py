@@ -41,6 +41,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from ... import serde
 from ...errors import RunNotFound, SendRefused
 from ...models import ACTIVE_STATUSES, STEP_AWAITING, Claim, Run, StepRecord
 from .core import Row
@@ -62,8 +63,6 @@ class Message:
     consumed_at: dt.datetime | None
 
     def to_dict(self) -> dict[str, Any]:
-        from ... import serde
-
         return {"id": self.id, "topic": self.topic, "payload": serde.to_jsonable(self.payload),
                 "idempotency_key": self.idempotency_key,
                 "created_at": self.created_at.isoformat() if self.created_at else None,
@@ -80,8 +79,6 @@ class Event:
     updated_at: dt.datetime | None
 
     def to_dict(self) -> dict[str, Any]:
-        from ... import serde
-
         return {"key": self.key, "value": serde.to_jsonable(self.value),
                 "updated_at": self.updated_at.isoformat() if self.updated_at else None}
 
@@ -183,7 +180,7 @@ class Waits(Execution, Runs):
                     if waiting is not None and self._record_in(conn, claim, waiting) is None:
                         raise _NothingWritten
                     return StepWrite(dataclasses.replace(decoded, status=STEP_AWAITING), ours=True)
-                payload_json = self._json_text(message["payload"])
+                payload_json = serde.dumps(self._json(message["payload"]), "message payload")
                 step = dataclasses.replace(done, result_json=payload_json)
                 consumed = conn.execute(self.sql["consume_message"], {
                     **params, "step_id": step.step_id, "message_id": message["id"]}).fetchall()
@@ -194,8 +191,6 @@ class Waits(Execution, Runs):
                     raise _NothingWritten
         except _NothingWritten:
             return self._refusal(claim, done)
-        from ... import serde
-
         record = dataclasses.replace(decoded, result=serde.loads(payload_json))
         return StepWrite(record.completed(self._time(row["completed_at"])), ours=True)
 
@@ -219,8 +214,6 @@ class Waits(Execution, Runs):
         its deadline the earlier of ``deadline`` and the parent's) and record
         the step with the child's id as its result, in one transaction fenced
         by ``claim``; a replay finds the step and never schedules again."""
-        from ... import serde
-
         params = self._params(**self._claim_params(claim))
         try:
             with self.connection() as conn, self._transaction(conn):
@@ -329,14 +322,6 @@ class Waits(Execution, Runs):
         moved on), or the step's record written first by someone else."""
         with self.connection() as conn:
             return self._conflict(conn, self._step_params(claim, step))
-
-    def _json_text(self, value: Any) -> str:
-        """A JSON column as its text, whatever the driver made of it."""
-        from ... import serde
-
-        if isinstance(value, (str, bytes)):
-            return value.decode() if isinstance(value, bytes) else value
-        return serde.dumps(value, "message payload")
 
     def _now_param(self) -> Any:
         from .values import utcnow
