@@ -139,3 +139,35 @@ def pid_recv() -> Any:
     """The message, and the pid of the process that got it."""
     message = everystep.recv("go")
     return note([message, os.getpid()])
+
+
+@workflow
+def recv_then_kill(spec: dict[str, Any]) -> Any:
+    """``recv_then_effect`` whose process is SIGKILLed once at step
+    ``spec["kill_at"]`` by the fault hook below (``kill_once``)."""
+    message = everystep.recv("go")
+    append_line(os.path.join(spec["dir"], "effects.txt"), f"got {message}")
+    return note(message)
+
+
+def kill_once(ctx: Any, step_id: str) -> None:
+    """The fault hook of supervised crash tests: SIGKILL this process at
+    the fault point of step ``kill_at`` of a ``recv_then_kill`` run, once
+    per run (a marker file remembers it)."""
+    import signal
+    from pathlib import Path
+
+    run = ctx.execution.run
+    if run.name != recv_then_kill.name or step_id != run.args[0]["kill_at"]:
+        return
+    marker = Path(run.args[0]["dir"]) / f"killed-{run.id}"
+    if marker.exists():
+        return
+    marker.write_text(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if os.environ.get("EVERYSTEP_TEST_KILL_ONCE"):
+    from everystep import runner as _runner
+
+    _runner.fault = kill_once
