@@ -256,3 +256,44 @@ def test_the_waiting_gauge_counts_by_kind(store: Store) -> None:
     assert counts.get("message") == 1 and counts.get("child") == 1
     assert store.children(parent.id)[0].status == SCHEDULED
     assert COMPLETED not in counts and STEP_DONE not in counts
+
+
+def _caller_connection(store: Store, db_url: str) -> Any:
+    """A connection of the caller's own, outside everystep's pool, with a
+    transaction to open (autocommit off)."""
+    if store.backend == "sqlite":
+        import sqlite3
+
+        from everystep.store.sqlite import path_from_url
+
+        return sqlite3.connect(path_from_url(db_url))
+    if store.backend == "postgres":
+        import psycopg
+
+        return psycopg.connect(db_url)
+    import pymysql
+
+    from everystep.store.mariadb import connect_args
+
+    return pymysql.connect(**connect_args(db_url), autocommit=False)
+
+
+@pytest.mark.parametrize("outcome", ["rollback", "commit"])
+def test_a_send_joins_the_callers_transaction(store: Store, db_url: str, outcome: str) -> None:
+    run = schedule(apps.approval, "tx", database=store)
+    assert execute_run(store, run.id) == Outcome.RELEASED
+    conn = _caller_connection(store, db_url)
+    try:
+        if store.backend == "mariadb":
+            conn.begin()
+        everystep.send(run.id, "approved", "in a transaction", conn=conn)
+        assert not _due_now(store, run.id)
+        getattr(conn, outcome)()
+    finally:
+        conn.close()
+    if outcome == "rollback":
+        assert store.messages(run.id) == [] and not _due_now(store, run.id)
+        return
+    assert _due_now(store, run.id)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    assert store.get_run(run.id).result["decision"] == "in a transaction"
