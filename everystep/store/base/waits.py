@@ -47,7 +47,7 @@ from ...models import ACTIVE_STATUSES, STEP_AWAITING, Claim, Run, StepRecord
 from .core import Row
 from .execution import Execution
 from .runs import Runs
-from .values import LOST, NewStep, StepWrite, checked_run_id
+from .values import LOST, NewStep, StepWrite, checked_run_id, utcnow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,16 +239,15 @@ class Waits(Execution, Runs):
         it waits for is there already it is due at once instead (see the
         module docstring). False if ``claim`` is no longer current."""
         keys = sorted(set(waits))
-        wait_key = keys[0] if len(keys) == 1 else SEVERAL
+        wait_key: str | None = keys[0] if len(keys) == 1 else SEVERAL
         params = self._params(**self._claim_params(claim))
         with self.connection() as conn, self._transaction(conn):
             if conn.execute(self.sql["lock_claimed"], params).fetchone() is None:
                 return False
             if any(self._ready(conn, claim.run_id, key) for key in keys):
-                not_before, wait_key = self._now_param(), None
+                not_before, wait_key = utcnow(), None  # what it waits for came: due now
             released = conn.execute(self.sql["release_wait"], self._params(
-                **params, not_before=self._time_param(not_before) if isinstance(not_before, dt.datetime)
-                else not_before, wait_key=wait_key)).fetchall()
+                **params, not_before=self._time_param(not_before), wait_key=wait_key)).fetchall()
             return bool(released)
 
     def _ready(self, conn: Any, run_id: str, key: str) -> bool:
@@ -322,11 +321,6 @@ class Waits(Execution, Runs):
         moved on), or the step's record written first by someone else."""
         with self.connection() as conn:
             return self._conflict(conn, self._step_params(claim, step))
-
-    def _now_param(self) -> Any:
-        from .values import utcnow
-
-        return self._time_param(utcnow())
 
     @classmethod
     def _event(cls, row: Row) -> Event:
