@@ -173,6 +173,8 @@ class Waits(Execution, Runs):
         params = self._params(**self._claim_params(claim), topic=topic)
         try:
             with self.connection() as conn, self._transaction(conn):
+                if "async_commit" in self.sql:  # PostgreSQL: see the statement
+                    conn.execute(self.sql["async_commit"], {}).fetchall()
                 if conn.execute(self.sql["lock_claimed"], params).fetchone() is None:
                     raise _NothingWritten
                 message = conn.execute(self.sql["next_message"], params).fetchone()

@@ -704,6 +704,13 @@ WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
   AND claim_epoch = %(claim_epoch)s
 FOR UPDATE
 
+-- name: async_commit
+-- A recv's transaction commits asynchronously, as claims and a run's last
+-- write do: if a crash loses it, the message and the step's record are
+-- lost together, the replay consumes the same message (the oldest on its
+-- topic) again, and any later durable commit flushes this one first.
+SELECT set_config('synchronous_commit', 'off', true) AS async_commit
+
 -- name: message_by_key
 SELECT id FROM everystep_message WHERE workflow_id = %(run_id)s AND idempotency_key = %(key)s
 
