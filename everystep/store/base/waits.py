@@ -170,6 +170,11 @@ class Waits(Execution, Runs):
         of that status.
         ``LOST`` if the claim moved on; a record someone else wrote first
         comes back with ``ours=False``."""
+        if "take_message" in self.sql:  # PostgreSQL: the resumed recv in one statement
+            taken = self._fetchone("take_message", {**self._step_params(claim, done), "topic": topic})
+            if taken is not None:
+                record = dataclasses.replace(decoded, result=self._json(taken["payload"]))
+                return StepWrite(record.completed(self._time(taken["completed_at"])), ours=True)
         params = self._params(**self._claim_params(claim), topic=topic)
         try:
             with self.connection() as conn, self._transaction(conn):

@@ -711,6 +711,50 @@ FOR UPDATE
 -- topic) again, and any later durable commit flushes this one first.
 SELECT set_config('synchronous_commit', 'off', true) AS async_commit
 
+-- name: take_message
+-- A recv resumed by its message, in one statement (one round trip where
+-- take_message's transaction takes seven): under the run's row lock and
+-- its claim, the oldest unconsumed message on the topic is marked consumed
+-- by the step and the step recorded with its payload. No row back: no
+-- message (or not our claim, or a final record already there): the
+-- caller's transaction says which and records the wait. Committed
+-- asynchronously, as async_commit says.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS off
+), owned AS (
+    SELECT w.id FROM everystep_workflow AS w, async_commit
+    WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
+      AND w.claim_epoch = %(claim_epoch)s
+    FOR UPDATE OF w
+), picked AS (
+    SELECT m.id FROM everystep_message AS m, owned
+    WHERE m.workflow_id = owned.id AND m.topic = %(topic)s AND m.consumed_step IS NULL
+      AND NOT EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = owned.id
+                      AND s.step_id = %(step_id)s AND s.status NOT IN {step_open_statuses})
+    ORDER BY m.id
+    LIMIT 1
+    FOR UPDATE OF m
+), consumed AS (
+    UPDATE everystep_message AS m SET consumed_step = %(step_id)s, consumed_at = clock_timestamp()
+    FROM picked WHERE m.id = picked.id
+    RETURNING m.workflow_id, m.payload
+), step AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+         attempt, wake_at)
+    SELECT consumed.workflow_id, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
+           consumed.payload, NULL, %(started_at)s, clock_timestamp(), %(attempt)s, %(wake_at)s::timestamptz
+    FROM consumed
+    ON CONFLICT (workflow_id, step_id) DO UPDATE
+    SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+        status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+        started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+        attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at
+    WHERE everystep_step.status IN {step_open_statuses}
+    RETURNING result, completed_at
+)
+SELECT step.result AS payload, step.completed_at FROM step
+
 -- name: message_by_key
 SELECT id FROM everystep_message WHERE workflow_id = %(run_id)s AND idempotency_key = %(key)s
 
