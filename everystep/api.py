@@ -380,7 +380,9 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
     With ``conn``, in the caller's open transaction (as ``schedule(conn=)``):
     nothing is delivered if it rolls back. A second send with the same
     ``idempotency_key`` stores nothing and returns the first one's id.
-    ``SendRefused`` for a run that is unknown, finished or cancelled."""
+    ``SendRefused`` for a run that is unknown, finished or cancelled.
+    Called from a running workflow (in a step's code, say) without
+    ``database``, it sends through the database that run lives in."""
     return waits.send(run_id, topic, payload, idempotency_key, database, conn)
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import runner, serde
-from .context import Context, Execution, recording_context
+from .context import Context, Execution, current, recording_context
 from .errors import ChildFailed, ChildTimeout, EverystepError, RecvTimeout, SimulatedCrash, StoreUnavailable
 from .models import (
     ACTIVE_STATUSES,
@@ -142,6 +142,10 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
     payload_json = serde.dumps(payload, f"message on topic {topic!r}")
     if conn is not None:
         return borrowed.send(conn, run_id, topic, payload_json, idempotency_key)
+    running = current()
+    if database is None and running is not None:
+        # From a workflow or its step's code: the database the run lives in.
+        return running.execution.store.send(run_id, topic, payload_json, idempotency_key)
     provider = api._provided(database)
     if provider is not None:
         with provider() as provided:
