@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
-               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues,
-               case12_transactional, case_mariadb, esdb, pg)
+               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues, case12_waits,
+               case13_transactional, case_mariadb, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -41,7 +41,8 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case9", "Case 9 — retention", case9_prune.run, case9_prune.section),
     ("case10", "Case 10 — profile", case10_profile.run, case10_profile.section),
     ("case11", "Case 11 — queues", case11_queues.run, case11_queues.section),
-    ("case12", "Case 12 — transactional steps", case12_transactional.run, case12_transactional.section),
+    ("case12", "Case 12 — waits", case12_waits.run, case12_waits.section),
+    ("case13", "Case 13 — transactional steps", case13_transactional.run, case13_transactional.section),
     ("mariadb", "MariaDB — cases 2 and 4", case_mariadb.run, case_mariadb.section),
 ]
 
@@ -169,6 +170,7 @@ TARGETS = [
     ("case5", "CPU case", "Case 5: ≥ 1.7× DBOS on the CPU case"),
     ("case7", "finished runs, runs/s within 10 %", "Case 7: at the largest history, runs/s within 10 % of the empty database"),
     ("case11", "flow control present", "Case 11: runs/s with flow control present ≥ 95 % of plain at --procs 2"),
+    ("case12", "send to resume", "Case 12: send to resume, p50 ≤ 5 ms and p99 ≤ 25 ms"),
 ]
 _TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+import everystep
 from everystep import patched, step, workflow
 
 
@@ -76,6 +77,14 @@ def stamp() -> float:
 
 @workflow
 def stamp1() -> float:
+    return stamp()
+
+
+@workflow
+def recv_stamp() -> float:
+    """Waits for a message on "go", then records when its next step started
+    (case 12: the send's commit to the resumed run's next step)."""
+    everystep.recv("go")
     return stamp()
 
 

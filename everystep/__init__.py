@@ -9,23 +9,33 @@ from __future__ import annotations
 from .api import (
     StepFunction,
     WorkflowFunction,
+    call,
+    get_event,
     get_run,
     get_steps,
     parallel,
+    recv,
     schedule,
+    send,
+    set_event,
     sleep,
     sleep_until,
+    start,
     step,
     wait,
     workflow,
 )
 from .errors import (
     Cancelled,
+    ChildFailed,
+    ChildTimeout,
     ClaimLost,
     DrainOrphan,
     EffectUncertain,
     EverystepError,
+    RecvTimeout,
     RunNotFound,
+    SendRefused,
     SimulatedCrash,
     StepFailure,
     StepKilled,
@@ -34,11 +44,13 @@ from .errors import (
     StoreMisconfigured,
     StoreUnavailable,
     Terminal,
+    WaitTimeout,
     WorkflowArgumentsError,
     WorkflowCodeError,
 )
 from .models import Run, StepRecord
 from .patches import deprecate_patch, patched
+from .waits import ChildHandle
 from .provider import set_connection_provider
 from .transactional import step_connection
 
@@ -46,6 +58,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled",
+    "ChildFailed",
+    "ChildHandle",
+    "ChildTimeout",
+    "RecvTimeout",
+    "SendRefused",
+    "WaitTimeout",
+    "call",
+    "get_event",
+    "recv",
+    "send",
+    "set_event",
+    "start",
     "ClaimLost",
     "DrainOrphan",
     "EffectUncertain",

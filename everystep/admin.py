@@ -14,6 +14,7 @@ from . import serde
 from .errors import Cancelled, EverystepError, StepFailure
 from .models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run
 from .store import RunnerInfo, Store
+from .store.base.waits import child_key
 
 _MISSING: Any = object()
 
@@ -132,7 +133,24 @@ def cancel(store: Store, run_id: str, reason: str | None = None) -> Run:
                             error=serde.dumps(serde.encode_exception(error), "cancel reason"))
         if run.status == RUNNING and run.claimed_by:
             store.notify_fenced(conn, run.claimed_by, run.id)
+        parent = store.links(run.id).parent_id
+        if parent is not None:
+            # A parent waiting for this child wakes to its end (ChildFailed).
+            store.wake_waiter(parent, child_key(run.id), conn)
+    _cancel_children(store, run.id, error)
     return store.get_run(run_id)
+
+
+def _cancel_children(store: Store, run_id: str, error: Cancelled) -> None:
+    """Cancel a cancelled run's unfinished children, and theirs, each in a
+    transaction of its own (a child's own end locks child then parent:
+    holding both here could deadlock with it). A child that ends meanwhile
+    is left as it ended."""
+    for child in store.active_children(run_id):
+        try:
+            cancel(store, child, f"parent run {run_id} was cancelled ({error})")
+        except AdminError:
+            continue
 
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from . import borrowed, registry, resources, runner, serde, versions
+from . import borrowed, registry, resources, runner, serde, versions, waits
 from . import transactional as transactional_steps
 from .cron import CronSchedule
 from .errors import EverystepError, WorkflowArgumentsError
@@ -33,10 +33,13 @@ class WorkflowFunction:
     function (steps inside are plain calls too)."""
 
     def __init__(self, fn: Callable[..., Any], name: str, cron: CronSchedule | None = None,
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, timeout: float | None = None) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
+        #: Seconds a run may take from its schedule before it is cancelled
+        #: (reason "deadline"), unless ``schedule()`` gives its own.
+        self.timeout = timeout
         #: Periodic workflows: runners enqueue a run per tick (see ``everystep.cron``).
         self.cron = cron
         #: The queue and priority its runs get unless ``schedule()`` says otherwise.
@@ -107,12 +110,13 @@ def workflow(fn: F) -> WorkflowFunction: ...
 @overload
 def workflow(
     *, name: str | None = None, cron: str | None = None, timezone: str | None = None,
-    queue: str | None = None, priority: int | None = None,
+    queue: str | None = None, priority: int | None = None, timeout: float | dt.timedelta | None = None,
 ) -> Callable[[F], WorkflowFunction]: ...
 
 
 def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None, cron: str | None = None,
-             timezone: str | None = None, queue: str | None = None, priority: int | None = None) -> Any:
+             timezone: str | None = None, queue: str | None = None, priority: int | None = None,
+             timeout: float | dt.timedelta | None = None) -> Any:
     """Register a workflow under ``module.qualname`` (or ``name``).
 
     ``queue`` (default ``default``) and ``priority`` (default 0; larger is
@@ -122,14 +126,20 @@ def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None, c
     ``cron`` makes it periodic: every runner with it loaded enqueues one run
     per tick of the cron expression, evaluated in ``timezone`` (an IANA
     name; default UTC), whose single argument is the tick time (see
-    ``everystep.cron``; needs the extra ``everystep[cron]``)."""
+    ``everystep.cron``; needs the extra ``everystep[cron]``).
+
+    ``timeout`` (seconds, or a timedelta): each run's deadline is that long
+    after it is scheduled, unless ``schedule()`` gives one; a run still
+    unfinished then is cancelled (reason ``deadline``), as ``everystep
+    cancel`` does."""
     if timezone is not None and cron is None:
         raise EverystepError("timezone= applies to a cron schedule: give cron= too")
     schedule = CronSchedule.parse(cron, timezone) if cron is not None else None
     placement = Placement.of(queue, priority)
+    seconds = _seconds(timeout, "workflow timeout") if timeout is not None else None
 
     def decorate(fn: Callable[..., Any]) -> WorkflowFunction:
-        wf = WorkflowFunction(fn, name or registry.qualified_name(fn), schedule, placement)
+        wf = WorkflowFunction(fn, name or registry.qualified_name(fn), schedule, placement, seconds)
         registry.register_workflow(wf.name, wf)
         return wf
 
@@ -295,6 +305,8 @@ def schedule(
     priority: int | None = None,
     concurrency_key: str | None = None,
     app_version: str | None = None,
+    deadline: dt.datetime | None = None,
+    timeout: float | dt.timedelta | None = None,
 ) -> Run:
     """Schedule a run of ``wf`` with positional ``args``; returns the ``Run``.
 
@@ -315,6 +327,11 @@ def schedule(
     The run records ``app_version``, by default the process's
     (``--app-version``) or its workflow's code hash (``everystep.versions``).
 
+    ``deadline`` (an aware datetime) or ``timeout`` (seconds from now; the
+    default is the workflow's own ``timeout``): a run still unfinished then
+    is cancelled with reason ``deadline``, as ``everystep cancel`` does (a
+    step in flight under a supervisor is killed), and so are its children.
+
     When a host framework installed a connection provider
     (``everystep.provider``; ``everystep.contrib.django`` does) and neither
     ``conn`` nor ``database`` is given, the run is inserted through the
@@ -328,13 +345,16 @@ def schedule(
     not_before = _not_before(run_at, delay)
     placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
     version = app_version or versions.version_for(name)
+    ends = run_deadline(name, deadline, timeout)
     if conn is not None:
-        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement, version)
+        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement, version,
+                                 deadline=ends)
     provider = _provided(database)
     if provider is not None:
         with provider() as provided:
-            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement, version)
-    return _store(database).schedule(name, args_json, idempotency_key, not_before, placement, version)
+            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement, version,
+                                     deadline=ends)
+    return _store(database).schedule(name, args_json, idempotency_key, not_before, placement, version, deadline=ends)
 
 
 def check_arguments(name: str, args: Sequence[Any]) -> None:
@@ -361,6 +381,91 @@ def check_arguments(name: str, args: Sequence[Any]) -> None:
 def _preview(args: Sequence[Any]) -> str:
     text = repr(list(args))
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def run_deadline(name: str, deadline: dt.datetime | None, timeout: float | dt.timedelta | None) -> dt.datetime | None:
+    """A new run's deadline: ``deadline``, else ``timeout`` seconds from
+    now, else the workflow's own ``timeout`` (None: no deadline)."""
+    if deadline is not None and timeout is not None:
+        raise EverystepError("give deadline= or timeout=, not both")
+    if deadline is not None:
+        return _aware(deadline, "deadline")
+    if timeout is None:
+        wf = registry.get_workflow(name)
+        timeout = wf.timeout if isinstance(wf, WorkflowFunction) else None
+    if timeout is None:
+        return None
+    return utcnow() + dt.timedelta(seconds=_seconds(timeout, "timeout"))
+
+
+def _seconds(value: float | dt.timedelta, what: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds <= 0:
+        raise EverystepError(f"{what} must be a positive number of seconds, not {value!r}")
+    return float(seconds)
+
+
+# -- waiting on the world ------------------------------------------------------
+
+
+def recv(topic: str, timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> Any:
+    """Inside a workflow: the next message sent to this run on ``topic``
+    (``send``), oldest first; each message is consumed by exactly one
+    ``recv``, and a message sent before the ``recv`` waits for it. While
+    none is there the run is released (status ``scheduled``, its step
+    ``waiting``: a row, no process), until a send wakes it or ``timeout``
+    seconds pass, when ``RecvTimeout`` is raised (catchable by the body;
+    recorded, so replays raise it again). No timeout: it waits for ever."""
+    return waits.recv(topic, timeout, everystep_id)
+
+
+def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
+         database: str | Store | None = None, conn: Any = None) -> int:
+    """Send ``payload`` (JSON-serialisable, as step results are) to run
+    ``run_id`` on ``topic``, from any process; returns the message's id.
+    The send's commit wakes the run if it waits in ``recv`` on that topic.
+    With ``conn``, in the caller's open transaction (as ``schedule(conn=)``):
+    nothing is delivered if it rolls back. A second send with the same
+    ``idempotency_key`` stores nothing and returns the first one's id.
+    ``SendRefused`` for a run that is unknown, finished or cancelled.
+    Called from a running workflow (in a step's code, say) without
+    ``database``, it sends through the database that run lives in."""
+    return waits.send(run_id, topic, payload, idempotency_key, database, conn)
+
+
+def set_event(key: str, value: Any, everystep_id: str | None = None) -> None:
+    """Inside a workflow: publish ``value`` under ``key`` for anyone outside
+    to read (``get_event``). A durable step: a replay does not write it
+    again; a later ``set_event`` of the same key overwrites it."""
+    waits.set_event(key, value, everystep_id)
+
+
+def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store | None = None) -> Any:
+    """The value run ``run_id`` published under ``key``, waiting up to
+    ``timeout`` seconds for it to appear (``TimeoutError`` if it does not;
+    ``RunNotFound`` for an unknown run)."""
+    return waits.get_event(run_id, key, timeout, database)
+
+
+def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = None, queue: str | None = None,
+          priority: int | None = None, concurrency_key: str | None = None, deadline: dt.datetime | None = None,
+          timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> waits.ChildHandle:
+    """Inside a workflow: start a child run of ``wf`` (a durable step: a
+    replay returns the same child, never schedules a second). The child
+    records this run as its parent; its deadline is the earlier of its own
+    (``deadline``/``timeout``, or its workflow's) and this run's. Returns a
+    handle whose ``result()`` waits for the child's end."""
+    name = _workflow_name(wf)
+    args_json = serde.dumps(list(args), f"arguments of workflow {name}")
+    placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
+    return waits.start_child(name, args_json, idempotency_key, placement, run_deadline(name, deadline, timeout),
+                             everystep_id)
+
+
+def call(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
+    """Inside a workflow: ``start(wf, *args, **options).result()``, two steps."""
+    return start(wf, *args, **options).result()
 
 
 def workflow_placement(name: str) -> Placement:
@@ -406,5 +511,5 @@ def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | 
         time.sleep(poll)
 
 
-__all__ = ["StepFunction", "WorkflowFunction", "get_run", "get_steps", "parallel",
-           "schedule", "sleep", "sleep_until", "step", "wait", "workflow"]
+__all__ = ["StepFunction", "WorkflowFunction", "call", "get_event", "get_run", "get_steps", "parallel", "recv",
+           "schedule", "send", "set_event", "sleep", "sleep_until", "start", "step", "wait", "workflow"]

@@ -42,11 +42,17 @@ def cursor(conn: Any) -> Iterator[tuple[type[Store], Any]]:
 
 def schedule(conn: Any, name: str, args_json: str, idempotency_key: str | None,
              not_before: dt.datetime | None = None, placement: Placement | None = None,
-             app_version: str | None = None) -> Run:
+             app_version: str | None = None, *, deadline: dt.datetime | None = None) -> Run:
     """Insert a run in ``conn``'s open transaction (or commit it at once if
     the connection is in autocommit mode)."""
     return backend_for_connection(conn).schedule_on(conn, name, args_json, idempotency_key, not_before, placement,
-                                                    app_version)
+                                                    app_version, deadline=deadline)
+
+
+def send(conn: Any, run_id: str, topic: str, payload_json: str, idempotency_key: str | None) -> int:
+    """Store a message in ``conn``'s open transaction: it exists, and wakes
+    its run, once the owner commits."""
+    return backend_for_connection(conn).send_on(conn, run_id, topic, payload_json, idempotency_key)
 
 
 def get_run(conn: Any, run_id: str) -> Run:

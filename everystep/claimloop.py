@@ -28,6 +28,11 @@ decides where the runs come from, in this order:
 3. **Periodic runs**: the ``cron.Ticker`` enqueues the ticks of the
    periodic workflows loaded here when they are due, whatever the free
    capacity (``keep_lease``).
+4. **Deadlines**: every ``DEADLINE_EVERY`` seconds, runs past their
+   deadline are cancelled (reason ``deadline``, as ``everystep cancel``
+   does: a supervisor holding one kills its child), and every
+   ``RECONCILE_EVERY`` seconds parents still waiting for a child that
+   ended (a wake lost in a crash, ``store/base/waits.py``) are woken.
 
 It also keeps the lease (heartbeat, sweep of dead runners, the owned name)
 and logs a database outage once when it starts and once when it ends.
@@ -48,6 +53,9 @@ from .outage import OutageLog
 from .store import Store
 
 RECONCILE_EVERY = 5.0
+#: Seconds between looks for runs past their deadline: a run is cancelled
+#: (and a supervisor kills its child) within about this much of it.
+DEADLINE_EVERY = 0.5
 #: How soon to claim again when the earliest waiting run is due already but
 #: was not claimed: it became due between the claim and the timing query,
 #: another claimer holds it locked, or its queue is at its limit. Soon
@@ -94,6 +102,8 @@ class ClaimLoop:
         self._due = True
         #: When the earliest scheduled run not yet due becomes due (monotonic).
         self._due_timer: float | None = None
+        self._next_deadlines = 0.0
+        self._next_stale_waits = 0.0
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -139,17 +149,42 @@ class ClaimLoop:
     def housekeeping_due(self, now: float) -> float:
         """When ``keep_lease`` next has something to do (for any caller,
         free capacity or not)."""
-        return min(self.lease.next_due(), self.ticker.next_due(now))
+        return min(self.lease.next_due(), self.ticker.next_due(now), self._next_deadlines)
 
     def keep_lease(self, now: float) -> bool:
-        """Heartbeat and sweep when due, and enqueue the periodic runs due.
-        Returns False once another instance holds our name: the runner must
-        stop."""
+        """Heartbeat and sweep when due, enqueue the periodic runs due and
+        cancel the runs past their deadline. Returns False once another
+        instance holds our name: the runner must stop."""
         if self.lease.tick(now):
             self.wake()  # recovered runs are claimable now
         if self.ticker.tick(now):
             self.wake()  # a periodic run was enqueued
+        if now >= self._next_deadlines:
+            self._enforce_deadlines(now)
         return not self.lease.lost_name
+
+    def _enforce_deadlines(self, now: float) -> None:
+        """Cancel the runs past their deadline (any runner may: the cancel
+        is one conditional write, and a run cancelled already is refused),
+        and wake parents left waiting for a child that ended."""
+        from . import admin
+
+        self._next_deadlines = now + DEADLINE_EVERY
+        try:
+            for run_id in self.store.expired_deadlines():
+                try:
+                    admin.cancel(self.store, run_id, "deadline")
+                except admin.AdminError:
+                    continue  # it ended meanwhile
+                self.logger.info("%s: run %s cancelled: its deadline passed", self.who, run_id,
+                                 extra={"run_id": run_id, "event": "run_deadline"})
+            if now >= self._next_stale_waits:
+                self._next_stale_waits = now + RECONCILE_EVERY
+                for parent, wait_key in self.store.stale_child_waits():
+                    self.store.wake_waiter(parent, wait_key)
+                    self.wake()
+        except EverystepError as exc:
+            self.outage.failed(exc, "enforcing deadlines")
 
     # -- claiming ---------------------------------------------------------------
 
@@ -243,4 +278,4 @@ class ClaimLoop:
             return False
 
 
-__all__ = ["DUE_RETRY", "RECONCILE_EVERY", "ClaimLoop"]
+__all__ = ["DEADLINE_EVERY", "DUE_RETRY", "RECONCILE_EVERY", "ClaimLoop"]

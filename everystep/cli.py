@@ -37,10 +37,14 @@ from .cliutil import (
 from .context import step_sort_key
 from .errors import EverystepError, StoreMisconfigured, StoreUnavailable
 from .cron import CronSchedule
-from .models import PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run, StepRecord
-from .waiting import effect_uncertain, waiting_for
+from .models import (
+    PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, SCHEDULED, STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run,
+    StepRecord,
+)
 from .observer import Observer
 from .store import Store, connect
+from .waiting import describe_wait, effect_uncertain, waiting_for
+from .waits import send as everystep_send
 from .lease import DEFAULT_LEASE
 from .worker import Worker, refuse_step_limits
 
@@ -118,6 +122,15 @@ def build_parser() -> OneLineParser:
                    "A run (args, result, error with its traceback) and its steps in step-id order.")
     sub.add_argument("run_id", metavar="RUN", help="the run's id, or a unique prefix of it (like git)")
     sub.add_argument("--json", action="store_true", help="print JSON (default: text)")
+
+    sub = _command(commands, "send", "send a message to a run (everystep.recv receives it)",
+                   "Store a message for RUN on TOPIC; a run waiting in recv on that topic resumes. Refused, "
+                   "storing nothing, for a run that is unknown, finished or cancelled.")
+    sub.add_argument("run_id", metavar="RUN", help="the run's id, or a unique prefix of it")
+    sub.add_argument("topic", metavar="TOPIC", help="the topic recv waits on")
+    sub.add_argument("payload", metavar="JSON", help="the message, any JSON value")
+    sub.add_argument("--key", metavar="K",
+                     help="idempotency key: a second send with it stores nothing (default: none)")
 
     sub = _command(commands, "resolve-step", "resolve the uncertain step of a blocked run",
                    "Record what happened to the unsafe step a blocked run stopped at, and schedule the run again.")
@@ -251,6 +264,7 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", choices=[str(status) for status in RUN_STATUSES], metavar="STATUS",
                         help=f"only runs in this status: {', '.join(RUN_STATUSES)} (default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
+    parser.add_argument("--parent", metavar="RUN", help="only the child runs this run started (default: all)")
     parser.add_argument("--limit", type=count(1, 100_000), default=DEFAULT_RUNS_LIMIT, metavar="N",
                         help=f"show at most N runs (default {DEFAULT_RUNS_LIMIT})")
     parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
@@ -326,6 +340,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "schedule": cmd_schedule,
         "runs": cmd_runs,
         "show": cmd_show,
+        "send": cmd_send,
         "resolve-step": cmd_resolve_step,
         "cancel": cmd_cancel,
         "fork": cmd_fork,
@@ -416,18 +431,49 @@ COUNT_CAP = 100_000
 
 
 def cmd_runs(store: Store, args: argparse.Namespace) -> int:
-    runs = store.list_runs(status=args.status, name=args.workflow, limit=args.limit + 1)
-    truncated = len(runs) > args.limit
-    runs = runs[:args.limit]
+    if getattr(args, "parent", None):
+        parent = store.find_run(args.parent)
+        runs = [run for run in store.children(parent.id, limit=100_000)
+                if (args.status is None or run.status == args.status)
+                and (args.workflow is None or run.name == args.workflow)]
+        truncated = False
+        runs = runs[:args.limit]
+    else:
+        runs = store.list_runs(status=args.status, name=args.workflow, limit=args.limit + 1)
+        truncated = len(runs) > args.limit
+        runs = runs[:args.limit]
+    waits = _waits_of(store, runs)
     if args.json:
-        print_json([run.to_dict() for run in runs])
+        print_json([{**run.to_dict(), "waiting": waits.get(run.id)} for run in runs])
         return 0
-    rows = [(run.id, run.status, run.name, run.claimed_by or "", _age(run)) for run in runs]
+    rows = [(run.id, run.status + (f" ({waits[run.id]})" if run.id in waits else ""), run.name,
+             run.claimed_by or "", _age(run)) for run in runs]
     print(format_table(("RUN", "STATUS", "WORKFLOW", "CLAIMED BY", "CREATED (UTC)"), rows))
     if truncated:
         total = store.count_runs(args.status, args.workflow, cap=COUNT_CAP)
         of = f"more than {COUNT_CAP:,}" if total >= COUNT_CAP else f"{total:,}"
         print(f"showing the newest {len(runs)} of {of} runs (--limit N shows more)")
+    return 0
+
+
+def _waits_of(store: Store, runs: list[Run]) -> dict[str, str]:
+    """What each waiting run of ``runs`` waits for, read in one query."""
+    now = dt.datetime.now(dt.timezone.utc)
+    waiting = [run for run in runs if run.status == SCHEDULED and run.not_before is not None and run.not_before > now]
+    if not waiting:
+        return {}
+    steps = store.steps_of_runs([run.id for run in waiting])
+    found = {run.id: waiting_for(run, steps.get(run.id, []), now) for run in waiting}
+    return {run_id: text for run_id, text in found.items() if text}
+
+
+def cmd_send(store: Store, args: argparse.Namespace) -> int:
+    run = store.find_run(args.run_id)
+    payload = parse_json(args.payload, "JSON")
+    if args.key is not None and not args.key:
+        raise EverystepError("--key must not be empty")
+    message_id = everystep_send(run.id, args.topic, payload, idempotency_key=args.key, database=store)
+    print(f"message {message_id} sent to run {run.id} on topic {args.topic!r}")
     return 0
 
 
@@ -444,7 +490,13 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     cost = resources.run_cost(steps)
     forks = store.forks_of(run.id)
     if args.json:
-        print_json({"run": {**run.to_dict(), "waiting": waiting, "forks": [fork.id for fork in forks]},
+        links = store.links(run.id)
+        print_json({"run": {**run.to_dict(), "waiting": waiting, "forks": [fork.id for fork in forks],
+                            "parent_id": links.parent_id,
+                            "deadline": links.deadline.isoformat() if links.deadline else None},
+                    "children": [{"id": c.id, "status": c.status, "name": c.name} for c in store.children(run.id)],
+                    "events": [event.to_dict() for event in store.events(run.id)],
+                    "messages": [message.to_dict() for message in store.messages(run.id)],
                     "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step),
                                "kind": patches.KIND_PATCH if patches.is_marker(step) else "step"}
                               for step in steps],
@@ -463,6 +515,11 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
         print(f"forked     forked from {run.forked_from}")
     for fork in forks:
         print(f"fork       {fork.id} ({fork.status})")
+    links = store.links(run.id)
+    if links.parent_id:
+        print(f"parent     {links.parent_id}")
+    if links.deadline:
+        print(f"deadline   {links.deadline.isoformat()}")
     if run.result is not None:
         print(f"result     {json.dumps(serde.to_jsonable(run.result))}")
     if run.error:
@@ -490,7 +547,32 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
                 print(f"  step {step.step_id} attempt {attempt.attempt} failed at "
                       f"{attempt.failed_at.isoformat() if attempt.failed_at else '?'}: "
                       f"{_describe_error(attempt.error)}; next attempt at {retry}")
+    _show_family(store, run.id)
     return 0
+
+
+def _show_family(store: Store, run_id: str) -> None:
+    """``show``'s sections on a run's children, events and messages."""
+    children = store.children(run_id)
+    if children:
+        print()
+        print(format_table(("CHILD", "STATUS", "WORKFLOW"), [(c.id, c.status, c.name) for c in children]))
+    events = store.events(run_id)
+    if events:
+        print()
+        print(format_table(("EVENT", "VALUE", "SET AT"), [
+            (e.key, _short(json.dumps(serde.to_jsonable(e.value))), e.updated_at.isoformat() if e.updated_at else "")
+            for e in events]))
+    messages = store.messages(run_id)
+    if messages:
+        print()
+        print(format_table(("MESSAGE", "TOPIC", "PAYLOAD", "CONSUMED BY STEP"), [
+            (str(m.id), m.topic, _short(json.dumps(serde.to_jsonable(m.payload))), m.consumed_step or "(pending)")
+            for m in messages]))
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str, str]:
@@ -501,6 +583,8 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
         outcome = outcome if len(outcome) <= 60 else outcome[:57] + "..."
     elif step.status == STEP_SLEEPING:
         outcome = f"until {step.wake_at.isoformat() if step.wake_at else '?'}"
+    elif step.status == STEP_AWAITING:
+        outcome = describe_wait(step)
     elif step.status == STEP_RETRYING:
         outcome = (f"{_describe_error(step.error)}; attempt {step.attempt + 1} at "
                    f"{step.wake_at.isoformat() if step.wake_at else '?'}")

@@ -133,6 +133,10 @@ class Execution:
     #: earliest time any of them wakes. The run is released until then once
     #: every scope has settled or waits too.
     wake_at: dt.datetime | None = None
+    #: What the waiting scopes wait for besides the clock (``message:<topic>``,
+    #: ``child:<run id>``): the release records it, and a send or a child's
+    #: end makes the run due at once.
+    wait_keys: set[str] = field(default_factory=set)
     #: Steps being started now, with their attempt (read by observers in
     #: ``step_started``: the supervisor's child tells its parent what a
     #: timeout of that attempt leads to).
@@ -185,11 +189,15 @@ class Execution:
             with self._lock:
                 self.markers[:0] = markers
 
-    def wait_until(self, wake_at: dt.datetime) -> None:
-        """A scope waits until ``wake_at``: keep the earliest wake time."""
+    def wait_until(self, wake_at: dt.datetime, wait_key: str | None = None) -> None:
+        """A scope waits until ``wake_at``: keep the earliest wake time;
+        and for ``wait_key`` (a message's topic, a child's end), which may
+        end the wait earlier (``everystep.waits``)."""
         with self._lock:
             if self.wake_at is None or wake_at < self.wake_at:
                 self.wake_at = wake_at
+            if wait_key is not None:
+                self.wait_keys.add(wait_key)
 
     def attempt_of(self, step_id: str) -> StepAttempt | None:
         """The attempt of step ``step_id``, while it is being started."""

@@ -30,7 +30,7 @@ from typing import Any
 from . import patches, registry
 from .context import Context, Execution, ReplayLog, _current
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
-from .models import BLOCKED, RUNNING, SCHEDULED, Run, StepRecord
+from .models import BLOCKED, RUNNING, SCHEDULED, WAIT_FOREVER, Run, StepRecord
 from .observer import Observers
 from .store import Store
 
@@ -170,6 +170,9 @@ def _abandon(thread: threading.Thread) -> None:
 
 
 def _judge(run: Run, outcome: BaseException | None) -> Verdict:
+    if isinstance(outcome, Suspended) and outcome.what is not None:
+        until = f" until {outcome.wake_at.isoformat()}" if outcome.wake_at < WAIT_FOREVER else ""
+        return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then waits for {outcome.what}{until}")
     if isinstance(outcome, Suspended):
         return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then waits until "
                                               f"{outcome.wake_at.isoformat()} (a sleep or a retry's backoff)")

@@ -168,6 +168,58 @@ class Cancelled(EverystepError):
     """
 
 
+class WaitTimeout(EverystepError):
+    """A durable wait (``recv``, a child's ``result``) ran out of time.
+
+    Recorded as the failure of the waiting step, so the body's try/except
+    sees it on every replay; catching it is how a workflow handles "no
+    answer in time" (``RecvTimeout``, ``ChildTimeout``)."""
+
+
+class RecvTimeout(WaitTimeout):
+    """``everystep.recv(topic, timeout=...)``: no message on the topic came
+    in time. The run goes on from the body's ``except RecvTimeout``; a
+    message sent afterwards stays for the next ``recv`` on its topic."""
+
+
+class ChildTimeout(WaitTimeout):
+    """``handle.result(timeout=...)``: the child run did not end in time.
+    The child is not touched: it runs on, and a later ``result()`` (a new
+    step) may wait for it again."""
+
+
+class ChildFailed(EverystepError):
+    """A child run ended without a result: ``failed``, ``stopped`` (a step
+    raised ``Terminal``) or ``cancelled``. Raised by ``handle.result()`` in
+    the parent, as the failure of that step.
+
+    ``child_id`` and ``status`` say which child and how it ended; ``error``
+    is its encoded error (``everystep.serde``) and ``cause`` the exception
+    rebuilt from it (``Terminal``, ``Cancelled``, the original type, or
+    ``StepFailure``)."""
+
+    def __init__(self, message: str, child_id: str = "", status: str = "", error: Any = None) -> None:
+        super().__init__(message, child_id, status, error)
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def cause(self) -> BaseException | None:
+        from .serde import decode_exception
+
+        return decode_exception(self.error)
+
+
+class SendRefused(EverystepError):
+    """``everystep.send`` to a run that is unknown, finished or cancelled:
+    nothing was stored. Send to a run that is still scheduled, running or
+    blocked (``everystep show RUN`` says which)."""
+
+
 class Suspended(BaseException):
     """Control flow, not an error: the run waits until ``wake_at``.
 
@@ -179,9 +231,12 @@ class Suspended(BaseException):
     through; never catch it. Never stored.
     """
 
-    def __init__(self, wake_at: Any) -> None:
+    def __init__(self, wake_at: Any, what: str | None = None) -> None:
         super().__init__(wake_at)
         self.wake_at = wake_at
+        #: What the scope waits for besides the clock (``message "approved"``,
+        #: ``child 01a2…``); None for a sleep or a retry's backoff.
+        self.what = what
 
 
 class Terminal(EverystepError):

@@ -68,6 +68,7 @@ class Metrics:
     empty_claims: Counter
     step_retries: Counter
     waiting: Gauge
+    waiting_by_kind: Gauge
     step_cpu: Histogram
     step_peak_rss: Histogram
     queue_pending: Gauge
@@ -141,6 +142,9 @@ def _create() -> Metrics | None:
                              ["workflow", "step"]),
         waiting=Gauge("everystep_workflows_waiting",
                       "Scheduled runs not yet due (delayed, sleeping, waiting to retry)", multiprocess_mode=latest),
+        waiting_by_kind=Gauge("everystep_workflows_waiting_by_kind",
+                              "Scheduled runs not yet due, by what they wait for (message, child, several, time)",
+                              ["kind"], multiprocess_mode=latest),
         step_cpu=Histogram("everystep_step_cpu_seconds", "CPU seconds (user + system) a step used, where measured",
                            ["workflow", "step"], buckets=CPU_BUCKETS),
         step_peak_rss=Histogram("everystep_step_peak_rss_bytes",
@@ -174,6 +178,12 @@ def observe_step_cost(workflow: str, step: str, cost: StepCost) -> None:
         metrics.step_peak_rss.labels(workflow, step).observe(cost.peak_rss_bytes)
 
 
+#: The labels of ``everystep_workflows_waiting_by_kind``: a message, a child
+#: run, several of those (parallel branches), or only the clock (a delayed
+#: start, a sleep, a retry's backoff).
+WAIT_KINDS = ("message", "child", "several", "time")
+
+
 def refresh_queue_gauges(store: Store) -> None:
     """Set the queue gauges from the database. Call it before rendering
     ``/metrics`` in a host application; the supervisor and the worker do it
@@ -187,6 +197,9 @@ def refresh_queue_gauges(store: Store) -> None:
     metrics.running.set(stats["running"])
     metrics.blocked.set(stats["blocked"])
     metrics.oldest_pending_age.set(stats["oldest_pending_age_seconds"])
+    by_kind = store.waiting_counts()
+    for kind in WAIT_KINDS:
+        metrics.waiting_by_kind.labels(kind).set(by_kind.get(kind, 0))
     queues = store.queues()
     gone = metrics.queues_seen - {queue.name for queue in queues}
     for queue in queues:

@@ -29,6 +29,7 @@ class StepStatus(StrEnum):
     FAILED = "failed"
     RETRYING = "retrying"  # an attempt failed; the next one is due at ``wake_at``
     SLEEPING = "sleeping"  # a durable sleep (``everystep.sleep``) that ends at ``wake_at``
+    WAITING = "waiting"  # waits for a message or a child run (what for: its args), at most until ``wake_at``
 
 
 SCHEDULED = RunStatus.SCHEDULED
@@ -61,12 +62,21 @@ STEP_DONE = StepStatus.DONE
 STEP_FAILED = StepStatus.FAILED
 STEP_RETRYING = StepStatus.RETRYING
 STEP_SLEEPING = StepStatus.SLEEPING
-#: A step row with this status is waiting for ``wake_at``; its outcome is not final.
-STEP_WAITING = (STEP_RETRYING, STEP_SLEEPING)
+STEP_AWAITING = StepStatus.WAITING
+#: A step row with this status is waiting (for ``wake_at``, a message or a
+#: child run); its outcome is not final.
+STEP_WAITING = (STEP_RETRYING, STEP_SLEEPING, STEP_AWAITING)
 #: A step row with one of these has no final outcome yet, so the step's next
 #: record may overwrite it (``{step_open_statuses}`` in the SQL): an unsafe
 #: step's ``started`` mark, or a wait that ended.
 STEP_OPEN_STATUSES = (STEP_STARTED, *STEP_WAITING)
+
+
+#: The not-before time of a run that waits with no timeout (a ``recv`` or a
+#: child's result without one): never due by the clock, only woken by a
+#: send or a child's end (``everystep.waits``). Far from ``datetime.max``
+#: so that date arithmetic on it never overflows.
+WAIT_FOREVER = dt.datetime(9000, 1, 1, tzinfo=dt.timezone.utc)
 
 
 @dataclass(frozen=True)

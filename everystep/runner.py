@@ -399,11 +399,13 @@ def _due(ex: Execution, wake_at: dt.datetime | None) -> bool:
     return wake_at <= (claimed if claimed is not None and claimed > now else now)
 
 
-def _suspend(ex: Execution, wake_at: dt.datetime | None) -> Suspended:
-    """The scope waits until ``wake_at``: remember it, unwind with ``Suspended``."""
+def _suspend(ex: Execution, wake_at: dt.datetime | None, wait_key: str | None = None,
+             what: str | None = None) -> Suspended:
+    """The scope waits until ``wake_at`` (and for ``wait_key``, described as
+    ``what``): remember it, unwind with ``Suspended``."""
     assert wake_at is not None
-    ex.wait_until(wake_at)
-    return Suspended(wake_at)
+    ex.wait_until(wake_at, wait_key)
+    return Suspended(wake_at, what)
 
 
 def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseException:
@@ -888,7 +890,10 @@ def _write(ex: Execution, outcome: Outcome, error: BaseException | None,
     try:
         if outcome == Outcome.RELEASED:
             assert ex.wake_at is not None
-            written = outcomes.release(ex.store, ex.claim, ex.wake_at)
+            if ex.wait_keys:
+                written = ex.store.release_waiting(ex.claim, ex.wake_at, sorted(ex.wait_keys))
+            else:
+                written = outcomes.release(ex.store, ex.claim, ex.wake_at)
         elif outcome == Outcome.REQUEUED:
             written = outcomes.requeue(ex.store, ex.claim)
         else:

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import datetime as dt
 
-from .models import RUNNING, SCHEDULED, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, Run, StepRecord
+from .models import (
+    RUNNING, SCHEDULED, STEP_AWAITING, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, WAIT_FOREVER, Run, StepRecord,
+)
 
 
 def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = None) -> str | None:
     """What a scheduled run whose not-before time is ahead waits for: a
-    durable sleep, a retry's backoff, or its delayed start (None otherwise)."""
+    message, a child run, a durable sleep, a retry's backoff, or its
+    delayed start (None otherwise)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     if run.status != SCHEDULED or run.not_before is None or run.not_before <= now:
         return None
+    waits = [describe_wait(step) for step in steps if step.status == STEP_AWAITING]
+    if waits:
+        return " and ".join(waits)
     until = run.not_before.isoformat()
     retrying = [step for step in steps if step.status == STEP_RETRYING and step.wake_at == run.not_before]
     if retrying:
@@ -25,6 +31,24 @@ def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = Non
     return f"delayed until {until}"
 
 
+def describe_wait(step: StepRecord) -> str:
+    """A ``waiting`` step in words: ``waiting for message "approved"``,
+    ``waiting for child 01a23bd9-…``, with its timeout if it has one."""
+    from .waits import CHILD_STEP
+
+    target = str(step.args[0]) if step.args else "?"
+    what = f"child {target}" if step.name == CHILD_STEP else f'message "{target}"'
+    until = f" until {step.wake_at.isoformat()}" if step.wake_at is not None and step.wake_at < WAIT_FOREVER else ""
+    return f"waiting for {what}{until}"
+
+
+def wait_kind(step: StepRecord) -> str | None:
+    """``message`` or ``child`` for a ``waiting`` step (the console's and the metrics' word)."""
+    from .waits import WAIT_STEPS
+
+    return WAIT_STEPS.get(step.name) if step.status == STEP_AWAITING else None
+
+
 def effect_uncertain(run: Run, step: StepRecord) -> bool:
     """An unsafe step's ``started`` row outside a running run (blocked, or
     cut off by a cancel): it may have had its effect, and nothing recorded
@@ -32,4 +56,4 @@ def effect_uncertain(run: Run, step: StepRecord) -> bool:
     return step.status == STEP_STARTED and run.status != RUNNING
 
 
-__all__ = ["effect_uncertain", "waiting_for"]
+__all__ = ["describe_wait", "effect_uncertain", "wait_kind", "waiting_for"]

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from tests.support.mariadbserver import MariaDBServer
 
 BACKENDS = lanes.BACKENDS
-MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_workflow", "everystep_runner",
+MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_message", "everystep_event",
+                  "everystep_workflow", "everystep_runner",
                   "everystep_request", "everystep_cron", "everystep_queue", "everystep_queue_claim")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,7 +246,8 @@ def pg_session_url(pg_server: PgServer) -> Iterator[str]:
 
 def _truncate(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE everystep_attempt, everystep_step, everystep_workflow, everystep_runner, "
+        conn.execute("TRUNCATE everystep_attempt, everystep_step, everystep_message, everystep_event, "
+                     "everystep_workflow, everystep_runner, "
                      "everystep_request, everystep_cron, everystep_queue, everystep_queue_claim")
 
 

@@ -76,7 +76,7 @@ def test_the_rendered_sets_are_the_models_sets(backend: str) -> None:
     expected = {name: queries.sql_list(statuses) for name, statuses in queries.STATUS_SETS.items()}
     assert expected == {
         "active_statuses": "('scheduled', 'running', 'blocked')",
-        "step_open_statuses": "('started', 'retrying', 'sleeping')",
+        "step_open_statuses": "('started', 'retrying', 'sleeping', 'waiting')",
     }
     for name, literal in expected.items():
         uses = raw.count("{" + name + "}")

@@ -391,11 +391,13 @@ class MariaDBStore(Store):
     @classmethod
     def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
                           not_before: dt.datetime | None = None, placement: Placement | None = None,
-                          app_version: str | None = None) -> Run:
+                          app_version: str | None = None, *,
+                          parent_id: str | None = None, deadline: dt.datetime | None = None) -> Run:
         # INSERT IGNORE (the idempotent insert) would cut a longer name (a
         # queue name and a concurrency key are checked by Placement).
         _check_length("workflow name", name)
-        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before, placement, app_version)
+        return super()._schedule_through(conn, name, args_json, idempotency_key, not_before, placement, app_version,
+                                         parent_id=parent_id, deadline=deadline)
 
     def register_runner(self, name: str, instance: str, kind: str, host: str, pid: int, lease: float,
                         vet: Callable[[RunnerInfo], None]) -> tuple[RunnerInfo | None, list[str]]:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import admin, registry, relay, serde
+from .. import admin, registry, relay, serde, waits
 from ..errors import EverystepError
 from ..models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
@@ -149,7 +149,22 @@ def kill(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str,
     return runner_command(store, run.claimed_by, Command.KILL, {"run": run.id, "requeue": requeue_after}, who)
 
 
+def send(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
+    """As ``everystep send``: body holds ``topic``, ``payload`` (JSON text)
+    and optionally ``key`` (its idempotency key)."""
+    topic, key = body.get("topic"), body.get("key") or None
+    if not isinstance(topic, str) or not topic.strip():
+        raise ValueError("topic must be a non-empty string")
+    if key is not None and not isinstance(key, str):
+        raise ValueError("key must be text")
+    payload = parse_json_value(body.get("payload"), "payload")
+    message_id = waits.send(run_id, topic.strip(), payload, idempotency_key=key, database=store)
+    logger.info("console: %s sent message %d to run %s on topic %r", who, message_id, run_id, topic)
+    return {"message": f"message {message_id} sent on topic {topic.strip()!r}", "message_id": message_id}
+
+
 RUN_HANDLERS: dict[str, Callable[[Store, str, dict[str, Any], str], dict[str, Any]]] = {
+    "send": send,
     "resolve": resolve,
     "requeue": requeue,
     "cancel": cancel,

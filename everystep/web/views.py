@@ -28,9 +28,11 @@ from .. import dryrun, registry, serde
 from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
 from ..graph.plan import Plan
-from ..models import BLOCKED, RUN_STATUSES, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED, STEP_STARTED, Run, StepRecord
+from ..models import (BLOCKED, CANCELLABLE_STATUSES, RUN_STATUSES, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED,
+                      STEP_STARTED, Run, StepRecord)
 from ..queues import queue_name
 from ..waiting import effect_uncertain, waiting_for
+from ..waits import START_STEP
 from ..store import Store, utcnow
 from ..store.base import MAX_UUID, MIN_UUID, id_prefix_range
 from . import actions
@@ -234,10 +236,20 @@ class Views:
             "attempts": getattr(run, "claim_epoch", None),
         })
         data["waiting"] = waiting_for(run, steps)
+        links = self.store.links(run.id)
+        data["parent_id"] = links.parent_id
+        data["deadline"] = _iso(links.deadline)
+        children = self.store.children(run.id)
+        graph = self.graph(run, steps)
+        _mark_child_starts(graph, {child.id: child.status for child in children})
         return {
             "run": data,
+            "children": [run_summary(child) for child in children],
+            "events": [event.to_dict() for event in self.store.events(run.id)],
+            "messages": [message.to_dict() for message in self.store.messages(run.id)],
+            "send": run.status in CANCELLABLE_STATUSES,
             "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)} for step in steps],
-            "graph": self.graph(run, steps),
+            "graph": graph,
             "verdict": self.verdict(run, steps),
             "runner": runner,
             "actions": actions.available(run, runner),
@@ -346,6 +358,23 @@ def _detail(detail: dict[str, Any], now: float) -> dict[str, Any]:
     published = detail.get("published_at")
     return {**detail, "children": children,
             "age": max(now - published, 0.0) if isinstance(published, (int, float)) else None}
+
+
+def _mark_child_starts(graph: Any, statuses: dict[str, str]) -> None:
+    """Give every node that recorded a child's start (``everystep.start``)
+    the child it started and that child's status, so the graph can draw it
+    as a node of its own linking to the child's page."""
+    if isinstance(graph, dict):
+        record = graph.get("record")
+        if isinstance(record, dict) and record.get("name") == START_STEP and record.get("status") == "done":
+            child = str(record.get("result"))
+            graph["child"] = {"id": child, "status": statuses.get(child)}
+        for value in graph.values():
+            if isinstance(value, (dict, list)):
+                _mark_child_starts(value, statuses)
+    elif isinstance(graph, list):
+        for item in graph:
+            _mark_child_starts(item, statuses)
 
 
 def resolve_command(run_id: str, step_id: str) -> str:

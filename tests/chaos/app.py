@@ -12,6 +12,7 @@ import zlib
 
 import psycopg
 
+import everystep
 from everystep import Terminal, parallel, step, workflow
 
 EFFECTS_ENV = "CHAOS_EFFECTS_URL"
@@ -67,10 +68,32 @@ def halt(key: str) -> None:
     raise Terminal("chaos-stop", {"key": key})
 
 
+@step
+def ping(child_id: str, key: str) -> None:
+    """Send the child its message: a step is at-least-once, the idempotency
+    key makes the message exactly one."""
+    everystep.send(child_id, "ping", f"{key}:ping", idempotency_key=f"{key}:ping")
+
+
+@workflow
+def chaos_child(args: dict) -> str:
+    key, ms = args["key"], args["ms"]
+    safe_effect(key, "child", ms)
+    return f"{everystep.recv('ping')}:pong"
+
+
 @workflow
 def chaos_flow(args: dict) -> dict:
     key, ms = args["key"], args["ms"]
     first = safe_effect(key, "a", ms)
+    talk = None
+    if args.get("talk"):
+        # A run that talks: waits for the harness's message, starts a child,
+        # sends it a message and waits for its answer.
+        go = everystep.recv("go")
+        child = everystep.start(chaos_child, {"key": key, "ms": ms})
+        ping(child.run_id, key)
+        talk = [go, child.result()]
     forked = parallel(
         lambda: safe_effect(key, "b", ms),
         [lambda: safe_effect(key, "c", ms), lambda: safe_effect(key, "d", ms)],
@@ -80,17 +103,23 @@ def chaos_flow(args: dict) -> dict:
     if args["stop"]:
         halt(key)
     last = safe_effect(key, "e", ms)
-    return {"key": key, "values": [first, forked[0], *forked[1], last], "charged": charged}
+    result = {"key": key, "values": [first, forked[0], *forked[1], last], "charged": charged}
+    if talk is not None:
+        result["talk"] = talk
+    return result
 
 
 def expected_result(args: dict) -> dict:
     key = args["key"]
-    return {
+    result = {
         "key": key,
         "values": [f"{key}:{effect}" for effect in "abcde"],
         "charged": f"{key}:u" if args["unsafe"] else None,
     }
+    if args.get("talk"):
+        result["talk"] = [f"{key}:go", f"{key}:ping:pong"]
+    return result
 
 
 def safe_effects(args: dict) -> list[str]:
-    return ["a", "b", "c", "d"] + ([] if args["stop"] else ["e"])
+    return ["a", "b", "c", "d"] + (["child"] if args.get("talk") else []) + ([] if args["stop"] else ["e"])

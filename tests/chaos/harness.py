@@ -1,7 +1,9 @@
 """The chaos suite: real supervisors, real kills, a real PostgreSQL restart.
 
 N runs mix safe steps, an unsafe-to-repeat step, a parallel fork and
-``Terminal`` stops; each effect is logged to ``chaos_effect`` as it happens.
+``Terminal`` stops, and a share of them talk: each waits for a message the
+harness sends, starts a child run, sends it a message and waits for its
+answer; each effect is logged to ``chaos_effect`` as it happens.
 While they execute, the harness injects faults at random (seeded): SIGKILL
 of a child, SIGKILL of a supervisor followed by a restart under the same
 name or under a new one (its runs then come back through lease expiry), a
@@ -15,6 +17,9 @@ stops everything with SIGTERM and checks:
   by its ``Terminal``; ``blocked`` only at the unsafe step;
 - no unsafe effect happened twice; every safe effect of a finished run
   happened at least once (more is at-least-once, and is counted);
+- every message was consumed exactly once (each by one recv step, whose
+  recorded result is its payload) and no talking run scheduled its child
+  twice;
 - nothing is left claimed, and every supervisor stopped with exit code 0.
 """
 
@@ -31,11 +36,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg
 
-from everystep import admin, schedule
+from everystep import admin, schedule, send
 from everystep.models import BLOCKED, COMPLETED, STEP_STARTED, STOPPED
 from everystep.store import connect
 from tests.chaos import app
@@ -56,6 +62,7 @@ class ChaosConfig:
     step_ms: int = 150
     unsafe_share: float = 0.35
     stop_share: float = 0.1
+    talk_share: float = 0.3
     seed: int = 1
     settle_timeout: float = 180.0
     database: str | None = None
@@ -69,7 +76,8 @@ class Report:
     def line(self) -> str:
         keys = ("runs", "completed", "stopped", "blocked", "resolved_result", "resolved_discard",
                 "child_kills", "supervisor_kills", "restarts_same_name", "restarts_new_name", "rollouts",
-                "pg_restarts", "duplicated_safe_effects", "duplicated_unsafe_effects")
+                "pg_restarts", "duplicated_safe_effects", "duplicated_unsafe_effects", "talking",
+                "messages_consumed", "children")
         return "chaos: " + " ".join(f"{key}={self.counts[key]}" for key in keys) + \
             f" violations={len(self.violations)}"
 
@@ -183,6 +191,7 @@ def _plan_runs(config: ChaosConfig, rng: random.Random) -> list[dict]:
             "ms": config.step_ms,
             "unsafe": rng.random() < config.unsafe_share,
             "stop": rng.random() < config.stop_share,
+            "talk": rng.random() < config.talk_share,
         }
         for index in range(config.runs)
     ]
@@ -198,6 +207,8 @@ class Feeder:
         self.spread = spread
         self.runs: dict[str, dict] = {}
         self.started = time.monotonic()
+        #: Talking runs still to be sent their "go" message.
+        self.unsent: list[str] = []
 
     def feed(self, everything: bool = False) -> None:
         elapsed = time.monotonic() - self.started
@@ -211,10 +222,29 @@ class Feeder:
                     # The key makes a retry after an ambiguous failure return the same run.
                     run = schedule(app.chaos_flow, args, idempotency_key=args["key"], database=store)
                     self.runs[run.id] = args
+                    if args.get("talk"):
+                        self.unsent.append(run.id)
                 finally:
                     store.close()
             except Exception:
                 return  # the database is restarting: try again on the next tick
+        self.send()
+
+    def send(self) -> None:
+        """The message each talking run waits for (idempotent: a send retried
+        after an ambiguous failure stores nothing more)."""
+        while self.unsent:
+            run_id = self.unsent[0]
+            key = self.runs[run_id]["key"]
+            try:
+                store = connect(self.url)
+                try:
+                    send(run_id, "go", f"{key}:go", idempotency_key=f"{key}:go", database=store)
+                finally:
+                    store.close()
+            except Exception:
+                return
+            self.unsent.pop(0)
 
 
 def _wait_settled(url: str, supervisors: list[Supervisor], deadline: float) -> bool:
@@ -313,6 +343,7 @@ def _verify(url: str, runs: dict[str, dict], report: Report) -> None:
             report.counts[f"duplicated_{kind}_effects"] += count - 1
             if kind == "unsafe":
                 report.violations.append(f"unsafe effect {effect} of {key} happened {count} times")
+    _verify_talk(store, runs, report)
     for run_id, args in runs.items():
         run = store.get_run(run_id)
         key = args["key"]
@@ -333,6 +364,37 @@ def _verify(url: str, runs: dict[str, dict], report: Report) -> None:
         if args["unsafe"] and effects[(key, "u", "unsafe")] != 1:
             report.violations.append(f"unsafe effect of {key} happened {effects[(key, 'u', 'unsafe')]} times")
     store.close()
+
+
+def _verify_talk(store: Any, runs: dict[str, dict], report: Report) -> None:
+    """Every message consumed exactly once, by a recv step whose recorded
+    result is its payload; every talking run started exactly one child."""
+    for run_id, args in runs.items():
+        children = store.children(run_id)
+        if not args.get("talk"):
+            if children:
+                report.violations.append(f"run {run_id} does not talk but started {len(children)} child run(s)")
+            continue
+        report.counts["talking"] += 1
+        finished = store.get_run(run_id).status in (COMPLETED, STOPPED)
+        if len(children) != 1 and (finished or len(children) > 1):
+            report.violations.append(f"talking run {run_id} started {len(children)} child runs")
+        report.counts["children"] += len(children)
+        for holder in [run_id, *(child.id for child in children)]:
+            recorded = {step.step_id: step for step in store.get_steps(holder)}
+            for message in store.messages(holder):
+                if message.consumed_step is None:
+                    if finished:
+                        report.violations.append(f"message {message.id} to run {holder} was never consumed")
+                    continue
+                report.counts["messages_consumed"] += 1
+                step = recorded.get(message.consumed_step)
+                if step is None or step.name != "everystep.recv" or step.result != message.payload:
+                    report.violations.append(f"message {message.id} to run {holder} consumed by step "
+                                             f"{message.consumed_step}, which recorded {step!r}")
+            consumers = [m.consumed_step for m in store.messages(holder) if m.consumed_step]
+            if len(consumers) != len(set(consumers)):
+                report.violations.append(f"run {holder}: one recv step consumed several messages {consumers}")
 
 
 def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
@@ -362,7 +424,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
             _inject(rng.choice(faults), supervisors, server, rng, report, config, lambda: next(names))
             feeder.feed()
         deadline = time.monotonic() + 120
-        while len(feeder.runs) < config.runs and time.monotonic() < deadline:
+        while (len(feeder.runs) < config.runs or feeder.unsent) and time.monotonic() < deadline:
             feeder.feed(everything=True)
             time.sleep(0.5)
         runs = feeder.runs

@@ -221,7 +221,8 @@ def project_store(project: Project) -> Iterator[Store]:
 
 def empty_tables(project: Project) -> None:
     """Between tests: no runs, no steps, no orders (users stay)."""
-    statements = ["DELETE FROM everystep_step", "DELETE FROM everystep_workflow", "DELETE FROM everystep_runner",
+    statements = ["DELETE FROM everystep_step", "DELETE FROM everystep_message", "DELETE FROM everystep_event",
+                  "DELETE FROM everystep_workflow", "DELETE FROM everystep_runner",
                   "DELETE FROM shop_order"]
     if project.backend == "postgres":
         with psycopg.connect(project.url, autocommit=True) as conn:

@@ -36,6 +36,7 @@ over ``core.StoreCore``; ``Store`` composes them, so callers see one class
 ``retention``          deleting finished runs in batches
 ``cron``               periodic workflows' ticks
 ``step_transactions``  transactional steps: their writes and record in one transaction
+``waits``              messages, events, child runs, and releases that wait for them
 =====================  ==========================================================
 """
 
@@ -52,14 +53,15 @@ from .runners import Runners
 from .runs import Runs
 from .schema import Schema
 from .step_transactions import StepTransactions
+from .waits import Waits
 from .values import (
     LOST, MAX_UUID, MIN_UUID, ClaimState, Marker, NewStep, Notifications, RunnerInfo, StepWrite, id_prefix_range,
     new_run_id, utcnow,
 )
 
 
-class Store(Execution, StepTransactions, ConsoleReads, Runs, Runners, Queues, OperatorRequests, Retention, Cron,
-            Schema, StoreCore):
+class Store(Waits, Execution, StepTransactions, ConsoleReads, Runs, Runners, Queues, OperatorRequests, Retention,
+            Cron, Schema, StoreCore):
     """Base class; see ``postgres.PostgresStore`` and ``sqlite.SQLiteStore``."""
 
 

@@ -289,9 +289,32 @@ class Execution(StoreCore):
         current (with ``markers``, written first in the same transaction)."""
         params = self._params(**self._claim_params(claim), status=status, result=result_json, error=error_json)
         if not markers:
-            return self._fetchone("finish_run", params) is not None
-        with self._marked(params, markers) as conn:
-            return self._fetchone("finish_run", params, conn) is not None
+            row = self._fetchone("finish_run", params)
+        else:
+            with self._marked(params, markers) as conn:
+                row = self._fetchone("finish_run", params, conn)
+        if row is None:
+            return False
+        self._wake_parent(claim.run_id, row["wake_parent"])
+        return True
+
+    def _wake_parent(self, run_id: str, parent_id: Any) -> None:
+        """A child run ended: end its parent's wait for it, if the parent
+        waits (``waits.py``). Where the finishing statement did it already
+        (PostgreSQL), ``parent_id`` is None."""
+        if parent_id is not None:
+            self.wake_waiter(str(parent_id), f"child:{run_id}")
+
+    def wake_waiter(self, run_id: str, wait_key: str, conn: Any = None) -> None:
+        """End ``run_id``'s wait for ``wait_key`` (``message:<topic>``,
+        ``child:<run id>``) if it waits for it, in ``conn``'s transaction or
+        one of its own (see ``waits.py`` for the locking)."""
+        params = self._params(run_id=checked_run_id(run_id), wait_key=wait_key)
+        if conn is not None:
+            conn.execute(self.sql["wake_waiter"], params).fetchall()
+            return
+        with self.connection() as own:
+            own.execute(self.sql["wake_waiter"], params).fetchall()
 
     def finish_run_with_step(
         self,
@@ -314,10 +337,12 @@ class Execution(StoreCore):
         try:
             with self.connection() as conn, self._transaction(conn):
                 row = self._record_step_with(conn, params, step, markers)
-                if row is None or conn.execute(self.sql["finish_run"], finish).fetchone() is None:
+                finished = conn.execute(self.sql["finish_run"], finish).fetchone() if row is not None else None
+                if finished is None:
                     raise _NothingWritten
         except _NothingWritten:
             return LOST
+        self._wake_parent(claim.run_id, finished["wake_parent"])
         return StepWrite(self._written(claim, step, decoded, row), ours=True)
 
 

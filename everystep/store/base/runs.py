@@ -29,7 +29,7 @@ class Runs(StoreCore):
 
     def schedule(self, name: str, args_json: str, idempotency_key: str | None = None,
                  not_before: dt.datetime | None = None, placement: Placement | None = None,
-                 app_version: str | None = None) -> Run:
+                 app_version: str | None = None, *, deadline: dt.datetime | None = None) -> Run:
         """Insert a scheduled run and commit it (claimable from ``not_before``
         on, if given), in ``placement``'s queue (default: the default queue).
 
@@ -37,26 +37,33 @@ class Runs(StoreCore):
         is returned instead of inserting a second one.
         """
         with self.connection() as conn:
-            return self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement, app_version)
+            return self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement, app_version,
+                                          deadline=deadline)
 
     @classmethod
     def schedule_on(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
                     not_before: dt.datetime | None = None, placement: Placement | None = None,
-                    app_version: str | None = None) -> Run:
+                    app_version: str | None = None, *, deadline: dt.datetime | None = None) -> Run:
         """Insert a run through a caller's own connection of this backend,
         inside whatever transaction it has open."""
         with cls._caller_cursor(conn) as cursor:
-            return cls._schedule_through(cursor, name, args_json, idempotency_key, not_before, placement, app_version)
+            return cls._schedule_through(cursor, name, args_json, idempotency_key, not_before, placement, app_version,
+                                         deadline=deadline)
 
     @classmethod
     def _schedule_through(cls, conn: Any, name: str, args_json: str, idempotency_key: str | None,
                           not_before: dt.datetime | None = None, placement: Placement | None = None,
-                          app_version: str | None = None) -> Run:
+                          app_version: str | None = None, *,
+                          parent_id: str | None = None, deadline: dt.datetime | None = None) -> Run:
+        """The insert; ``parent_id``: the run that starts this one as its
+        child; ``deadline``: when it is cancelled if still unfinished."""
         place = placement or Placement()
         params = cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key,
                              not_before=cls._time_param(not_before) if not_before is not None else None,
                              queue=place.queue, priority=place.priority, concurrency_key=place.concurrency_key,
-                             app_version=app_version)
+                             app_version=app_version,
+                             parent_id=checked_run_id(parent_id) if parent_id is not None else None,
+                             deadline=cls._time_param(deadline) if deadline is not None else None)
         sql = cls.statements()
         row = conn.execute(sql["schedule"], params).fetchone()
         if row is None:

@@ -56,9 +56,9 @@ ROLLBACK
 -- (IGNORE would also cut a value too long for its column: the only such
 -- column, the workflow name, is checked before, see mariadb.py.)
 INSERT IGNORE INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                       queue, priority, concurrency_key, app_version)
+                                       queue, priority, concurrency_key, app_version, parent_id, deadline)
 VALUES (%(id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMESTAMP(6), %(not_before)s,
-        %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s)
+        %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s, %(parent_id)s, %(deadline)s)
 RETURNING {run_columns}
 
 -- name: insert_fork
@@ -276,10 +276,13 @@ FROM (SELECT 1) AS one
 LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(step_id)s
 
 -- name: finish_run
+-- The parent to wake (wake_waiter), if the run is a child: its runner
+-- wakes it once this write is done.
 UPDATE everystep_workflow
 SET status = %(status)s, result = %(result)s, error = %(error)s, completed_at = UTC_TIMESTAMP(6)
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-  AND claim_epoch = %(claim_epoch)s
+  AND claim_epoch = %(claim_epoch)s;
+SELECT id, parent_id AS wake_parent FROM everystep_workflow WHERE id = %(run_id)s
 
 -- name: requeue
 UPDATE everystep_workflow
@@ -572,7 +575,7 @@ WHERE id IN %(ids)s AND status NOT IN {active_statuses}
 -- Back to the queue until not_before (a retry's backoff, a durable sleep),
 -- fenced like every executor write.
 UPDATE everystep_workflow
-SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s, wait_key = NULL
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
   AND claim_epoch = %(claim_epoch)s
 
@@ -774,3 +777,101 @@ ORDER BY queue
 -- name: read_only_session
 -- A session that cannot write (connect(read_only=True): everystep replay).
 SET SESSION TRANSACTION READ ONLY
+
+-- -- Waiting on the world: messages, events, child runs, deadlines (migration 0013) --
+
+-- name: lock_run_wait
+SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = %(run_id)s FOR UPDATE
+
+-- name: lock_claimed
+SELECT id, deadline FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+FOR UPDATE
+
+-- name: message_by_key
+SELECT id FROM everystep_message WHERE workflow_id = %(run_id)s AND idempotency_key = %(key)s
+
+-- name: insert_message
+INSERT INTO everystep_message (workflow_id, topic, payload, idempotency_key, created_at)
+VALUES (%(run_id)s, %(topic)s, %(payload)s, %(key)s, UTC_TIMESTAMP(6))
+RETURNING id
+
+-- name: wake_waiter
+-- As on PostgreSQL: the row is written whatever it holds (IF, not a WHERE
+-- on the status: a semi-consistent read would skip a row being released),
+-- wait_key assigned last (MariaDB assigns left to right).
+UPDATE everystep_workflow
+SET not_before = IF(status = 'scheduled' AND wait_key IN (%(wait_key)s, '*'), UTC_TIMESTAMP(6), not_before),
+    wait_key = IF(status = 'scheduled' AND wait_key IN (%(wait_key)s, '*'), NULL, wait_key)
+WHERE id = %(run_id)s
+
+-- name: next_message
+SELECT id, payload FROM everystep_message
+WHERE workflow_id = %(run_id)s AND topic = %(topic)s AND consumed_step IS NULL
+ORDER BY id
+LIMIT 1
+
+-- name: consume_message
+UPDATE everystep_message SET consumed_step = %(step_id)s, consumed_at = UTC_TIMESTAMP(6)
+WHERE id = %(message_id)s AND consumed_step IS NULL
+
+-- name: release_wait
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s,
+    wait_key = %(wait_key)s
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+
+-- name: put_event
+INSERT INTO everystep_event (workflow_id, `key`, value, updated_at)
+VALUES (%(run_id)s, %(key)s, %(value)s, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE value = VALUES(value), updated_at = VALUES(updated_at)
+
+-- name: get_event
+SELECT `key`, value, updated_at FROM everystep_event WHERE workflow_id = %(run_id)s AND `key` = %(key)s
+
+-- name: list_events
+SELECT `key`, value, updated_at FROM everystep_event WHERE workflow_id = %(run_id)s ORDER BY `key`
+
+-- name: list_messages
+SELECT id, topic, payload, idempotency_key, created_at, consumed_step, consumed_at
+FROM everystep_message WHERE workflow_id = %(run_id)s ORDER BY id
+
+-- name: run_links
+SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = %(run_id)s
+
+-- name: child_outcome
+SELECT id, status, result, error FROM everystep_workflow WHERE id = %(run_id)s
+
+-- name: list_children
+SELECT {run_columns} FROM everystep_workflow WHERE parent_id = %(run_id)s
+ORDER BY created_at, id
+LIMIT %(limit)s
+
+-- name: active_children
+SELECT id FROM everystep_workflow WHERE parent_id = %(run_id)s AND status IN {active_statuses}
+
+-- name: expired_deadlines
+SELECT id FROM everystep_workflow
+WHERE deadline IS NOT NULL AND deadline <= UTC_TIMESTAMP(6) AND status IN {active_statuses}
+ORDER BY deadline
+LIMIT %(limit)s
+
+-- name: stale_child_waits
+-- Parents still waiting for a child that has ended: a runner that died
+-- between the child's end and the parent's wake (two writes here).
+SELECT p.id, p.wait_key FROM everystep_workflow AS p
+JOIN everystep_workflow AS c ON p.wait_key = CONCAT('child:', c.id)
+WHERE p.status = 'scheduled' AND p.wait_key LIKE 'child:%%' AND c.status NOT IN {active_statuses}
+LIMIT 100
+
+-- name: waiting_counts
+SELECT CASE WHEN wait_key LIKE 'message:%%' THEN 'message'
+            WHEN wait_key LIKE 'child:%%' THEN 'child'
+            WHEN wait_key = '*' THEN 'several'
+            ELSE 'time' END AS kind,
+       count(*) AS runs
+FROM everystep_workflow
+WHERE status = 'scheduled' AND not_before > UTC_TIMESTAMP(6)
+GROUP BY 1

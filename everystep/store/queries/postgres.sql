@@ -9,9 +9,10 @@
 -- time and set their timer by it.
 WITH inserted AS (
     INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                    queue, priority, concurrency_key, app_version)
+                                    queue, priority, concurrency_key, app_version, parent_id, deadline)
     VALUES (%(id)s, %(name)s, %(args)s::json, %(idempotency_key)s, 'scheduled', clock_timestamp(),
-            %(not_before)s, %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s)
+            %(not_before)s, %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s, %(parent_id)s::uuid,
+            %(deadline)s::timestamptz)
     ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {run_columns}
 )
@@ -271,16 +272,32 @@ LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(st
 -- Asynchronous commit, like claims: every step is already durable, so if a
 -- crash loses this write the run is still running under its claimer and a
 -- replay from the recorded steps writes the same outcome again.
+-- A child run's end wakes its parent if the parent waits for it (`woke`,
+-- as wake_waiter: the parent's row is locked whatever it holds, so a
+-- parent releasing itself at this moment sees this end or is woken by it).
+-- wake_parent is NULL: nothing is left for the caller to wake.
 WITH async_commit AS (
     SELECT set_config('synchronous_commit', 'off', true)
+), finished AS (
+    UPDATE everystep_workflow
+    SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
+        completed_at = clock_timestamp()
+    FROM async_commit
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+    RETURNING id, parent_id
+), woke AS (
+    UPDATE everystep_workflow AS p
+    SET not_before = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
+                          THEN clock_timestamp() ELSE p.not_before END,
+        wait_key = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
+                        THEN NULL ELSE p.wait_key END
+    FROM finished
+    WHERE p.id = finished.parent_id
+    RETURNING p.name, p.status = 'scheduled' AND p.wait_key IS NULL AS woken
 )
-UPDATE everystep_workflow
-SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
-    completed_at = clock_timestamp()
-FROM async_commit
-WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-  AND claim_epoch = %(claim_epoch)s
-RETURNING id
+SELECT finished.id, NULL::uuid AS wake_parent FROM finished
+WHERE (SELECT count(pg_notify('everystep_scheduled', woke.name)) FROM woke WHERE woke.woken) >= 0
 
 -- name: finish_run_with_step
 -- The run's last step and its terminal status in one statement: one round
@@ -310,14 +327,24 @@ WITH owned AS (
         cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
     WHERE everystep_step.status IN {step_open_statuses}
     RETURNING completed_at
-), run AS (
+), finished AS (
     UPDATE everystep_workflow
     SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
         completed_at = clock_timestamp()
     WHERE id = (SELECT id FROM owned) AND EXISTS (SELECT 1 FROM step)
-    RETURNING id
+    RETURNING id, parent_id
+), woke AS (
+    UPDATE everystep_workflow AS p
+    SET not_before = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
+                          THEN clock_timestamp() ELSE p.not_before END,
+        wait_key = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
+                        THEN NULL ELSE p.wait_key END
+    FROM finished
+    WHERE p.id = finished.parent_id
+    RETURNING p.name, p.status = 'scheduled' AND p.wait_key IS NULL AS woken
 )
-SELECT step.completed_at FROM step, run
+SELECT step.completed_at FROM step, finished
+WHERE (SELECT count(pg_notify('everystep_scheduled', woke.name)) FROM woke WHERE woke.woken) >= 0
 
 -- name: finish_run_with_step_marked
 -- finish_run_with_step and one patch marker (everystep.patches), in one
@@ -708,7 +735,7 @@ WITH async_commit AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), released AS (
     UPDATE everystep_workflow
-    SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s
+    SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s, wait_key = NULL
     FROM async_commit
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
@@ -826,3 +853,175 @@ FROM everystep_workflow
 WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue
+
+-- -- Waiting on the world: messages, events, child runs, deadlines (migration 0013) --
+
+-- name: lock_run_wait
+-- A send's first act: the target run's row lock, held to the commit, so a
+-- run releasing itself at the same moment either sees the message or is
+-- woken by it (everystep/store/base/waits.py).
+SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = %(run_id)s FOR UPDATE
+
+-- name: lock_claimed
+-- The executor's own run row, locked under its claim: a recv, a child's
+-- start or end of wait, or a release that checks for what ended its wait.
+SELECT id, deadline FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+FOR UPDATE
+
+-- name: async_commit
+-- A recv's transaction commits asynchronously, as claims and a run's last
+-- write do: if a crash loses it, the message and the step's record are
+-- lost together, the replay consumes the same message (the oldest on its
+-- topic) again, and any later durable commit flushes this one first.
+SELECT set_config('synchronous_commit', 'off', true) AS async_commit
+
+-- name: take_message
+-- A recv resumed by its message, in one statement (one round trip where
+-- take_message's transaction takes seven): under the run's row lock and
+-- its claim, the oldest unconsumed message on the topic is marked consumed
+-- by the step and the step recorded with its payload. No row back: no
+-- message (or not our claim, or a final record already there): the
+-- caller's transaction says which and records the wait. Committed
+-- asynchronously, as async_commit says.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS off
+), owned AS (
+    SELECT w.id FROM everystep_workflow AS w, async_commit
+    WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
+      AND w.claim_epoch = %(claim_epoch)s
+    FOR UPDATE OF w
+), picked AS (
+    SELECT m.id FROM everystep_message AS m, owned
+    WHERE m.workflow_id = owned.id AND m.topic = %(topic)s AND m.consumed_step IS NULL
+      AND NOT EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = owned.id
+                      AND s.step_id = %(step_id)s AND s.status NOT IN {step_open_statuses})
+    ORDER BY m.id
+    LIMIT 1
+    FOR UPDATE OF m
+), consumed AS (
+    UPDATE everystep_message AS m SET consumed_step = %(step_id)s, consumed_at = clock_timestamp()
+    FROM picked WHERE m.id = picked.id
+    RETURNING m.workflow_id, m.payload
+), step AS (
+    INSERT INTO everystep_step
+        (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+         attempt, wake_at)
+    SELECT consumed.workflow_id, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
+           consumed.payload, NULL, %(started_at)s, clock_timestamp(), %(attempt)s, %(wake_at)s::timestamptz
+    FROM consumed
+    ON CONFLICT (workflow_id, step_id) DO UPDATE
+    SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
+        status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
+        started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
+        attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at
+    WHERE everystep_step.status IN {step_open_statuses}
+    RETURNING result, completed_at
+)
+SELECT step.result AS payload, step.completed_at FROM step
+
+-- name: message_by_key
+SELECT id FROM everystep_message WHERE workflow_id = %(run_id)s AND idempotency_key = %(key)s
+
+-- name: insert_message
+INSERT INTO everystep_message (workflow_id, topic, payload, idempotency_key, created_at)
+VALUES (%(run_id)s, %(topic)s, %(payload)s::json, %(key)s, clock_timestamp())
+RETURNING id
+
+-- name: wake_waiter
+-- End a scheduled run's wait for `wait_key` ('*': it waits for several
+-- things): due now, runners told on commit. The row is written whatever it
+-- holds (a CASE, not a WHERE on the status), so this waits for the lock of
+-- a run releasing itself, then sees its new wait.
+WITH woke AS (
+    UPDATE everystep_workflow
+    SET not_before = CASE WHEN status = 'scheduled' AND wait_key IN (%(wait_key)s, '*')
+                          THEN clock_timestamp() ELSE not_before END,
+        wait_key = CASE WHEN status = 'scheduled' AND wait_key IN (%(wait_key)s, '*')
+                        THEN NULL ELSE wait_key END
+    WHERE id = %(run_id)s
+    RETURNING name, status = 'scheduled' AND wait_key IS NULL AS woken
+)
+SELECT woke.woken, CASE WHEN woke.woken THEN pg_notify('everystep_scheduled', woke.name)::text END AS notified
+FROM woke
+
+-- name: next_message
+SELECT id, payload FROM everystep_message
+WHERE workflow_id = %(run_id)s AND topic = %(topic)s AND consumed_step IS NULL
+ORDER BY id
+LIMIT 1
+
+-- name: consume_message
+UPDATE everystep_message SET consumed_step = %(step_id)s, consumed_at = clock_timestamp()
+WHERE id = %(message_id)s AND consumed_step IS NULL
+RETURNING id
+
+-- name: release_wait
+-- Back to the queue until `not_before` (a wait's timeout, or WAIT_FOREVER),
+-- waiting for `wait_key`; in the transaction that checked, under the row
+-- lock, that nothing it waits for is there already.
+WITH released AS (
+    UPDATE everystep_workflow
+    SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s,
+        wait_key = %(wait_key)s
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+    RETURNING id, name
+)
+SELECT released.id, pg_notify('everystep_scheduled', released.name)::text AS notified FROM released
+
+-- name: put_event
+INSERT INTO everystep_event (workflow_id, key, value, updated_at)
+VALUES (%(run_id)s, %(key)s, %(value)s::json, clock_timestamp())
+ON CONFLICT (workflow_id, key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
+
+-- name: get_event
+SELECT key, value, updated_at FROM everystep_event WHERE workflow_id = %(run_id)s AND key = %(key)s
+
+-- name: list_events
+SELECT key, value, updated_at FROM everystep_event WHERE workflow_id = %(run_id)s ORDER BY key
+
+-- name: list_messages
+SELECT id, topic, payload, idempotency_key, created_at, consumed_step, consumed_at
+FROM everystep_message WHERE workflow_id = %(run_id)s ORDER BY id
+
+-- name: run_links
+SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = %(run_id)s
+
+-- name: child_outcome
+SELECT id, status, result, error FROM everystep_workflow WHERE id = %(run_id)s
+
+-- name: list_children
+SELECT {run_columns} FROM everystep_workflow WHERE parent_id = %(run_id)s
+ORDER BY created_at, id
+LIMIT %(limit)s
+
+-- name: active_children
+SELECT id FROM everystep_workflow WHERE parent_id = %(run_id)s AND status IN {active_statuses}
+
+-- name: expired_deadlines
+SELECT id FROM everystep_workflow
+WHERE deadline IS NOT NULL AND deadline <= clock_timestamp() AND status IN {active_statuses}
+ORDER BY deadline
+LIMIT %(limit)s
+
+-- name: stale_child_waits
+-- Parents still waiting for a child that has ended: the child's end and
+-- its parent's wake are one statement here, so this finds only what an
+-- operator's edit left behind; the other backends' sweep needs it more.
+SELECT p.id, p.wait_key FROM everystep_workflow AS p
+JOIN everystep_workflow AS c ON p.wait_key = 'child:' || c.id::text
+WHERE p.status = 'scheduled' AND p.wait_key LIKE 'child:%%' AND c.status NOT IN {active_statuses}
+LIMIT 100
+
+-- name: waiting_counts
+-- Scheduled runs whose not-before time is ahead, by what they wait for.
+SELECT CASE WHEN wait_key LIKE 'message:%%' THEN 'message'
+            WHEN wait_key LIKE 'child:%%' THEN 'child'
+            WHEN wait_key = '*' THEN 'several'
+            ELSE 'time' END AS kind,
+       count(*) AS runs
+FROM everystep_workflow
+WHERE status = 'scheduled' AND not_before > clock_timestamp()
+GROUP BY 1

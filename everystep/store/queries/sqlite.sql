@@ -5,9 +5,9 @@
 
 -- name: schedule
 INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, not_before,
-                                queue, priority, concurrency_key, app_version)
+                                queue, priority, concurrency_key, app_version, parent_id, deadline)
 VALUES (:id, :name, :args, :idempotency_key, 'scheduled', :now, :not_before,
-        :queue, :priority, :concurrency_key, :app_version)
+        :queue, :priority, :concurrency_key, :app_version, :parent_id, :deadline)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {run_columns}
 
@@ -280,11 +280,12 @@ FROM (SELECT 1) AS one
 LEFT JOIN everystep_step AS s ON s.workflow_id = :run_id AND s.step_id = :step_id
 
 -- name: finish_run
+-- The parent to wake (wake_waiter), if the run is a child.
 UPDATE everystep_workflow
 SET status = :status, result = :result, error = :error, completed_at = :now
 WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
   AND claim_epoch = :claim_epoch
-RETURNING id
+RETURNING id, parent_id AS wake_parent
 
 -- name: requeue
 UPDATE everystep_workflow
@@ -582,7 +583,7 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN {active_status
 -- Back to the queue until :not_before (a retry's backoff, a durable sleep),
 -- fenced like every executor write.
 UPDATE everystep_workflow
-SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = :not_before
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = :not_before, wait_key = NULL
 WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
   AND claim_epoch = :claim_epoch
 RETURNING id
@@ -684,3 +685,98 @@ ORDER BY queue
 -- name: read_only_session
 -- A session that cannot write (connect(read_only=True): everystep replay).
 PRAGMA query_only = ON
+
+-- -- Waiting on the world: messages, events, child runs, deadlines (migration 0013) --
+-- Writers serialise on the write lock (BEGIN IMMEDIATE), so a "lock" here
+-- is a plain read inside the write transaction.
+
+-- name: lock_run_wait
+SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = :run_id
+
+-- name: lock_claimed
+SELECT id, deadline FROM everystep_workflow
+WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer AND claim_epoch = :claim_epoch
+
+-- name: message_by_key
+SELECT id FROM everystep_message WHERE workflow_id = :run_id AND idempotency_key = :key
+
+-- name: insert_message
+INSERT INTO everystep_message (workflow_id, topic, payload, idempotency_key, created_at)
+VALUES (:run_id, :topic, :payload, :key, :now)
+RETURNING id
+
+-- name: wake_waiter
+UPDATE everystep_workflow
+SET not_before = CASE WHEN status = 'scheduled' AND wait_key IN (:wait_key, '*') THEN :now ELSE not_before END,
+    wait_key = CASE WHEN status = 'scheduled' AND wait_key IN (:wait_key, '*') THEN NULL ELSE wait_key END
+WHERE id = :run_id
+RETURNING id
+
+-- name: next_message
+SELECT id, payload FROM everystep_message
+WHERE workflow_id = :run_id AND topic = :topic AND consumed_step IS NULL
+ORDER BY id
+LIMIT 1
+
+-- name: consume_message
+UPDATE everystep_message SET consumed_step = :step_id, consumed_at = :now
+WHERE id = :message_id AND consumed_step IS NULL
+RETURNING id
+
+-- name: release_wait
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = :not_before,
+    wait_key = :wait_key
+WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer AND claim_epoch = :claim_epoch
+RETURNING id
+
+-- name: put_event
+INSERT INTO everystep_event (workflow_id, key, value, updated_at)
+VALUES (:run_id, :key, :value, :now)
+ON CONFLICT (workflow_id, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
+
+-- name: get_event
+SELECT key, value, updated_at FROM everystep_event WHERE workflow_id = :run_id AND key = :key
+
+-- name: list_events
+SELECT key, value, updated_at FROM everystep_event WHERE workflow_id = :run_id ORDER BY key
+
+-- name: list_messages
+SELECT id, topic, payload, idempotency_key, created_at, consumed_step, consumed_at
+FROM everystep_message WHERE workflow_id = :run_id ORDER BY id
+
+-- name: run_links
+SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = :run_id
+
+-- name: child_outcome
+SELECT id, status, result, error FROM everystep_workflow WHERE id = :run_id
+
+-- name: list_children
+SELECT {run_columns} FROM everystep_workflow WHERE parent_id = :run_id
+ORDER BY created_at, id
+LIMIT :limit
+
+-- name: active_children
+SELECT id FROM everystep_workflow WHERE parent_id = :run_id AND status IN {active_statuses}
+
+-- name: expired_deadlines
+SELECT id FROM everystep_workflow
+WHERE deadline IS NOT NULL AND deadline <= :now AND status IN {active_statuses}
+ORDER BY deadline
+LIMIT :limit
+
+-- name: stale_child_waits
+SELECT p.id, p.wait_key FROM everystep_workflow AS p
+JOIN everystep_workflow AS c ON p.wait_key = 'child:' || c.id
+WHERE p.status = 'scheduled' AND p.wait_key LIKE 'child:%' AND c.status NOT IN {active_statuses}
+LIMIT 100
+
+-- name: waiting_counts
+SELECT CASE WHEN wait_key LIKE 'message:%' THEN 'message'
+            WHEN wait_key LIKE 'child:%' THEN 'child'
+            WHEN wait_key = '*' THEN 'several'
+            ELSE 'time' END AS kind,
+       count(*) AS runs
+FROM everystep_workflow
+WHERE status = 'scheduled' AND not_before > :now
+GROUP BY 1

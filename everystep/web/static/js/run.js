@@ -62,11 +62,13 @@ export function runPage(main, runId) {
   const panel = h("aside", { class: "panel", "aria-label": "selected step" });
   const details = h("div", { class: "details" });
   const steps = h("table", { class: "steps" });
+  const family = h("div", { class: "family" });
+  const sendBox = h("div", { class: "send-box" });
   const problem = h("p", { class: "problem", role: "alert", hidden: true });
   replace(main, head, problem, verdictBox, uncertainBox, summary,
     h("section", { class: "graph-section" }, h("h2", { text: "Steps" }),
       h("div", { class: "graph-layout" }, graphBox, panel)),
-    details, h("section", {}, h("h2", { text: "Recorded steps" }), h("div", { class: "table-scroll" }, steps)));
+    details, family, sendBox, h("section", {}, h("h2", { text: "Recorded steps" }), h("div", { class: "table-scroll" }, steps)));
 
   const live = new Live("run", { id: runId }, render, (message) => {
     problem.hidden = false;
@@ -134,6 +136,8 @@ export function runPage(main, runId) {
     if (run.not_before) rows.splice(1, 0, ["Not before", h("span", {}, timeCell(run.not_before), " ", h("span", { class: "hint", text: when(run.not_before) }))]);
     if (run.attempts !== null && run.attempts !== undefined) rows.push(["Claims", String(run.attempts)]);
     if (run.idempotency_key) rows.push(["Idempotency key", h("code", { text: run.idempotency_key })]);
+    if (run.deadline) rows.push(["Deadline", h("span", {}, timeCell(run.deadline), " ", h("span", { class: "hint", text: when(run.deadline) }))]);
+    if (run.parent_id) rows.push(["Parent", h("a", { class: "mono parent-link", href: runHref(run.parent_id), text: run.parent_id })]);
     replace(summary, rows.map(([term, value]) => [h("dt", { text: term }), h("dd", {}, value)]));
   }
 
@@ -207,6 +211,52 @@ export function runPage(main, runId) {
       errorBlock(run.error, run.status === "stopped" ? "Stopped" : run.status === "blocked" ? "Blocked" : "Error"));
   }
 
+  // Children (each linking to its page, with its status), the events the
+  // run published and the messages sent to it.
+  function renderFamily() {
+    const table = (cls, headers, rows) => h("table", { class: cls },
+      h("thead", {}, h("tr", {}, headers.map((text) => h("th", { text })))), h("tbody", {}, rows));
+    const parts = [];
+    if (data.children.length) {
+      parts.push(h("section", { class: "data children" }, h("h3", { text: "Child runs" }),
+        table("children", ["Run", "Status", "Workflow"], data.children.map((child) => h("tr", { dataset: { child: child.id } },
+          h("td", {}, h("a", { class: "mono", href: runHref(child.id), text: child.id })),
+          h("td", {}, statusBadge(child.status)), h("td", { class: "workflow", text: child.name }))))));
+    }
+    if (data.events.length) {
+      parts.push(h("section", { class: "data events" }, h("h3", { text: "Events" }),
+        table("events", ["Key", "Value", "Set"], data.events.map((event) => h("tr", { dataset: { event: event.key } },
+          h("td", {}, h("code", { text: event.key })), h("td", { class: "mono small", text: pretty(event.value) }),
+          h("td", { text: when(event.updated_at) }))))));
+    }
+    if (data.messages.length) {
+      parts.push(h("section", { class: "data messages" }, h("h3", { text: "Messages" }),
+        table("messages", ["Id", "Topic", "Payload", "Sent", "Consumed by step"], data.messages.map((message) =>
+          h("tr", { dataset: { message: String(message.id) } },
+            h("td", { text: String(message.id) }), h("td", {}, h("code", { text: message.topic })),
+            h("td", { class: "mono small", text: pretty(message.payload) }), h("td", { text: when(message.created_at) }),
+            h("td", { text: message.consumed_step || "pending" }))))));
+    }
+    replace(family, parts);
+  }
+
+  // The send form, for a run that still receives messages (kept while typed in).
+  function renderSend() {
+    if (!mayOperate || !data.send) { replace(sendBox); return; }
+    if (sendBox.firstChild) return;
+    const topic = h("input", { name: "topic", placeholder: "topic", required: true });
+    const payload = h("textarea", { name: "payload", rows: 2, placeholder: "JSON payload, e.g. true" });
+    const key = h("input", { name: "key", placeholder: "idempotency key (optional)" });
+    const form = h("form", { class: "send-form", onsubmit: async (event) => {
+      event.preventDefault();
+      const answer = await runAction(data.run.id, { name: "send" },
+        { topic: topic.value, payload: payload.value || "null", key: key.value || null });
+      if (answer) { payload.value = ""; key.value = ""; }
+    } }, h("h3", { text: "Send a message" }), topic, payload, key,
+      h("button", { type: "submit", class: "primary", text: "Send" }));
+    replace(sendBox, form);
+  }
+
   function renderSteps() {
     const head = h("thead", {}, h("tr", {}, ["Step", "Function", "Status", "Attempt", "Started", "Took", "Outcome"].map((text) => h("th", { text }))));
     const rows = data.steps.map((step) => {
@@ -238,6 +288,8 @@ export function runPage(main, runId) {
     replace(graphBox, renderGraph(data.graph, { selected, onSelect: select }));
     renderPanel();
     renderDetails();
+    renderFamily();
+    renderSend();
     renderSteps();
   }
 

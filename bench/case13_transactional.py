@@ -1,4 +1,4 @@
-"""Case 12, transactional steps against plain steps writing the same rows.
+"""Case 13, transactional steps against plain steps writing the same rows.
 
 A 3-step run whose steps each insert one row into an application table,
 in two forms, executed in this process (``runner.execute`` of claimed runs,
@@ -16,7 +16,7 @@ database, the order alternating between repetitions, and the ratio is taken
 within the repetition. On PostgreSQL with the benchmark's durable commit
 and on SQLite (WAL, ``synchronous=NORMAL``: commits do not wait for the disk).
 
-``python -m bench.case12_transactional --database URL [--runs N] [--reps N]``
+``python -m bench.case13_transactional --database URL [--runs N] [--reps N]``
 runs it alone.
 """
 
@@ -168,14 +168,14 @@ def run(ctx: Context) -> None:
             esdb.reset(url)
         out[key] = measure(url, runs, reps)
         out["runs"], out["reps"] = runs, reps
-        ctx.log(f"case 12: {key}: transactional {out[key]['transactional'].median:.2f} ms per run, "
+        ctx.log(f"case 13: {key}: transactional {out[key]['transactional'].median:.2f} ms per run, "
                 f"plain {out[key]['plain'].median:.2f} ms")
 
 
 def section(ctx: Context) -> Section:
     out = ctx.results.get("case12", {})
     section = Section(
-        "case12", "Case 12 — transactional steps",
+        "case13", "Case 13 — transactional steps",
         method=(
             f"In process, `runner.execute` of claimed 3-step runs whose steps each insert one row: "
             f"`@step(transactional=True)` inserting on `step_connection()` (the insert and the record in one "
@@ -198,7 +198,7 @@ def section(ctx: Context) -> Section:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.case12_transactional")
+    parser = argparse.ArgumentParser(prog="python -m bench.case13_transactional")
     parser.add_argument("--database", required=True)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--reps", type=int, default=5)

@@ -1,0 +1,73 @@
+"""The command line's side of waits, in the test process: ``send`` (and
+its one-line refusals, exit code 2), ``runs`` and ``show`` saying what a
+waiting run waits for, ``runs --parent``, and check-deploy replaying a
+waiting run to its wait."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from everystep import dryrun, schedule
+from everystep.runner import Outcome
+from everystep.store import Store
+from tests.apps import waits as apps
+from tests.support.cli import run_in_process
+from tests.support.runs import execute_run
+
+
+def everystep(db_url: str, tmp_path: Path, subprocess_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return run_in_process([*args, "--database", db_url, "--app", "tests.apps.waits"], subprocess_env, tmp_path)
+
+
+def test_send_runs_and_show(db_url: str, store: Store, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    run = schedule(apps.checkout, "cli-1", database=store)
+    parent = schedule(apps.parent_calls, database=store, timeout=600)
+    assert execute_run(store, run.id) == Outcome.RELEASED
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    [child] = store.children(parent.id)
+
+    listed = everystep(db_url, tmp_path, subprocess_env, "runs")
+    assert listed.returncode == 0, listed.stderr
+    assert 'scheduled (waiting for message "paid")' in listed.stdout
+    assert f"scheduled (waiting for child {child.id})" in listed.stdout
+
+    children = everystep(db_url, tmp_path, subprocess_env, "runs", "--parent", parent.id)
+    assert child.id in children.stdout and run.id not in children.stdout
+
+    shown = everystep(db_url, tmp_path, subprocess_env, "show", parent.id)
+    assert "deadline" in shown.stdout and child.id in shown.stdout
+    assert f"parent     {parent.id}" in everystep(db_url, tmp_path, subprocess_env, "show", child.id).stdout
+    shown = everystep(db_url, tmp_path, subprocess_env, "show", run.id)
+    assert "payment_url" in shown.stdout and 'waiting for message "paid"' in shown.stdout
+
+    sent = everystep(db_url, tmp_path, subprocess_env, "send", run.id, "paid", '{"amount": 3}', "--key", "k")
+    assert sent.returncode == 0 and sent.stdout.startswith("message ")
+    again = everystep(db_url, tmp_path, subprocess_env, "send", run.id, "paid", '{"amount": 4}', "--key", "k")
+    assert again.stdout == sent.stdout
+    assert [m.payload for m in store.messages(run.id)] == [{"amount": 3}]
+
+
+def test_refused_sends_exit_2_with_one_line(db_url: str, store: Store, tmp_path: Path,
+                                           subprocess_env: dict[str, str]) -> None:
+    done = schedule(apps.child_double, 1, database=store)
+    assert execute_run(store, done.id) == Outcome.COMPLETED
+    for args, fragment in (((done.id, "t", "1"), "is completed"),
+                           (("01a2c000-0000-7000-8000-000000000000", "t", "1"), "no run"),
+                           ((done.id, "t", "{bad"), "not valid JSON")):
+        result = everystep(db_url, tmp_path, subprocess_env, "send", *args)
+        assert result.returncode == 2, result
+        assert len(result.stderr.strip().splitlines()) == 1 and fragment in result.stderr
+    assert store.messages(done.id) == []
+
+
+def test_check_deploy_replays_a_waiting_run_to_its_wait(store: Store) -> None:
+    run = schedule(apps.approval, "cd", database=store)
+    assert execute_run(store, run.id) == Outcome.RELEASED
+    verdict = dryrun.replay(store.get_run(run.id), store.get_steps(run.id))
+    assert verdict.outcome == dryrun.Outcome.RESUMES
+    assert 'waits for message "approved"' in verdict.detail
+    parent = schedule(apps.parent_calls, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    verdict = dryrun.replay(store.get_run(parent.id), store.get_steps(parent.id))
+    assert f"waits for child {store.children(parent.id)[0].id}" in verdict.detail

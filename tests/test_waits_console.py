@@ -1,0 +1,77 @@
+"""The console's side of waits, over HTTP: a run page says what the run
+waits for, lists its children (each with its status), the events it
+published and the messages sent to it, links a child to its parent, marks
+a child's start in the step graph; the send form's endpoint delivers a
+message and refuses, like the CLI, a run that no longer receives any."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import everystep
+from everystep import schedule
+from everystep.runner import Outcome
+from everystep.store import Store
+from tests.apps import waits as apps
+from tests.support.console import ConsoleServer, serve
+from tests.support.runs import execute_run
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def console(db_url: str) -> Iterator[ConsoleServer]:
+    yield from serve(db_url, app_modules="tests.apps.waits")
+
+
+@pytest.fixture
+def client(console: ConsoleServer) -> Iterator[Any]:
+    with console.client() as session:
+        session.load_page()
+        yield session
+
+
+def _nodes(graph: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(graph, dict):
+        if "kind" in graph:
+            yield graph
+        for value in graph.values():
+            yield from _nodes(value)
+    elif isinstance(graph, list):
+        for item in graph:
+            yield from _nodes(item)
+
+
+def test_a_waiting_run_page_and_the_send_form(store: Store, client: Any) -> None:
+    run = schedule(apps.checkout, "c-1", database=store)
+    assert execute_run(store, run.id) == Outcome.RELEASED
+    page = client.get(f"/api/runs/{run.id}").json()
+    assert page["run"]["waiting"] == 'waiting for message "paid"'
+    assert page["events"][0]["key"] == "payment_url" and page["send"] is True
+    sent = client.act(f"/api/runs/{run.id}/send", {"topic": "paid", "payload": '{"amount": 12}', "key": "p-1"})
+    assert sent.status_code == 200, sent.text
+    again = client.act(f"/api/runs/{run.id}/send", {"topic": "paid", "payload": "0", "key": "p-1"})
+    assert again.json()["message_id"] == sent.json()["message_id"]
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    page = client.get(f"/api/runs/{run.id}").json()
+    assert [(m["topic"], m["payload"], m["consumed_step"]) for m in page["messages"]] == [("paid", {"amount": 12}, "2")]
+    assert page["send"] is False
+    refused = client.act(f"/api/runs/{run.id}/send", {"topic": "paid", "payload": "1"})
+    assert refused.status_code == 409 and "is completed" in refused.json()["error"]
+    bad = client.act(f"/api/runs/{run.id}/send", {"topic": "paid", "payload": "{not json"})
+    assert bad.status_code == 400
+
+
+def test_parent_and_children_link_both_ways(store: Store, client: Any) -> None:
+    parent = schedule(apps.parent_calls, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    [child] = store.children(parent.id)
+    page = client.get(f"/api/runs/{parent.id}").json()
+    assert page["run"]["waiting"] == f"waiting for child {child.id}"
+    assert [(c["id"], c["status"]) for c in page["children"]] == [(child.id, "scheduled")]
+    starts = [node for node in _nodes(page["graph"]) if node.get("child")]
+    assert [node["child"] for node in starts] == [{"id": child.id, "status": "scheduled"}]
+    assert client.get(f"/api/runs/{child.id}").json()["run"]["parent_id"] == parent.id
