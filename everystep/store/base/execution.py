@@ -338,7 +338,7 @@ class Execution(StoreCore):
             with self.connection() as conn, self._transaction(conn):
                 row = self._record_step_with(conn, params, step, markers)
                 finished = conn.execute(self.sql["finish_run"], finish).fetchone() if row is not None else None
-                if finished is None:
+                if row is None or finished is None:
                     raise _NothingWritten
         except _NothingWritten:
             return LOST
