@@ -404,6 +404,11 @@ def test_a_claim_after_the_record_waits_for_the_commit(store: Store, effects: st
             # The requeue cannot pass the lock this transaction holds.
             assert not requeued.wait(1.0)
             PROBE["thread"] = thread
+        elif phase == "committed" and step_id == "1":
+            # Once the lock is released the requeue goes through before step
+            # 2 begins (else step 2 might take the row first, on a loaded
+            # machine, and commit under the old claim as it rightly may).
+            assert requeued.wait(60), "the requeue never got past the commit"
 
     transactional.commit_fault = committing
     try:
