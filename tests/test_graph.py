@@ -298,6 +298,30 @@ def test_a_sleep_is_a_wait_with_its_wake_time(lite: Store) -> None:
     assert [n["kind"] for n in recorded_graph(records, "no source")["nodes"]] == ["step", "wait"]
 
 
+def test_messages_events_and_children_take_their_places_in_the_graph(lite: Store) -> None:
+    from tests.apps import waits as waiting
+
+    def shape(wf: Any) -> list[tuple[str, str | None, str]]:
+        return [(type(n).__name__, getattr(n, "kind", None), n.function) for n in analyse(wf).nodes
+                if not isinstance(n, Exit)]
+
+    assert shape(waiting.checkout) == [
+        ("StepCall", None, "everystep.set_event"), ("Wait", "message", "everystep.recv"),
+        ("StepCall", None, "everystep.set_event"), ("StepCall", None, "tests.apps.waits.note")]
+    assert shape(waiting.parent_calls) == [
+        ("StepCall", None, "everystep.start"), ("Wait", "child", "everystep.child"),
+        ("StepCall", None, "tests.apps.waits.note")]
+    assert [(kind, function) for _, kind, function in shape(waiting.parent_of_three)][:3] == [
+        (None, "everystep.start")] * 3
+    # A run waiting in recv: its event step done, its wait waiting, nothing diverged.
+    status, graph = run_graph(lite, waiting.checkout, "o-1")
+    assert status == "released" and graph["unplaced"] == []
+    event, wait = [n for n in graph["nodes"] if n["kind"] in ("step", "wait")][:2]
+    assert (event["id"], event["state"], wait["kind"], wait["wait"], wait["state"]) == (
+        "1", "done", "wait", "message", "waiting")
+    assert not [n for n in drawn(graph) if n["state"] == "diverged"]
+
+
 def test_the_wait_table_reads_a_handle_method_by_its_return_annotation(monkeypatch: pytest.MonkeyPatch) -> None:
     from everystep.graph import plan as plan_module
 

@@ -81,10 +81,25 @@ def waits() -> dict[Any, WaitKind]:
     call whose return annotation names that class, and
     ``start(...).result()`` likewise."""
     from .. import api
+    from .. import waits as engine_waits
     from ..runner import SLEEP_STEP
 
     sleep = WaitKind("sleep", SLEEP_STEP)
-    return {api.sleep: sleep, api.sleep_until: sleep}
+    return {api.sleep: sleep, api.sleep_until: sleep,
+            api.recv: WaitKind("message", engine_waits.RECV_STEP),
+            engine_waits.ChildHandle.result: WaitKind("child", engine_waits.CHILD_STEP)}
+
+
+def engine_steps() -> dict[Any, tuple[str, ...]]:
+    """Engine calls that record steps of their own, by the object a body
+    calls: the record names they write, in order (``call`` is a child's
+    start and then the wait for its end). Like ``waits``, a call missing
+    here would number the steps after it one short."""
+    from .. import api
+    from .. import waits as engine_waits
+
+    return {api.set_event: (engine_waits.EVENT_STEP,), api.start: (engine_waits.START_STEP,),
+            api.call: (engine_waits.START_STEP, engine_waits.CHILD_STEP)}
 
 
 def wait_records() -> dict[str, WaitKind]:
@@ -480,6 +495,20 @@ class _Reader:
         """What calling ``target`` (at ``node``) does, in steps."""
         from ..api import StepFunction, WorkflowFunction
 
+        records = _engine_records(target)
+        if records is not None:
+            if not self._budget():
+                return []
+            name, dynamic = _everystep_id(node)
+            label = _text(node.func) if isinstance(node, ast.Call) else records[0]
+            by_record = wait_records()
+            out: list[Node] = []
+            for index, record in enumerate(records):
+                own_name, own_dynamic = (name, dynamic) if index == 0 else (None, False)
+                kind = by_record.get(record)
+                out.append(Wait(kind.kind, record, label, self.line(node), own_name, own_dynamic) if kind is not None
+                           else StepCall(record, label, self.line(node), own_name, own_dynamic, False, False))
+            return out
         wait = _wait_kind(target)
         if wait is not None:
             if not self._budget():
@@ -577,6 +606,13 @@ def _wait_kind(target: Any) -> WaitKind | None:
         return None
 
 
+def _engine_records(target: Any) -> tuple[str, ...] | None:
+    try:
+        return engine_steps().get(target)
+    except TypeError:  # an unhashable object: not an engine call
+        return None
+
+
 def _is_parallel(target: Any) -> bool:
     from .. import api
 
@@ -609,4 +645,4 @@ def _as_call(partial_call: ast.Call) -> ast.Call:
 
 
 __all__ = ["Arm", "Choice", "Exit", "Fork", "Loop", "Node", "Plan", "StepCall", "Try", "Wait", "WaitKind", "analyse",
-           "wait_records", "waits"]
+           "engine_steps", "wait_records", "waits"]

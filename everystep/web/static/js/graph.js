@@ -11,7 +11,7 @@ const STATE_TEXT = {
 };
 
 // What each kind of wait (everystep.graph.plan.waits) is called on its node.
-const WAIT_TEXT = { sleep: "sleep" };
+const WAIT_TEXT = { sleep: "sleep", message: "message", child: "child" };
 
 export function nodeKey(node, path) {
   return node.id ? `id:${node.id}` : `path:${path}`;
