@@ -42,7 +42,7 @@ class Cron(StoreCore):
             place = placement or Placement()
             params = self._params(id=new_run_id(), name=name, args=args_json, idempotency_key=key,
                                   not_before=None, queue=place.queue, priority=place.priority,
-                                  concurrency_key=place.concurrency_key)
+                                  concurrency_key=place.concurrency_key, parent_id=None, deadline=None)
             row = conn.execute(self.sql["schedule"], params).fetchone()
             created = row is not None
             if row is None:
