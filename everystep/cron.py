@@ -193,9 +193,12 @@ class Ticker:
         return created
 
     def _enqueue(self, name: str, tick: dt.datetime) -> list[Run]:
-        placement = getattr(registry.get_workflow(name), "placement", None)
+        workflow = registry.get_workflow(name)
+        placement = getattr(workflow, "placement", None)
+        timeout = getattr(workflow, "timeout", None)  # @workflow(timeout=): each tick's run gets its deadline
+        deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=timeout) if timeout else None
         run, created = self.store.schedule_tick(name, serde.dumps([tick], f"tick of {name}"), tick, tick_key(tick),
-                                                placement)
+                                                placement, deadline)
         self._next[name] = self.schedules[name].next_after(tick)
         if created:
             self.enqueued += 1

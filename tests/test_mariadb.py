@@ -246,10 +246,11 @@ def test_every_statement_the_other_backends_name_exists_here() -> None:
     name PostgreSQL's does, save PostgreSQL's own (LISTEN, NOTIFY, its
     advisory lock, its expired-runner CTE, its one-statement fold: here the
     last step and the status are record_step and finish_run in one
-    transaction, as on SQLite)."""
+    transaction, as on SQLite; its one-statement recv and the asynchronous
+    commit of a recv's transaction: here the transaction does both)."""
     from everystep.store import queries
 
-    own = {"listen", "notify_fenced", "recover_expired", "finish_run_with_step"}
+    own = {"listen", "notify_fenced", "recover_expired", "finish_run_with_step", "take_message", "async_commit"}
     missing = set(queries.load("postgres")) - set(queries.load("mariadb")) - own
     assert not missing
 
