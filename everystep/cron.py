@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import registry, serde
+from . import registry, serde, versions
 from .errors import EverystepError
 from .outage import OutageLog
 
@@ -198,7 +198,7 @@ class Ticker:
         timeout = getattr(workflow, "timeout", None)  # @workflow(timeout=): each tick's run gets its deadline
         deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=timeout) if timeout else None
         run, created = self.store.schedule_tick(name, serde.dumps([tick], f"tick of {name}"), tick, tick_key(tick),
-                                                placement, deadline)
+                                                placement, deadline, versions.version_for(name))
         self._next[name] = self.schedules[name].next_after(tick)
         if created:
             self.enqueued += 1
