@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import registry, serde
+from . import registry, serde, versions
 from .errors import EverystepError
 from .outage import OutageLog
 
@@ -187,7 +187,7 @@ class Ticker:
     def _enqueue(self, name: str, tick: dt.datetime) -> list[Run]:
         placement = getattr(registry.get_workflow(name), "placement", None)
         run, created = self.store.schedule_tick(name, serde.dumps([tick], f"tick of {name}"), tick, tick_key(tick),
-                                                placement)
+                                                placement, versions.version_for(name))
         self._next[name] = self.schedules[name].next_after(tick)
         if created:
             self.enqueued += 1

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import psutil
 
-from everystep import metrics, registry
+from everystep import metrics, registry, versions
 from everystep.cliutil import (
     EXIT_UNAVAILABLE,
     PORT,
@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"live runner holds it (default: the hostname, {defaults.name} here)")
     parser.add_argument("--queues", type=queue_list, default=None, metavar="NAME[,NAME]",
                         help="claim only from these queues (default: every queue)")
+    parser.add_argument("--app-version", metavar="V", default=None,
+                        help="the code version runs scheduled here record (periodic ticks) (default: a hash of "
+                             "each workflow's code and steps)")
     parser.add_argument("--takeover", action="store_true",
                         help="take the runner name even though its holder looks alive (it is gone for good, "
                              "e.g. a frozen VM); the runs it held are fenced (default: off)")
@@ -203,6 +206,7 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         control_timeout=args.control_timeout,
         stall_timeout=args.stall_timeout,
         queues=args.queues,
+        app_version=args.app_version,
     )
     _check_socket_path(config.socket)
     return config
@@ -257,6 +261,7 @@ def _run(config: Config) -> int:
 
     try:
         registry.import_apps(config.app)
+        versions.set_app_version(config.app_version)
         store = connect(config.database, statement_timeout=config.db_timeout)
         _check_database(store)
     except StoreUnavailable as exc:

@@ -55,6 +55,8 @@ class Config:
     before_fork: list[Callable[[], None]] = field(default_factory=list)
     #: Claim only from these queues (None: every queue).
     queues: list[str] | None = None
+    #: The code version runs scheduled here record (None: each workflow's code hash).
+    app_version: str | None = None
 
     @property
     def show_progress(self) -> bool:

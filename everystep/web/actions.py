@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import admin, registry, relay, serde
+from .. import admin, registry, relay, serde, versions
 from ..errors import EverystepError
 from ..models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
@@ -135,7 +135,7 @@ def rerun(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str
     run = store.get_run(run_id)
     if registry.workflow_names() and registry.get_workflow(run.name) is None:
         raise admin.AdminError(f"workflow {run.name!r} is not registered by the code loaded in this console")
-    new = store.schedule(run.name, serde.dumps(list(run.args), "arguments"))
+    new = store.schedule(run.name, serde.dumps(list(run.args), "arguments"), app_version=versions.version_for(run.name))
     logger.info("console: %s ran %s again as new run %s", who, run.id, new.id)
     return {"run": new.to_dict(), "message": f"scheduled run {new.id}", "new_run": new.id}
 

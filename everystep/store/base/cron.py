@@ -33,7 +33,7 @@ class Cron(StoreCore):
         return found
 
     def schedule_tick(self, name: str, args_json: str, tick: dt.datetime, key: str,
-                      placement: Placement | None = None) -> tuple[Run, bool]:
+                      placement: Placement | None = None, app_version: str | None = None) -> tuple[Run, bool]:
         """Enqueue the run of periodic workflow ``name`` for ``tick``, once
         however many runners try: the idempotency ``key`` names the tick.
         Returns the run and whether this call created it; the tick is
@@ -42,7 +42,7 @@ class Cron(StoreCore):
             place = placement or Placement()
             params = self._params(id=new_run_id(), name=name, args=args_json, idempotency_key=key,
                                   not_before=None, queue=place.queue, priority=place.priority,
-                                  concurrency_key=place.concurrency_key)
+                                  concurrency_key=place.concurrency_key, app_version=app_version)
             row = conn.execute(self.sql["schedule"], params).fetchone()
             created = row is not None
             if row is None:

@@ -103,6 +103,7 @@ SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s
 -- name: list_runs
 SELECT {run_columns} FROM everystep_workflow
 WHERE (%(status)s IS NULL OR status = %(status)s) AND (%(name)s IS NULL OR name = %(name)s)
+  AND (%(version)s IS NULL OR app_version = %(version)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -110,6 +111,7 @@ LIMIT %(limit)s
 SELECT count(*) AS total FROM (
     SELECT 1 FROM everystep_workflow
     WHERE (%(status)s IS NULL OR status = %(status)s) AND (%(name)s IS NULL OR name = %(name)s)
+      AND (%(version)s IS NULL OR app_version = %(version)s)
     LIMIT %(cap)s
 ) AS capped
 

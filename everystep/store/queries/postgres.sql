@@ -62,6 +62,7 @@ SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s
 SELECT {run_columns} FROM everystep_workflow
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(version)s::text IS NULL OR app_version = %(version)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -72,6 +73,7 @@ SELECT count(*) AS total FROM (
     SELECT 1 FROM everystep_workflow
     WHERE (%(status)s::text IS NULL OR status = %(status)s)
       AND (%(name)s::text IS NULL OR name = %(name)s)
+      AND (%(version)s::text IS NULL OR app_version = %(version)s)
     LIMIT %(cap)s
 ) AS capped
 

@@ -51,6 +51,7 @@ SELECT {run_columns} FROM everystep_workflow WHERE id = :id
 -- name: list_runs
 SELECT {run_columns} FROM everystep_workflow
 WHERE (:status IS NULL OR status = :status) AND (:name IS NULL OR name = :name)
+  AND (:version IS NULL OR app_version = :version)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
@@ -58,6 +59,7 @@ LIMIT :limit
 SELECT count(*) AS total FROM (
     SELECT 1 FROM everystep_workflow
     WHERE (:status IS NULL OR status = :status) AND (:name IS NULL OR name = :name)
+      AND (:version IS NULL OR app_version = :version)
     LIMIT :cap
 )
 
