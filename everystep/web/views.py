@@ -221,6 +221,7 @@ class Views:
             "attempts": getattr(run, "claim_epoch", None),
         })
         data["waiting"] = waiting_for(run, steps)
+        data["forks"] = [fork.id for fork in self.store.forks_of(run.id)]
         return {
             "run": data,
             "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)} for step in steps],
