@@ -78,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app-version", metavar="V", default=None,
                         help="the code version runs scheduled here record (periodic ticks) (default: a hash of "
                              "each workflow's code and steps)")
+    parser.add_argument("--serve-versions", metavar="current|all|V1,V2", default="all",
+                        help="claim only runs started under these code versions: current (those of the workflows "
+                             "loaded here, or --app-version), all, or a list; runs with no version recorded go to "
+                             "any runner (default: all)")
     parser.add_argument("--takeover", action="store_true",
                         help="take the runner name even though its holder looks alive (it is gone for good, "
                              "e.g. a frozen VM); the runs it held are fenced (default: off)")
@@ -207,6 +211,7 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         stall_timeout=args.stall_timeout,
         queues=args.queues,
         app_version=args.app_version,
+        serve_versions=args.serve_versions,
     )
     _check_socket_path(config.socket)
     return config

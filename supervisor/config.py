@@ -57,6 +57,9 @@ class Config:
     queues: list[str] | None = None
     #: The code version runs scheduled here record (None: each workflow's code hash).
     app_version: str | None = None
+    #: The code versions whose runs it claims: ``all``, ``current`` or a list
+    #: (``everystep.versions.served``).
+    serve_versions: str = "all"
 
     @property
     def show_progress(self) -> bool:

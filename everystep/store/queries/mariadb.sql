@@ -133,6 +133,7 @@ SELECT 1 AS one
 SELECT id FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
 WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s
   AND name = %(name)s AND due_at <= UTC_TIMESTAMP(6)
+  AND (%(serve_all)s = 1 OR app_version IS NULL OR app_version IN %(version_list)s)
 ORDER BY due_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -665,6 +666,7 @@ GROUP BY concurrency_key
 SELECT id, concurrency_key AS `key`, due_at AS due FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
 WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s AND name = %(name)s
   AND due_at <= UTC_TIMESTAMP(6)
+  AND (%(serve_all)s = 1 OR app_version IS NULL OR app_version IN %(version_list)s)
   AND (concurrency_key IS NULL OR concurrency_key NOT IN %(busy)s)
   AND id NOT IN %(skipped)s
 ORDER BY due_at

@@ -92,7 +92,7 @@ SELECT 1 AS one
 -- (migrations 0003, 0006, 0007) that pin the plan to the partial index of
 -- scheduled runs, stop at the first run not yet due, enforce the queue
 -- limits under the queue's row lock, and commit asynchronously; see there.
-SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s, %(queues)s::text[])
+SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s, %(queues)s::text[], %(versions)s::text[])
 
 -- name: claim_own
 -- Catch-up: re-claim runs left running under this name by a process that

@@ -87,6 +87,8 @@ WHERE id IN (
         SELECT w.id FROM everystep_workflow AS w INDEXED BY everystep_workflow_claimable
         WHERE w.status = 'scheduled' AND w.queue = :queue AND w.priority = :priority
           AND w.name = served.name AND coalesce(w.not_before, w.created_at) <= :now
+          AND (:versions IS NULL OR w.app_version IS NULL
+               OR w.app_version IN (SELECT value FROM json_each(:versions)))
         ORDER BY coalesce(w.not_before, w.created_at)
         LIMIT :limit)
     ORDER BY coalesce(c.not_before, c.created_at), c.id
@@ -102,6 +104,7 @@ SELECT id, concurrency_key AS key, coalesce(not_before, created_at) AS due
 FROM everystep_workflow INDEXED BY everystep_workflow_claimable
 WHERE status = 'scheduled' AND queue = :queue AND priority = :priority AND name = :name
   AND coalesce(not_before, created_at) <= :now
+  AND (:versions IS NULL OR app_version IS NULL OR app_version IN (SELECT value FROM json_each(:versions)))
   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:busy)))
   AND id NOT IN (SELECT value FROM json_each(:skipped))
 ORDER BY coalesce(not_before, created_at)
