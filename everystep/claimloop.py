@@ -78,10 +78,13 @@ class ClaimLoop:
         logger: logging.Logger | None = None,
         who: str | None = None,
         queues: Sequence[str] | None = None,
+        versions: Sequence[str] | None = None,
     ) -> None:
         self.store = store
         #: The queues claimed from (None: every queue).
         self.queues = list(queues) if queues is not None else None
+        #: The code versions served (None: every version; ``--serve-versions``).
+        self.versions = list(versions) if versions is not None else None
         self.name = name
         self.kind = kind
         self.poll = poll
@@ -226,7 +229,7 @@ class ClaimLoop:
 
     def _claim(self, now: float, capacity: int) -> list[Run]:
         try:
-            runs = self.store.claim(self.name, capacity, self.names, self.queues)
+            runs = self.store.claim(self.name, capacity, self.names, self.queues, self.versions)
         except EverystepError as exc:
             self.outage.failed(exc, "claiming")
             self._due = False

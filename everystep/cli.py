@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, patches, queue_commands, registry, relay, resources, retention, serde
+from . import admin, dryrun, patches, queue_commands, registry, relay, resources, retention, serde, versions
 from .api import check_arguments, workflow_placement
 from .queues import Placement
 from .cliutil import (
@@ -101,6 +101,8 @@ def build_parser() -> OneLineParser:
     sub.add_argument("--count", type=count(1, MAX_COUNT), default=1, metavar="N",
                      help=f"schedule N identical runs, 1 to {MAX_COUNT:,} (default 1)")
     sub.add_argument("--json", action="store_true", help="print the ids as a JSON array (default: one line)")
+    sub.add_argument("--app-version", metavar="V", default=None,
+                     help="the code version the runs record (default: a hash of the workflow's code and steps)")
     sub.add_argument("--queue", metavar="NAME", help="the queue to put the runs in (default: the workflow's)")
     sub.add_argument("--priority", type=int, metavar="N",
                      help="larger is claimed first within the queue (default: the workflow's, else 0)")
@@ -265,6 +267,8 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"only runs in this status: {', '.join(RUN_STATUSES)} (default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
     parser.add_argument("--parent", metavar="RUN", help="only the child runs this run started (default: all)")
+    parser.add_argument("--version", metavar="V", default=None,
+                        help="only runs started under this code version (default: all)")
     parser.add_argument("--limit", type=count(1, 100_000), default=DEFAULT_RUNS_LIMIT, metavar="N",
                         help=f"show at most N runs (default {DEFAULT_RUNS_LIMIT})")
     parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
@@ -289,6 +293,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the hostname)")
     parser.add_argument("--queues", type=queue_list, default=None, metavar="NAME[,NAME]",
                         help="claim only from these queues (default: every queue)")
+    parser.add_argument("--app-version", metavar="V", default=None,
+                        help="the code version runs scheduled here record (periodic ticks) (default: a hash of "
+                             "each workflow's code and steps)")
     parser.add_argument("--takeover", action="store_true",
                         help="take the runner name even though its holder looks alive (it is gone for good, "
                              "e.g. a frozen VM); its runs are fenced (default: off)")
@@ -397,7 +404,8 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
     not_before = _not_before(args.at, args.in_)
     placement = Placement.of(args.queue, args.priority, args.concurrency_key,
                              defaults=workflow_placement(args.workflow))
-    runs = [store.schedule(args.workflow, args_json, args.idempotency_key, not_before, placement)
+    version = args.app_version or versions.version_for(args.workflow)
+    runs = [store.schedule(args.workflow, args_json, args.idempotency_key, not_before, placement, version)
             for _ in range(args.count)]
     if args.json:
         print_json([run.id for run in runs])
@@ -435,11 +443,12 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
         parent = store.find_run(args.parent)
         runs = [run for run in store.children(parent.id, limit=100_000)
                 if (args.status is None or run.status == args.status)
-                and (args.workflow is None or run.name == args.workflow)]
+                and (args.workflow is None or run.name == args.workflow)
+                and (args.version is None or run.app_version == args.version)]
         truncated = False
         runs = runs[:args.limit]
     else:
-        runs = store.list_runs(status=args.status, name=args.workflow, limit=args.limit + 1)
+        runs = store.list_runs(status=args.status, name=args.workflow, limit=args.limit + 1, version=args.version)
         truncated = len(runs) > args.limit
         runs = runs[:args.limit]
     waits = _waits_of(store, runs)
@@ -447,10 +456,10 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
         print_json([{**run.to_dict(), "waiting": waits.get(run.id)} for run in runs])
         return 0
     rows = [(run.id, run.status + (f" ({waits[run.id]})" if run.id in waits else ""), run.name,
-             run.claimed_by or "", _age(run)) for run in runs]
-    print(format_table(("RUN", "STATUS", "WORKFLOW", "CLAIMED BY", "CREATED (UTC)"), rows))
+             run.app_version or "-", run.claimed_by or "", _age(run)) for run in runs]
+    print(format_table(("RUN", "STATUS", "WORKFLOW", "VERSION", "CLAIMED BY", "CREATED (UTC)"), rows))
     if truncated:
-        total = store.count_runs(args.status, args.workflow, cap=COUNT_CAP)
+        total = store.count_runs(args.status, args.workflow, cap=COUNT_CAP, version=args.version)
         of = f"more than {COUNT_CAP:,}" if total >= COUNT_CAP else f"{total:,}"
         print(f"showing the newest {len(runs)} of {of} runs (--limit N shows more)")
     return 0
@@ -717,6 +726,7 @@ def cmd_worker(store: Store, args: argparse.Namespace, observer: Observer | None
             raise EverystepError(f"{flag} cannot be enforced by the threaded worker (its runs share one process); "
                                  "run everystep-supervisor for step resource limits")
     refuse_step_limits()
+    versions.set_app_version(args.app_version)
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
                     metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease,
                     takeover=args.takeover, observer=observer, queues=args.queues)

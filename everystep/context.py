@@ -183,6 +183,16 @@ class Execution:
             taken, self.markers = tuple(self.markers), []
         return taken
 
+    def decide_marker(self, record: StepRecord, marker: Marker) -> StepRecord:
+        """Keep ``record`` as the run's answer at its patch, and hold its
+        ``marker`` for the next write (none in a dry run), unless a scope
+        decided that patch first: then that answer, which stands."""
+        with self._lock:
+            first = self.outcomes.setdefault(record.step_id, record)
+            if first is record and not self.dry_run:
+                self.markers.append(marker)
+        return first
+
     def give_back_markers(self, markers: tuple[Marker, ...]) -> None:
         """Markers a write did not take after all: the next write carries them."""
         if markers:

@@ -11,6 +11,11 @@ no longer copes with the recorded results, or a workflow that no longer
 exists. Those runs are reported; the others resume, complete, stay blocked
 or stop exactly as before.
 
+The same replay, run in the foreground with a ``ReplayLog`` told of each
+step (``replay_here``), is ``everystep replay`` (``everystep.local_replay``).
+A verdict also carries the patches the run recorded and how this code asks
+about them (``everystep.patches``), for check-deploy's per-patch advice.
+
 Nothing is written: the replay gets no Store (any attempt to use one is a
 bug and reported as such), no observers, no telemetry. Code between steps
 does run, as it does on every replay; it is meant to be deterministic and

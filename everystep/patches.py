@@ -94,13 +94,8 @@ def patched(patch_id: str) -> bool:
     marker, template = _decided(patch_id, answer)
     record = template.completed(None)
     record.__dict__.update(workflow_id=ex.run.id, started_at=utcnow())
-    with ex._lock:
-        if step_id in ex.outcomes:  # a sibling branch decided it first
-            return _answer(ex, step_id, ex.outcomes[step_id])
-        ex.outcomes[step_id] = record
-        if not ex.dry_run:
-            ex.markers.append(marker)
-    return answer
+    decided = ex.decide_marker(record, marker)
+    return answer if decided is record else _answer(ex, step_id, decided)
 
 
 #: Patch id → its marker's step id, for ids already checked.

@@ -98,7 +98,17 @@ def _feed(digest: Any, code: CodeType) -> None:
         if isinstance(const, CodeType):
             _feed(digest, const)
         else:
-            digest.update(repr(const).encode())
+            digest.update(_stable_repr(const).encode())
+
+
+def _stable_repr(value: Any) -> str:
+    """``repr``, but a frozenset (``x in {"a", "b"}``) in a fixed order:
+    string hashes, and with them a set's order, change between processes."""
+    if isinstance(value, frozenset):
+        return "frozenset(" + ", ".join(sorted(_stable_repr(item) for item in value)) + ")"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_stable_repr(item) for item in value) + ")"
+    return repr(value)
 
 
 def served(spec: str | None) -> list[str] | None:

@@ -38,7 +38,7 @@ import socket
 import sys
 import time
 
-from everystep import metrics, traces
+from everystep import metrics, traces, versions
 from everystep.claimloop import ClaimLoop
 from everystep.models import TERMINAL_STATUSES, Run
 from everystep.store import Store, close_default_stores
@@ -89,7 +89,8 @@ class Arbiter:
         self.started = time.monotonic()
         self.signals = SignalQueue()
         self.loop = ClaimLoop(store, config.name, "supervisor", lease=config.lease, poll=config.poll,
-                              takeover=config.takeover, logger=logger, who=self.who, queues=config.queues)
+                              takeover=config.takeover, logger=logger, who=self.who, queues=config.queues,
+                              versions=versions.served(config.serve_versions))
         self.ledger = Ledger(store, config.name, self.who, self.loop, lambda: bool(self.stopping))
         handle_request = functools.partial(commands.handle, self)
         self.control = ControlServer(config.socket, handle_request, self.selector, idle_timeout=config.control_timeout,

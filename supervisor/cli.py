@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import psutil
 
-from everystep import metrics, registry
+from everystep import metrics, registry, versions
 from everystep.cliutil import (
     EXIT_UNAVAILABLE,
     PORT,
@@ -76,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"live runner holds it (default: the hostname, {defaults.name} here)")
     parser.add_argument("--queues", type=queue_list, default=None, metavar="NAME[,NAME]",
                         help="claim only from these queues (default: every queue)")
+    parser.add_argument("--app-version", metavar="V", default=None,
+                        help="the code version runs scheduled here record (periodic ticks) (default: a hash of "
+                             "each workflow's code and steps)")
+    parser.add_argument("--serve-versions", metavar="current|all|V1,V2", default="all",
+                        help="claim only runs started under these code versions: current (those of the workflows "
+                             "loaded here, or --app-version), all, or a list; runs with no version recorded go to "
+                             "any runner (default: all)")
     parser.add_argument("--takeover", action="store_true",
                         help="take the runner name even though its holder looks alive (it is gone for good, "
                              "e.g. a frozen VM); the runs it held are fenced (default: off)")
@@ -210,6 +217,8 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         stall_timeout=args.stall_timeout,
         queues=args.queues,
         wait_for_database=args.wait_for_database,
+        app_version=args.app_version,
+        serve_versions=args.serve_versions,
     )
     _check_socket_path(config.socket)
     return config
@@ -267,6 +276,7 @@ def _run(config: Config) -> int:
     notifier = Notifier.from_env(unset=True)
     try:
         registry.import_apps(config.app)
+        versions.set_app_version(config.app_version)
         store = connect(config.database, statement_timeout=config.db_timeout)
         wait_for_database(lambda: _check_database(store), limit=config.wait_for_database, notifier=notifier,
                           logger=logger, who=f"{PROG} {config.name}", where=store.describe())

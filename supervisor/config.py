@@ -58,6 +58,11 @@ class Config:
     #: At start, seconds to wait for an unreachable database (None: as long
     #: as it takes; 0: exit 3 at once).
     wait_for_database: float | None = None
+    #: The code version runs scheduled here record (None: each workflow's code hash).
+    app_version: str | None = None
+    #: The code versions whose runs it claims: ``all``, ``current`` or a list
+    #: (``everystep.versions.served``).
+    serve_versions: str = "all"
 
     @property
     def show_progress(self) -> bool:

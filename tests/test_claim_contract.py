@@ -14,7 +14,9 @@ once, and
     on the same data the three claim the same runs.
 
 Runs of names nobody serves (up to six names, so the claim's "more than
-four names" path is exercised) must never be claimed; the reads that make
+four names" path is exercised) must never be claimed, nor runs started
+under a code version the claimer does not serve (``--serve-versions``; a
+run with no version recorded is served by every claimer); the reads that make
 them free are SQLite's and MariaDB's per-name statements, whose plans other
 tests pin (test_due_runs, test_queues).
 """
@@ -41,6 +43,7 @@ pytestmark = pytest.mark.timeout(600)
 QUEUES = ("qa", "qb", "qc")
 NAMES = ("w1", "w2", "w3", "w4", "w5", "w6")
 KEYS = (None, "k1", "k2")
+VERSIONS = (None, "v1", "v2")
 #: Runs already held by another runner: a workflow the tested claim never serves.
 BUSY = "contract.busy"
 TABLES = ("everystep_step", "everystep_workflow", "everystep_queue", "everystep_queue_claim")
@@ -53,6 +56,7 @@ class Spec:
     priority: int
     key: str | None
     state: str  # due | later | running | locked
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class Case:
     served: list[str]
     given: list[str] | None
     limit: int
+    #: The code versions served (None: every version).
+    versions: list[str] | None = None
 
 
 def queue_settings(name: str) -> st.SearchStrategy[QueueSettings]:
@@ -76,11 +82,13 @@ def cases(draw: st.DrawFn) -> Case:
     queues = {name: draw(queue_settings(name)) for name in QUEUES}
     runs = draw(st.lists(st.builds(
         Spec, queue=st.sampled_from(QUEUES), name=st.sampled_from(NAMES), priority=st.integers(0, 2),
-        key=st.sampled_from(KEYS), state=st.sampled_from(("due", "due", "due", "later", "running", "locked"))),
+        key=st.sampled_from(KEYS), state=st.sampled_from(("due", "due", "due", "later", "running", "locked")),
+        version=st.sampled_from(VERSIONS)),
         max_size=24))
     served = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=6, unique=True))
     given = draw(st.none() | st.lists(st.sampled_from((*QUEUES, "qz")), min_size=1, max_size=4, unique=True))
-    return Case(queues, runs, served, given, draw(st.integers(1, 8)))
+    versions = draw(st.none() | st.lists(st.sampled_from(("v1", "v2", "v3")), min_size=1, max_size=2, unique=True))
+    return Case(queues, runs, served, given, draw(st.integers(1, 8)), versions)
 
 
 # -- the reference model: the contract, read literally --------------------------------------------
@@ -101,6 +109,7 @@ def expected_gives(case: Case, queue: str, ids: list[str], locked: bool) -> list
     conf = case.queues.get(queue, QueueSettings(queue))
     order = [(spec, run_id) for spec, run_id in zip(case.runs, ids)
              if spec.queue == queue and spec.name in case.served
+             and (case.versions is None or spec.version is None or spec.version in case.versions)
              and (spec.state == "due" or (spec.state == "locked" and not locked))]
     order.sort(key=lambda pair: -pair[0].priority)  # stable: due order (list order) within a priority
     running = [spec for spec in case.runs if spec.queue == queue and spec.state == "running"]
@@ -164,7 +173,7 @@ def load(store: Store, case: Case) -> list[str]:
             when += dt.timedelta(hours=2)
         name = BUSY if spec.state == "running" else spec.name
         run = store.schedule(name, "[]", not_before=when,
-                             placement=Placement(spec.queue, spec.priority, spec.key))
+                             placement=Placement(spec.queue, spec.priority, spec.key), app_version=spec.version)
         ids.append(run.id)
     if any(spec.state == "running" for spec in case.runs):
         assert len(store.claim("other", len(case.runs), [BUSY])) == sum(
@@ -239,7 +248,7 @@ def test_every_backend_claims_by_the_one_contract(stores: list[Store], case: Cas
         ids = load(store, case)
         holder = Holder(store, [run_id for spec, run_id in zip(case.runs, ids) if spec.state == "locked"])
         try:
-            runs = store.claim("tester", case.limit, case.served, case.given)
+            runs = store.claim("tester", case.limit, case.served, case.given, case.versions)
         finally:
             holder.release()
         by_position = {run_id: index for index, run_id in enumerate(ids)}

@@ -132,7 +132,7 @@ def test_a_run_in_flight_with_its_graph_verdict_and_actions(console: ConsoleServ
     assert [[n["state"] for n in lane["nodes"]] for lane in fork["lanes"]] == [
         ["done"], ["done"], ["running", "pending"]]
     assert data["verdict"]["outcome"] == "resumes" and data["verdict"]["next_step"] == "2.2.1"
-    assert {action["name"] for action in data["actions"]} == {"requeue", "cancel", "rerun"}  # no live supervisor: no kill
+    assert {action["name"] for action in data["actions"]} == {"requeue", "cancel", "rerun", "fork"}  # no live supervisor: no kill
     assert data["runner"]["name"] == "tester" and data["runner"]["kind"] is None
     assert [step["step_id"] for step in data["steps"]] == ["1", "2.0.1", "2.1.1"]
 
@@ -157,12 +157,26 @@ def test_a_finished_run_has_no_verdict_and_can_run_again(console: ConsoleServer,
     run = schedule(shapes.guarded, {"fail_on": ["one"]}, database=console.store)
     assert execute_run(console.store, run.id) == COMPLETED
     data = client.get(f"/api/runs/{run.id}").json()
-    assert data["verdict"] is None and [a["name"] for a in data["actions"]] == ["rerun"]
+    assert data["verdict"] is None and [a["name"] for a in data["actions"]] == ["rerun", "fork"]
     again = client.act(f"/api/runs/{run.id}/rerun")
     assert again.status_code == 200, again.text
     new_id = again.json()["new_run"]
     new = console.store.get_run(new_id)
     assert new.status == SCHEDULED and new.args == [{"fail_on": ["one"]}] and new.name == run.name
+
+
+def test_fork_from_the_console_and_both_runs_say_so(console: ConsoleServer, client: Any) -> None:
+    run = schedule(shapes.guarded, {"fail_on": ["one"]}, database=console.store)
+    assert execute_run(console.store, run.id) == COMPLETED
+    first = console.store.get_steps(run.id)[0].step_id
+    refused = client.act(f"/api/runs/{run.id}/fork", {"step": "no-such-step"})
+    assert refused.status_code == 409 and "no recorded step" in refused.json()["error"]
+    forked = client.act(f"/api/runs/{run.id}/fork", {"step": first})
+    assert forked.status_code == 200, forked.text
+    new_id = forked.json()["new_run"]
+    assert client.get(f"/api/runs/{new_id}").json()["run"]["forked_from"] == run.id
+    source = client.get(f"/api/runs/{run.id}").json()["run"]
+    assert source["forks"] == [new_id] and source["app_version"] == run.app_version
 
 
 def test_unknown_runs_are_404(client: Any) -> None:

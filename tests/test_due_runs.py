@@ -101,7 +101,7 @@ def test_sqlite_claims_along_the_due_time_index(tmp_path: Path) -> None:
         with store.connection() as conn:
             plan = " ".join(str(tuple(row)) for row in conn.execute(
                 "EXPLAIN QUERY PLAN " + store.sql["claim"],
-                store._params(claimer="x", limit=10, names='["a"]', queue="default", priority=0)).fetchall())
+                store._params(claimer="x", limit=10, names='["a"]', queue="default", priority=0, versions=None)).fetchall())
         assert "everystep_workflow_claimable" in plan, plan
     finally:
         store.close()

@@ -40,7 +40,9 @@ def test_numbered_migrations_hold_no_function_bodies() -> None:
     for backend in ("postgres", "sqlite", "mariadb"):
         for migration in migrations.available(backend):
             text = "\n".join(migration.statements()).upper()
-            assert not re.search(r"(CREATE|REPLACE|DROP)\s+FUNCTION", text), migration.name
+            # A body never; a DROP FUNCTION only to change a signature or a
+            # result type, as the function files say (the file re-creates it).
+            assert not re.search(r"(CREATE|REPLACE)\s+FUNCTION", text), migration.name
     for function in functions.available("postgres"):
         assert all(statement.startswith("CREATE OR REPLACE FUNCTION") for statement in function.statements())
     assert functions.available("sqlite") == functions.available("mariadb") == []

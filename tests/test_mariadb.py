@@ -247,10 +247,13 @@ def test_every_statement_the_other_backends_name_exists_here() -> None:
     advisory lock, its expired-runner CTE, its one-statement fold: here the
     last step and the status are record_step and finish_run in one
     transaction, as on SQLite; its one-statement recv and the asynchronous
-    commit of a recv's transaction: here the transaction does both)."""
+    commit of a recv's transaction: here the transaction does both; and its
+    statements carrying a patch marker: here a marker is record_marker in
+    the transaction of the write it goes with)."""
     from everystep.store import queries
 
-    own = {"listen", "notify_fenced", "recover_expired", "finish_run_with_step", "take_message", "async_commit"}
+    own = {"listen", "notify_fenced", "recover_expired", "finish_run_with_step", "take_message", "async_commit",
+           "finish_run_with_step_marked", "record_step_marked"}
     missing = set(queries.load("postgres")) - set(queries.load("mariadb")) - own
     assert not missing
 

@@ -192,3 +192,25 @@ def test_check_deploy_counts_each_patchs_branches(store: Store, db_url: str, sub
     done = run_in_process(["check-deploy", "--database", db_url, "--app", "tests.apps.patch_v3"], subprocess_env,
                           tmp_path)
     assert "PATCH" in done.stdout and "can be deleted" in done.stdout
+
+
+def test_runs_record_the_code_version_they_started_under(store: Store, db_url: str,
+                                                         subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    """A hash of the workflow's code and its steps: unchanged code keeps its
+    version, changed code gets a new one; --app-version names it."""
+    from everystep import versions
+
+    use(patch_v1)
+    old = schedule(patch_v1.order, ORDER, database=store)
+    assert old.app_version == versions.code_version(patch_v1.order)
+    use(patch_v2)
+    new = schedule(patch_v2.order, ORDER, database=store)
+    assert new.app_version == versions.code_version(patch_v2.order) != old.app_version
+    assert schedule(patch_v2.order, ORDER, database=store).app_version == new.app_version
+    named = run_in_process(["schedule", "patch.order", json.dumps([ORDER]), "--app-version", "blue-7",
+                            "--database", db_url], subprocess_env, tmp_path)
+    assert named.returncode == 0, named.stderr
+    listed = run_in_process(["runs", "--version", "blue-7", "--json", "--database", db_url], subprocess_env, tmp_path)
+    assert [run["app_version"] for run in json.loads(listed.stdout)] == ["blue-7"]
+    shown = run_in_process(["show", old.id, "--database", db_url], subprocess_env, tmp_path)
+    assert f"version    {old.app_version}" in shown.stdout

@@ -4,7 +4,8 @@ Run actions go through ``everystep.admin`` (the functions behind
 ``everystep resolve-step`` and ``everystep requeue``), which check the run's
 state under its row lock and refuse anything that does not fit with a
 one-line ``AdminError``: the console shows that line, as the CLI prints it.
-"Run again" schedules a new run with the same workflow and arguments.
+"Run again" schedules a new run with the same workflow and arguments;
+"Fork" starts one from a recorded step (``everystep fork``).
 Actions on a live supervisor (kill a run's child, scale) become a request
 row for it (``everystep.relay``); the browser then waits for its reply.
 
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import admin, registry, relay, serde, waits
+from .. import admin, registry, relay, serde, versions, waits
 from ..errors import EverystepError
 from ..models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
@@ -66,6 +67,9 @@ ACTIONS: dict[str, RunAction] = {
                   lambda run, runner: run.status in CANCELLABLE_STATUSES,
                   "Cancel this run? It ends 'cancelled' and never resumes."),
         RunAction("rerun", "Run again", "schedule a new run of the same workflow with the same arguments",
+                  lambda run, runner: True, None),
+        RunAction("fork", "Fork", "start a new run from one of this run's recorded steps: the steps before it are "
+                  "copied, it and the rest are executed by the code deployed now (everystep fork)",
                   lambda run, runner: True, None),
     )
 }
@@ -135,9 +139,20 @@ def rerun(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str
     run = store.get_run(run_id)
     if registry.workflow_names() and registry.get_workflow(run.name) is None:
         raise admin.AdminError(f"workflow {run.name!r} is not registered by the code loaded in this console")
-    new = store.schedule(run.name, serde.dumps(list(run.args), "arguments"))
+    new = store.schedule(run.name, serde.dumps(list(run.args), "arguments"), app_version=versions.version_for(run.name))
     logger.info("console: %s ran %s again as new run %s", who, run.id, new.id)
     return {"run": new.to_dict(), "message": f"scheduled run {new.id}", "new_run": new.id}
+
+
+def fork(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
+    """As ``everystep fork RUN --from-step STEP``: body holds ``step``."""
+    step_id = body.get("step")
+    if not isinstance(step_id, str) or not step_id.strip():
+        raise ValueError('fork needs "step": the id of the first step the fork executes')
+    new, copied = admin.fork(store, run_id, step_id.strip())
+    logger.info("console: %s forked run %s at step %s as new run %s", who, run_id, step_id, new.id)
+    return {"run": new.to_dict(), "message": f"forked as run {new.id} ({copied} step(s) copied)",
+            "new_run": new.id}
 
 
 def kill(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
@@ -169,6 +184,7 @@ RUN_HANDLERS: dict[str, Callable[[Store, str, dict[str, Any], str], dict[str, An
     "requeue": requeue,
     "cancel": cancel,
     "rerun": rerun,
+    "fork": fork,
     "kill": kill,
 }
 

@@ -242,6 +242,7 @@ class Views:
         children = self.store.children(run.id)
         graph = self.graph(run, steps)
         _mark_child_starts(graph, {child.id: child.status for child in children})
+        data["forks"] = [fork.id for fork in self.store.forks_of(run.id)]
         return {
             "run": data,
             "children": [run_summary(child) for child in children],

@@ -38,17 +38,21 @@ class Execution(StoreCore):
     """What a runner does for every run: claim it, record its steps, end it."""
 
     def claim(self, claimer: str, limit: int, names: Sequence[str],
-              queues: Sequence[str] | None = None) -> list[Run]:
+              queues: Sequence[str] | None = None, versions: Sequence[str] | None = None) -> list[Run]:
         """Claim up to ``limit`` due runs of the given workflows from
         ``queues`` (None: every queue), bumping each one's claim epoch.
         Paused queues are skipped and each queue's limits are enforced by the
         claim itself (see ``everystep.queues``); within a queue the highest
         priority goes first, then the earliest due. Concurrent claimers get
-        disjoint sets. Returned highest priority first, then oldest."""
+        disjoint sets. ``versions``: only runs started under one of these
+        code versions, or under none recorded (None: every version; see
+        ``everystep.versions``). Returned highest priority first, then oldest."""
         if limit <= 0 or not names or (queues is not None and not queues):
             return []
         params = self._params(claimer=claimer, limit=limit, names=self._names(names),
-                              queues=self._names(queues) if queues is not None else None)
+                              queues=self._names(queues) if queues is not None else None,
+                              versions=self._names(versions) if versions is not None else None,
+                              serve_all=int(versions is None), version_list=self._names(versions or ()))
         with self.connection() as conn, self._claim_transaction(conn):
             rows = self._claim_rows(conn, params)
         runs = [self._run(row) for row in rows]

@@ -81,14 +81,16 @@ class Runs(StoreCore):
             raise RunNotFound(f"no run with id {run_id}")
         return self._run(row)
 
-    def list_runs(self, status: str | None = None, name: str | None = None, limit: int = 100) -> list[Run]:
-        rows = self._fetchall("list_runs", {"status": status, "name": name, "limit": limit})
+    def list_runs(self, status: str | None = None, name: str | None = None, limit: int = 100,
+                  version: str | None = None) -> list[Run]:
+        rows = self._fetchall("list_runs", {"status": status, "name": name, "limit": limit, "version": version})
         return [self._run(row) for row in rows]
 
-    def count_runs(self, status: str | None = None, name: str | None = None, cap: int = 100_000) -> int:
+    def count_runs(self, status: str | None = None, name: str | None = None, cap: int = 100_000,
+                   version: str | None = None) -> int:
         """Runs matching the filters of ``list_runs``, counted exactly up to
         ``cap`` (the cost is bounded by it)."""
-        row = self._fetchone("count_runs_upto", {"status": status, "name": name, "cap": int(cap)})
+        row = self._fetchone("count_runs_upto", {"status": status, "name": name, "cap": int(cap), "version": version})
         assert row is not None
         return int(row["total"])
 

@@ -103,6 +103,7 @@ SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s
 -- name: list_runs
 SELECT {run_columns} FROM everystep_workflow
 WHERE (%(status)s IS NULL OR status = %(status)s) AND (%(name)s IS NULL OR name = %(name)s)
+  AND (%(version)s IS NULL OR app_version = %(version)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -110,6 +111,7 @@ LIMIT %(limit)s
 SELECT count(*) AS total FROM (
     SELECT 1 FROM everystep_workflow
     WHERE (%(status)s IS NULL OR status = %(status)s) AND (%(name)s IS NULL OR name = %(name)s)
+      AND (%(version)s IS NULL OR app_version = %(version)s)
     LIMIT %(cap)s
 ) AS capped
 
@@ -131,6 +133,7 @@ SELECT 1 AS one
 SELECT id FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
 WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s
   AND name = %(name)s AND due_at <= UTC_TIMESTAMP(6)
+  AND (%(serve_all)s = 1 OR app_version IS NULL OR app_version IN %(version_list)s)
 ORDER BY due_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -698,6 +701,7 @@ GROUP BY concurrency_key
 SELECT id, concurrency_key AS `key`, due_at AS due FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
 WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s AND name = %(name)s
   AND due_at <= UTC_TIMESTAMP(6)
+  AND (%(serve_all)s = 1 OR app_version IS NULL OR app_version IN %(version_list)s)
   AND (concurrency_key IS NULL OR concurrency_key NOT IN %(busy)s)
   AND id NOT IN %(skipped)s
 ORDER BY due_at

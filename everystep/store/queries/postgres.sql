@@ -63,6 +63,7 @@ SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s
 SELECT {run_columns} FROM everystep_workflow
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(version)s::text IS NULL OR app_version = %(version)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -73,6 +74,7 @@ SELECT count(*) AS total FROM (
     SELECT 1 FROM everystep_workflow
     WHERE (%(status)s::text IS NULL OR status = %(status)s)
       AND (%(name)s::text IS NULL OR name = %(name)s)
+      AND (%(version)s::text IS NULL OR app_version = %(version)s)
     LIMIT %(cap)s
 ) AS capped
 
@@ -91,7 +93,7 @@ SELECT 1 AS one
 -- (migrations 0003, 0006, 0007) that pin the plan to the partial index of
 -- scheduled runs, stop at the first run not yet due, enforce the queue
 -- limits under the queue's row lock, and commit asynchronously; see there.
-SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s, %(queues)s::text[])
+SELECT * FROM everystep_claim(%(claimer)s, %(names)s, %(limit)s, %(queues)s::text[], %(versions)s::text[])
 
 -- name: claim_own
 -- Catch-up: re-claim runs left running under this name by a process that

@@ -51,6 +51,7 @@ SELECT {run_columns} FROM everystep_workflow WHERE id = :id
 -- name: list_runs
 SELECT {run_columns} FROM everystep_workflow
 WHERE (:status IS NULL OR status = :status) AND (:name IS NULL OR name = :name)
+  AND (:version IS NULL OR app_version = :version)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
@@ -58,6 +59,7 @@ LIMIT :limit
 SELECT count(*) AS total FROM (
     SELECT 1 FROM everystep_workflow
     WHERE (:status IS NULL OR status = :status) AND (:name IS NULL OR name = :name)
+      AND (:version IS NULL OR app_version = :version)
     LIMIT :cap
 )
 
@@ -86,6 +88,8 @@ WHERE id IN (
         SELECT w.id FROM everystep_workflow AS w INDEXED BY everystep_workflow_claimable
         WHERE w.status = 'scheduled' AND w.queue = :queue AND w.priority = :priority
           AND w.name = served.name AND coalesce(w.not_before, w.created_at) <= :now
+          AND (:versions IS NULL OR w.app_version IS NULL
+               OR w.app_version IN (SELECT value FROM json_each(:versions)))
         ORDER BY coalesce(w.not_before, w.created_at)
         LIMIT :limit)
     ORDER BY coalesce(c.not_before, c.created_at), c.id
@@ -101,6 +105,7 @@ SELECT id, concurrency_key AS key, coalesce(not_before, created_at) AS due
 FROM everystep_workflow INDEXED BY everystep_workflow_claimable
 WHERE status = 'scheduled' AND queue = :queue AND priority = :priority AND name = :name
   AND coalesce(not_before, created_at) <= :now
+  AND (:versions IS NULL OR app_version IS NULL OR app_version IN (SELECT value FROM json_each(:versions)))
   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:busy)))
   AND id NOT IN (SELECT value FROM json_each(:skipped))
 ORDER BY coalesce(not_before, created_at)

@@ -76,7 +76,8 @@
 -- migration of that release drops the function first (DROP FUNCTION IF
 -- EXISTS); the migrator re-applies every file after a numbered migration.
 
-CREATE OR REPLACE FUNCTION everystep_claim_limited(p_claimer text, p_names text[], p_limit integer, p_queues text[])
+CREATE OR REPLACE FUNCTION everystep_claim_limited(p_claimer text, p_names text[], p_limit integer, p_queues text[],
+                                                   p_versions text[])
 RETURNS TABLE (id uuid, name text, args json, status text, idempotency_key text, claimed_by text,
                claimed_at timestamptz, result json, error json, created_at timestamptz,
                completed_at timestamptz, claim_epoch bigint, not_before timestamptz,
@@ -187,6 +188,7 @@ BEGIN
                                 WHERE w.status = 'scheduled' AND w.queue = v_conf.name AND w.priority = v_priority
                                   AND w.name = served.n AND coalesce(w.not_before, w.created_at) <= v_now
                                   AND w.id <> ALL (v_skipped)
+                                  AND (p_versions IS NULL OR w.app_version IS NULL OR w.app_version = ANY (p_versions))
                                 ORDER BY coalesce(w.not_before, w.created_at)
                                 LIMIT v_allowed - v_got
                             ) AS c
@@ -232,6 +234,7 @@ BEGIN
                             SELECT w.id, coalesce(w.not_before, w.created_at) AS due FROM everystep_workflow AS w
                             WHERE w.status = 'scheduled' AND w.queue = v_conf.name AND w.priority = v_priority
                               AND w.name = served.n AND coalesce(w.not_before, w.created_at) <= v_now
+                              AND (p_versions IS NULL OR w.app_version IS NULL OR w.app_version = ANY (p_versions))
                               AND (w.concurrency_key IS NULL OR w.concurrency_key NOT IN (
                                    SELECT busy.key FROM busy WHERE busy.n >= v_conf.key_concurrency))
                             ORDER BY coalesce(w.not_before, w.created_at)
@@ -284,7 +287,8 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION everystep_claim(p_claimer text, p_names text[], p_limit integer, p_queues text[])
+CREATE OR REPLACE FUNCTION everystep_claim(p_claimer text, p_names text[], p_limit integer, p_queues text[],
+                                           p_versions text[])
 RETURNS TABLE (id uuid, name text, args json, status text, idempotency_key text, claimed_by text,
                claimed_at timestamptz, result json, error json, created_at timestamptz,
                completed_at timestamptz, claim_epoch bigint, not_before timestamptz,
@@ -381,6 +385,7 @@ BEGIN
                                 WHERE w.status = 'scheduled' AND w.queue = v_name AND w.priority = v_priority
                                   AND w.name = served.n AND coalesce(w.not_before, w.created_at) <= v_now
                                   AND w.id <> ALL (v_skipped)
+                                  AND (p_versions IS NULL OR w.app_version IS NULL OR w.app_version = ANY (p_versions))
                                 ORDER BY coalesce(w.not_before, w.created_at)
                                 LIMIT v_share - v_got
                             ) AS c
@@ -424,6 +429,6 @@ BEGIN
         RETURN;
     END IF;
 
-    RETURN QUERY SELECT * FROM everystep_claim_limited(p_claimer, p_names, p_limit, v_names);
+    RETURN QUERY SELECT * FROM everystep_claim_limited(p_claimer, p_names, p_limit, v_names, p_versions);
 END;
 $$;

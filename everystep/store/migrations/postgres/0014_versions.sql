@@ -9,3 +9,10 @@ ALTER TABLE everystep_workflow
 -- Runs forked from a run, for its page (``show`` says both ways).
 CREATE INDEX IF NOT EXISTS everystep_workflow_forked_from
     ON everystep_workflow (forked_from) WHERE forked_from IS NOT NULL;
+
+-- The claim takes the versions a runner serves (--serve-versions): its new
+-- signature is created from store/functions/postgres/claim.sql after the
+-- migrations; the old one goes, so a call is never ambiguous.
+DROP FUNCTION IF EXISTS everystep_claim(text, text[], integer, text[]);
+
+DROP FUNCTION IF EXISTS everystep_claim_limited(text, text[], integer, text[]);

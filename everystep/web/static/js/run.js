@@ -87,12 +87,23 @@ export function runPage(main, runId) {
     const buttons = offered.filter((action) => action.name !== "resolve").map((action) =>
       h("button", { type: "button", class: `action action-${action.name}`, title: action.help, text: action.label,
                     dataset: { action: action.name },
-                    onclick: () => runAction(run.id, action, action.name === "kill" ? { requeue: false } : {}) }));
+                    onclick: () => onAction(run, action) }));
     replace(head,
       h("h1", {}, "Run ", h("span", { class: "mono", text: run.id })),
       h("div", { class: "run-title" }, statusBadge(run.status), h("span", { class: "workflow", text: run.name }),
         run.waiting ? h("span", { class: "waiting", text: run.waiting }) : null),
       h("div", { class: "actions" }, buttons));
+  }
+
+  function onAction(run, action) {
+    if (action.name === "kill") return runAction(run.id, action, { requeue: false });
+    if (action.name === "fork") {
+      const failed = data.steps.find((step) => step.status === "failed");
+      const step = window.prompt("Fork from step (its id): the steps before it are copied, it and the rest run "
+                                 + "with the code deployed now", failed ? failed.step_id : "");
+      return step ? runAction(run.id, action, { step }) : null;
+    }
+    return runAction(run.id, action, {});
   }
 
   function renderVerdict() {
@@ -138,6 +149,11 @@ export function runPage(main, runId) {
     if (run.idempotency_key) rows.push(["Idempotency key", h("code", { text: run.idempotency_key })]);
     if (run.deadline) rows.push(["Deadline", h("span", {}, timeCell(run.deadline), " ", h("span", { class: "hint", text: when(run.deadline) }))]);
     if (run.parent_id) rows.push(["Parent", h("a", { class: "mono parent-link", href: runHref(run.parent_id), text: run.parent_id })]);
+    rows.push(["Version", run.app_version ? h("code", { text: run.app_version }) : "—"]);
+    if (run.forked_from) rows.push(["Forked from", h("a", { class: "mono", href: runHref(run.forked_from), text: run.forked_from })]);
+    if (run.forks && run.forks.length) {
+      rows.push(["Forks", h("span", {}, run.forks.map((id) => h("a", { class: "mono fork", href: runHref(id), text: id })))]);
+    }
     replace(summary, rows.map(([term, value]) => [h("dt", { text: term }), h("dd", {}, value)]));
   }
 
