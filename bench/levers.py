@@ -40,6 +40,7 @@ each is measured on a durable database and on one with
 from __future__ import annotations
 
 import datetime as dt
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -96,8 +97,9 @@ def _forms(sql: dict[str, str]) -> dict[str, Callable[[psycopg.Connection[Any], 
     record, finish = sql["record_step"], sql["finish_run"]
     # Inside a durable transaction the status write must not switch the
     # commit to asynchronous: drop the CTE that does, keep the guarded UPDATE.
-    finish_sync = finish.replace("FROM async_commit\n", "").split("UPDATE", 1)
-    finish_in_tx = "UPDATE" + finish_sync[1]
+    finish_in_tx = re.sub(r"WITH async_commit AS \(.*?\),\s*(\w+) AS \(", r"WITH \1 AS (", finish, count=1, flags=re.S)
+    finish_in_tx = re.sub(r"\n\s*FROM async_commit\n", "\n", finish_in_tx, count=1)
+    assert "async_commit" not in finish_in_tx, "finish_run's asynchronous commit is no longer where the lever expects"
 
     # One statement, one round trip, one durable commit: the engine's own
     # ``finish_run_with_step`` (the run row locked under the claim, the step
