@@ -402,3 +402,34 @@ def test_the_runs_list_and_a_run_fit_a_phone(console: ConsoleServer, browser: An
         assert lane_box["x"] + lane_box["width"] <= graph["x"] + graph["width"], "a fork's lane leaves its card"
     context.close()
     assert real_errors(page_errors) == []
+
+
+def test_a_run_waiting_for_a_message_is_drawn_as_a_wait_and_woken_from_its_page(db_url: str, browser: Any,
+                                                                                page_errors: list[str]) -> None:
+    from tests.apps import waits as waiting
+
+    for console in serve(db_url, app_modules="tests.apps.waits"):
+        store = console.store
+        run = schedule(waiting.checkout, "o-7", database=store)
+        assert execute_run(store, run.id) == "released"
+        page = open_page(browser, page_errors)
+        page.goto(console.url + f"/runs/{run.id}")
+        mark(page)
+        # The event it published is a step; the recv is a wait, never a divergence.
+        expect(page.locator("button.node[data-step='1']")).to_have_attribute("data-state", "done")
+        wait = page.locator("button.node.wait[data-wait='message']")
+        expect(wait).to_have_attribute("data-state", "waiting")
+        expect(wait).to_contain_text('message "paid"')
+        expect(page.locator("button.node[data-state='diverged']")).to_have_count(0)
+
+        form = page.locator("form.send-form")
+        form.locator("input[name=topic]").fill("paid")
+        form.locator("textarea[name=payload]").fill('{"amount": 7}')
+        form.locator("button[type=submit]").click()
+        wait_until(lambda: [m.topic for m in store.messages(run.id)] == ["paid"], "the message sent from the page")
+        assert execute_run(store, run.id) == COMPLETED
+        expect(wait).to_have_attribute("data-state", "done")
+        expect(page.locator(".run-title .badge")).to_have_text("completed")
+        assert_not_reloaded(page)
+        assert store.get_run(run.id).result == {"amount": 7}
+        assert real_errors(page_errors) == []

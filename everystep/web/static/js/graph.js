@@ -3,7 +3,7 @@
 // lanes side by side, loops and if/try blocks as frames around what they
 // decide. The shapes come from the server (everystep.graph.overlay).
 
-import { ago, h, seconds, when } from "./dom.js";
+import { ago, h, seconds, shortId, when } from "./dom.js";
 
 const STATE_TEXT = {
   done: "done", failed: "failed", started: "uncertain", pending: "not reached yet",
@@ -68,6 +68,7 @@ function stepNode(node, path, ctx) {
   const meta = [];
   if (record && record.duration !== null && record.duration !== undefined) meta.push(seconds(record.duration));
   if (node.in_flight) meta.push("in flight");
+  if (node.child) meta.push(`child ${shortId(node.child.id)} · ${node.child.status}`);
   if (node.state === "started") meta.push("effect uncertain");
   if (node.state === "diverged") meta.push(`now calls ${node.expected}`);
   const error = record && record.error ? `${record.error.type}: ${record.error.message}` : null;
@@ -92,14 +93,15 @@ function stepNode(node, path, ctx) {
 // the engine's, not a step of the user's, so it is drawn apart.
 function waitNode(node, path, ctx) {
   const key = nodeKey(node, path);
-  const what = WAIT_TEXT[node.wait] || node.wait;
+  const record = node.record;
+  const topic = node.wait === "message" && record && Array.isArray(record.args) ? record.args[0] : null;
+  const what = topic ? `message "${topic}"` : (WAIT_TEXT[node.wait] || node.wait);
   const meta = [];
   if (node.until) {
     meta.push(node.state === "waiting" ? `wakes ${ago(node.until)}, ${when(node.until)}` : `until ${when(node.until)}`);
   } else if (node.state === "waiting") {
     meta.push("waiting");
   }
-  const record = node.record;
   if (node.state === "done" && record && record.duration !== null && record.duration !== undefined) {
     meta.push(`waited ${seconds(record.duration)}`);
   }
