@@ -121,6 +121,13 @@ class ClaimLoop:
         if self.queues is not None:
             self.logger.info("%s: claiming only from queue(s) %s", self.who, ", ".join(self.queues))
 
+    def serve_versions(self, versions: Sequence[str] | None) -> None:
+        """Claim only runs started under these code versions (None: every
+        version); a reload with ``--serve-versions current`` serves the
+        versions of the code loaded now."""
+        self.versions = list(versions) if versions is not None else None
+        self.wake()
+
     def refresh_names(self) -> None:
         """Workflows were (re)imported: claim what is registered now."""
         self.names = registry.workflow_names()

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from everystep import versions
 from everystep.errors import describe
 
 from .protocol import ErrorReply, ReloadReply, Reply
@@ -60,6 +61,7 @@ def reload(arbiter: Operable, who: str) -> Reply:
         arbiter.notifier.ready(status_line(arbiter))
         return ErrorReply(f"{exc}; keeping the running code")
     arbiter.loop.refresh_names()
+    arbiter.loop.serve_versions(versions.served(arbiter.config.serve_versions))
     replacing = arbiter.replace_children(ByeReason.RELOAD)
     arbiter.notifier.ready(status_line(arbiter))
     logger.info("%s: reloaded %s; replacing %s (%s)", arbiter.who, ", ".join(modules) or "no modules",

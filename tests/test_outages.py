@@ -135,7 +135,10 @@ def test_cli_worker_survives_an_outage_and_drains_cleanly(private_pg, outage_url
             env=subprocess_env, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent,
         )
     try:
-        time.sleep(1.0)
+        # Restart only once the worker is at work (its name registered): a
+        # restart during its start-up check is a bad command line, exit 3.
+        wait_until(lambda: any(runner.name == "cli-outage" for runner in store.list_runners()),
+                   "the worker to register", timeout=60, detail=log.read_text)
         private_pg.restart()
         statuses = _wait_all(store, runs, 90)
         assert proc.poll() is None, log.read_text()

@@ -214,3 +214,12 @@ def test_runs_record_the_code_version_they_started_under(store: Store, db_url: s
     assert [run["app_version"] for run in json.loads(listed.stdout)] == ["blue-7"]
     shown = run_in_process(["show", old.id, "--database", db_url], subprocess_env, tmp_path)
     assert f"version    {old.app_version}" in shown.stdout
+
+
+def test_branches_asking_about_one_patch_get_one_answer(store: Store) -> None:
+    use(patch_v2)
+    run = schedule(patch_v2.fan, ORDER, database=store)
+    assert execute_run(store, run.id) == COMPLETED
+    assert store.get_run(run.id).result == [[True, "A-1"], [True, 30]]
+    markers = [r for r in store.get_steps(run.id) if r.name == PATCH_STEP]
+    assert [(r.step_id, r.result) for r in markers] == [(marker_id("fan"), True)]

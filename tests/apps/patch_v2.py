@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from everystep import patched, workflow
+from everystep import parallel, patched, workflow
 from tests.apps.patch_v1 import charge, notify, reserve, ship, tax
 
 
@@ -22,3 +22,10 @@ def order(o: dict[str, Any]) -> str:
 def tail(o: dict[str, Any]) -> bool:
     reserve(o)
     return patched("tail")
+
+
+@workflow(name="patch.fan")
+def fan(o: dict[str, Any]) -> list[Any]:
+    """Two branches ask about one patch: the run has one answer."""
+    first, second = parallel(lambda: [patched("fan"), reserve(o)], lambda: [patched("fan"), charge(o)])
+    return [first, second]
