@@ -37,7 +37,7 @@ import datetime as dt
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import runner, serde
 from .context import Context, Execution, current, recording_context
@@ -84,6 +84,42 @@ def _workflow_context(call: str) -> Context:
     return ctx
 
 
+# -- the start every recorded wait shares ---------------------------------------
+
+
+class _Entered(NamedTuple):
+    step_id: str
+    started_at: dt.datetime
+    deadline: dt.datetime | None
+    first: bool  # no row yet: the wait's first execution
+
+
+def _enter_wait(ex: Any, ctx: Any, name: str | None, step_name: str, wait_key: str, what: str,
+                timeout: float | dt.timedelta | None, label: str) -> tuple[_Entered | None, Any]:
+    """Where a recorded wait (recv, a child's result) stands at its step id:
+    a recorded outcome is replayed (``(None, value)``); a step still waiting
+    keeps its start and deadline (a dry replay stops there); a new one is
+    allowed to start and gets its deadline from ``timeout``."""
+    step_id = runner._next_id(ex, ctx, name)
+    recorded = ex.outcomes.get(step_id)
+    if recorded is not None:
+        if recorded.name != step_name:
+            raise runner._diverged(ex, step_id, recorded.name, step_name)
+        if recorded.status != STEP_AWAITING:
+            return None, runner._replay(ex, recorded)
+        entered = _Entered(step_id, recorded.started_at or utcnow(), recorded.wake_at, False)
+        if ex.dry_run:
+            raise runner._suspend(ex, entered.deadline or WAIT_FOREVER, wait_key, what)
+        return entered, None
+    runner._may_start(ex, step_id, step_name)
+    started_at = utcnow()
+    try:
+        deadline = _timeout_at(started_at, timeout, label)
+    except EverystepError as exc:
+        raise ex.interrupt_with(exc) from None
+    return _Entered(step_id, started_at, deadline, True), None
+
+
 # -- messages ------------------------------------------------------------------
 
 
@@ -93,25 +129,11 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, name: str | No
         raise EverystepError(f"recv needs a topic, a non-empty string, not {topic!r}")
     ctx = _workflow_context("recv")
     ex = ctx.execution
-    step_id = runner._next_id(ex, ctx, name)
-    recorded = ex.outcomes.get(step_id)
     what = f'message "{topic}"'
-    if recorded is not None:
-        if recorded.name != RECV_STEP:
-            raise runner._diverged(ex, step_id, recorded.name, RECV_STEP)
-        if recorded.status != STEP_AWAITING:
-            return runner._replay(ex, recorded)
-        deadline, started_at, first = recorded.wake_at, recorded.started_at or utcnow(), False
-        if ex.dry_run:
-            raise runner._suspend(ex, deadline or WAIT_FOREVER, message_key(topic), what)
-    else:
-        runner._may_start(ex, step_id, RECV_STEP)
-        started_at = utcnow()
-        try:
-            deadline = _timeout_at(started_at, timeout, "recv")
-        except EverystepError as exc:
-            raise ex.interrupt_with(exc) from None
-        first = True
+    entered, replayed = _enter_wait(ex, ctx, name, RECV_STEP, message_key(topic), what, timeout, "recv")
+    if entered is None:
+        return replayed
+    step_id, started_at, deadline, first = entered
     args_json = serde.dumps([topic], "recv")
     done = NewStep(step_id, RECV_STEP, args_json, "{}", started_at, status=STEP_DONE, wake_at=deadline)
     waiting = NewStep(step_id, RECV_STEP, args_json, "{}", started_at, status=STEP_AWAITING,
@@ -246,25 +268,11 @@ def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name
     if ctx is None:
         return _poll_child(child_id, timeout)
     ex = ctx.execution
-    step_id = runner._next_id(ex, ctx, name)
-    recorded = ex.outcomes.get(step_id)
     what = f"child {child_id}"
-    if recorded is not None:
-        if recorded.name != CHILD_STEP:
-            raise runner._diverged(ex, step_id, recorded.name, CHILD_STEP)
-        if recorded.status != STEP_AWAITING:
-            return runner._replay(ex, recorded)
-        deadline, started_at, first = recorded.wake_at, recorded.started_at or utcnow(), False
-        if ex.dry_run:
-            raise runner._suspend(ex, deadline or WAIT_FOREVER, child_key(child_id), what)
-    else:
-        runner._may_start(ex, step_id, CHILD_STEP)
-        started_at = utcnow()
-        try:
-            deadline = _timeout_at(started_at, timeout, "child result")
-        except EverystepError as exc:
-            raise ex.interrupt_with(exc) from None
-        first = True
+    entered, replayed = _enter_wait(ex, ctx, name, CHILD_STEP, child_key(child_id), what, timeout, "child result")
+    if entered is None:
+        return replayed
+    step_id, started_at, deadline, first = entered
     outcome = _call_value(ex, lambda: ex.store.child_outcome(child_id))
     if outcome is None:
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline,
