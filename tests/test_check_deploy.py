@@ -12,31 +12,23 @@ import json
 import subprocess
 import sys
 import threading
-import types
 from typing import Any
 
 import pytest
 
 from everystep import dryrun, registry, schedule
-from everystep.api import WorkflowFunction
 from everystep.dryrun import Outcome
 from everystep.errors import SimulatedCrash
 from everystep.models import COMPLETED, SCHEDULED
 from everystep.store import Store
 from tests.apps import deploy_v1, deploy_v2
+from tests.support.deploys import deploy
 from tests.support.runs import crash_at, execute_run
 
 # Processes and subprocesses: MariaDB runs the engine modules only.
 pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
 
 ORDER = {"sku": "A-1", "amount": 30}
-
-
-def use(module: types.ModuleType) -> None:
-    """Make ``module``'s workflows the registered ones (both versions share names)."""
-    for value in vars(module).values():
-        if isinstance(value, WorkflowFunction):
-            registry.register_workflow(value.name, value)
 
 
 def left_after(store: Store, wf: Any, step_id: str) -> str:
@@ -51,7 +43,7 @@ def left_after(store: Store, wf: Any, step_id: str) -> str:
 
 
 def scenario(store: Store) -> dict[str, str]:
-    use(deploy_v1)
+    deploy(deploy_v1)
     runs = {
         "diverged": left_after(store, deploy_v1.order, "3"),  # steps 1, 2 recorded: 2 is charge
         "early": left_after(store, deploy_v1.order, "2"),  # only step 1 recorded
@@ -71,12 +63,12 @@ def scenario(store: Store) -> dict[str, str]:
 def test_verdicts_for_the_next_release(store: Store) -> None:
     runs = scenario(store)
     before = {run_id: (store.get_run(run_id), store.get_steps(run_id)) for run_id in runs.values()}
-    use(deploy_v2)
+    deploy(deploy_v2)
     registry._workflows.pop("deploy.legacy", None)  # the release drops it
     try:
         verdicts = {v.run_id: v for v in dryrun.check_deploy(store)}
     finally:
-        use(deploy_v1)
+        deploy(deploy_v1)
     outcome = {name: verdicts[run_id].outcome for name, run_id in runs.items() if run_id in verdicts}
     assert outcome == {
         "diverged": Outcome.CODE_ERROR, "early": Outcome.RESUMES, "fresh": Outcome.RESUMES,

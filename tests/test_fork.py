@@ -5,20 +5,19 @@ re-run), in one transaction, and both runs say how they are related."""
 from __future__ import annotations
 
 import json
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from everystep import admin, registry, schedule
+from everystep import admin, schedule
 from everystep.admin import AdminError
-from everystep.api import WorkflowFunction
 from everystep.errors import SimulatedCrash
 from everystep.models import BLOCKED, COMPLETED, FAILED, SCHEDULED
 from everystep.store import Store
 from tests.apps import repair_v1, repair_v2
 from tests.support.cli import run_in_process
+from tests.support.deploys import deploy
 from tests.support.runs import crash_at, execute_run
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -26,18 +25,13 @@ pytestmark = [pytest.mark.timeout(120)]
 ORDER = {"sku": "A-1", "amount": 30}
 
 
-def use(module: types.ModuleType) -> None:
-    for value in vars(module).values():
-        if isinstance(value, WorkflowFunction):
-            registry.register_workflow(value.name, value)
-
 
 @pytest.fixture(autouse=True)
 def _bad_deploy() -> Iterator[None]:
-    use(repair_v1)
+    deploy(repair_v1)
     repair_v1.CALLS.clear()
     yield
-    use(repair_v1)
+    deploy(repair_v1)
 
 
 def failed_run(store: Store) -> str:
@@ -49,7 +43,7 @@ def failed_run(store: Store) -> str:
 def test_fork_from_the_failed_step_completes_with_the_fixed_code(store: Store) -> None:
     old = failed_run(store)
     reservation = {r.step_id: r for r in store.get_steps(old)}["1"].result
-    use(repair_v2)
+    deploy(repair_v2)
     new, copied = admin.fork(store, old, "2")
     assert (copied, new.status, new.name, new.forked_from) == (1, SCHEDULED, "repair.order", old)
     assert execute_run(store, new.id) == COMPLETED
@@ -64,7 +58,7 @@ def test_fork_from_the_failed_step_completes_with_the_fixed_code(store: Store) -
 
 def test_fork_with_new_arguments(store: Store) -> None:
     old = failed_run(store)
-    use(repair_v2)
+    deploy(repair_v2)
     new, _ = admin.fork(store, old, "2", args=[{"sku": "A-1", "amount": 45}])
     assert execute_run(store, new.id) == COMPLETED
     assert store.get_run(new.id).result.endswith("for 45")
@@ -95,7 +89,7 @@ def test_fork_inside_an_uncertain_effect_window_is_refused(store: Store) -> None
 def test_the_cli_forks_and_refuses_in_one_line(store: Store, db_url: str, subprocess_env: dict[str, str],
                                                tmp_path: Path) -> None:
     old = failed_run(store)
-    use(repair_v2)
+    deploy(repair_v2)
     done = run_in_process(["fork", old, "--from-step", "2", "--database", db_url, "--app", "tests.apps.repair_v2",
                            "--json"], subprocess_env, tmp_path)
     assert done.returncode == 0, done.stderr

@@ -5,7 +5,6 @@ it is matched, the divergence named, the debugger at the first one."""
 from __future__ import annotations
 
 import io
-import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +14,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from everystep import registry, schedule
-from everystep.api import WorkflowFunction
+from everystep import schedule
 from everystep.models import COMPLETED, FAILED
 from everystep.store import Store, connect
 from tests.apps import patch_bad, patch_v1, repair_v1
 from tests.support.cli import run_in_process
+from tests.support.deploys import deploy
 from tests.support.runs import execute_run
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -28,18 +27,13 @@ pytestmark = [pytest.mark.timeout(120)]
 ORDER = {"sku": "A-1", "amount": 30}
 
 
-def use(module: types.ModuleType) -> None:
-    for value in vars(module).values():
-        if isinstance(value, WorkflowFunction):
-            registry.register_workflow(value.name, value)
-
 
 @pytest.fixture(autouse=True)
 def _first_release() -> Iterator[None]:
-    use(patch_v1)
-    use(repair_v1)
+    deploy(patch_v1)
+    deploy(repair_v1)
     yield
-    use(patch_v1)
+    deploy(patch_v1)
 
 
 def completed(store: Store) -> str:
@@ -70,7 +64,7 @@ def test_a_completed_run_replays_step_by_step(store: Store, db_url: str, subproc
 def test_a_diverged_run_names_the_divergence(store: Store, db_url: str, subprocess_env: dict[str, str],
                                              tmp_path: Path) -> None:
     run_id = completed(store)
-    use(patch_bad)
+    deploy(patch_bad)
     code, out = replay(db_url, subprocess_env, tmp_path, run_id, app="tests.apps.patch_bad")
     assert code == 1, out
     (line,) = [line for line in out.splitlines() if "DIVERGES: the run recorded" in line]
@@ -92,7 +86,7 @@ def test_until_step_and_the_debugger(store: Store, db_url: str, subprocess_env: 
     code, out = replay(db_url, subprocess_env, tmp_path, run_id, "--until-step", "3")
     assert code == 0 and "stopped at step 3" in out and "recorded done" in out
     assert not any(line.startswith("step 4 ") for line in out.splitlines())
-    use(patch_bad)
+    deploy(patch_bad)
     monkeypatch.setattr("sys.stdin", io.StringIO("p o['sku']\nc\n"))
     code, out = replay(db_url, subprocess_env, tmp_path, run_id, "--pdb", app="tests.apps.patch_bad")
     assert code == 1

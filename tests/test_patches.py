@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from everystep import dryrun, patched, registry, schedule
-from everystep.api import WorkflowFunction
+from everystep import dryrun, patched, schedule
 from everystep.errors import SimulatedCrash, WorkflowCodeError
 from everystep.models import COMPLETED, FAILED
 from everystep.patches import PATCH_STEP, marker_id
 from everystep.store import Store
 from tests.apps import patch_v1, patch_v2, patch_v3
 from tests.support.cli import run_in_process
+from tests.support.deploys import deploy
 from tests.support.runs import crash_at, execute_run
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -34,19 +34,14 @@ ORDER = {"sku": "A-1", "amount": 30}
 @pytest.fixture(autouse=True)
 def _v1_after() -> types.GeneratorType:  # type: ignore[type-arg]
     yield
-    use(patch_v1)
+    deploy(patch_v1)
 
-
-def use(module: types.ModuleType) -> None:
-    for value in vars(module).values():
-        if isinstance(value, WorkflowFunction):
-            registry.register_workflow(value.name, value)
 
 
 def left_after(store: Store, step_id: str) -> str:
     """A ``patch_v1`` run whose process died right after step ``step_id``'s
     effect; back in the queue."""
-    use(patch_v1)
+    deploy(patch_v1)
     run = schedule(patch_v1.order, ORDER, database=store)
     crash_at(step_id)
     with pytest.raises(SimulatedCrash):
@@ -61,7 +56,7 @@ def steps(store: Store, run_id: str) -> dict[str, tuple[str, object]]:
 
 def test_a_run_past_the_patch_point_keeps_the_old_branch(store: Store) -> None:
     run_id = left_after(store, "3")  # reserve and charge recorded by the old code
-    use(patch_v2)
+    deploy(patch_v2)
     assert execute_run(store, run_id) == COMPLETED
     assert steps(store, run_id) == {
         "1": ("patch.reserve", "A-1"), marker_id("tax"): (PATCH_STEP, False),
@@ -70,7 +65,7 @@ def test_a_run_past_the_patch_point_keeps_the_old_branch(store: Store) -> None:
 
 
 def test_a_new_run_takes_the_new_branch(store: Store) -> None:
-    use(patch_v2)
+    deploy(patch_v2)
     run = schedule(patch_v2.order, ORDER, database=store)
     assert execute_run(store, run.id) == COMPLETED
     assert steps(store, run.id) == {
@@ -81,7 +76,7 @@ def test_a_new_run_takes_the_new_branch(store: Store) -> None:
 
 def test_a_run_short_of_the_patch_point_takes_the_new_branch(store: Store) -> None:
     run_id = left_after(store, "2")  # only reserve recorded
-    use(patch_v2)
+    deploy(patch_v2)
     assert execute_run(store, run_id) == COMPLETED
     recorded = steps(store, run_id)
     assert recorded[marker_id("tax")] == (PATCH_STEP, True)
@@ -89,7 +84,7 @@ def test_a_run_short_of_the_patch_point_takes_the_new_branch(store: Store) -> No
 
 
 def test_the_marker_rides_with_the_next_write_and_replays(store: Store) -> None:
-    use(patch_v2)
+    deploy(patch_v2)
     run = schedule(patch_v2.order, ORDER, database=store)
     crash_at("2")  # dies after tax's effect: nothing written since reserve
     with pytest.raises(SimulatedCrash):
@@ -107,7 +102,7 @@ def test_the_marker_rides_with_the_next_write_and_replays(store: Store) -> None:
 
 def test_a_marker_with_the_runs_end(store: Store) -> None:
     """A patch after the last step: the marker goes with the run's status."""
-    use(patch_v2)
+    deploy(patch_v2)
     run = schedule(patch_v2.tail, ORDER, database=store)
     assert execute_run(store, run.id) == COMPLETED
     assert store.get_run(run.id).result is True
@@ -115,13 +110,13 @@ def test_a_marker_with_the_runs_end(store: Store) -> None:
 
 
 def test_deprecating_a_patch_with_no_old_run_in_flight(store: Store) -> None:
-    use(patch_v2)
+    deploy(patch_v2)
     new = schedule(patch_v2.order, ORDER, database=store)
     crash_at("3")
     with pytest.raises(SimulatedCrash):
         execute_run(store, new.id)
     assert store.requeue(store.get_run(new.id).claim_as("tester"))
-    use(patch_v3)
+    deploy(patch_v3)
     fresh = schedule(patch_v3.order, ORDER, database=store)
     assert execute_run(store, new.id) == COMPLETED
     assert execute_run(store, fresh.id) == COMPLETED
@@ -131,13 +126,13 @@ def test_deprecating_a_patch_with_no_old_run_in_flight(store: Store) -> None:
 
 def test_deprecating_a_patch_fails_a_run_that_took_the_old_branch(store: Store) -> None:
     old = left_after(store, "3")
-    use(patch_v2)
+    deploy(patch_v2)
     crash_at("4")  # the marker (False) rides with ship's record; notify dies
     with pytest.raises(SimulatedCrash):
         execute_run(store, old)
     assert steps(store, old)[marker_id("tax")] == (PATCH_STEP, False)
     assert store.requeue(store.get_run(old).claim_as("tester"))
-    use(patch_v3)
+    deploy(patch_v3)
     verdicts = {v.run_id: v for v in dryrun.check_deploy(store)}
     assert verdicts[old].outcome == dryrun.Outcome.CODE_ERROR
     assert execute_run(store, old) == FAILED
@@ -152,7 +147,7 @@ def test_outside_a_workflow_the_new_branch() -> None:
 def in_flight(store: Store, module: types.ModuleType, run_id: str, dies_after: str) -> None:
     """Execute ``run_id`` with ``module``'s code until it dies after step
     ``dies_after``'s effect; back in the queue."""
-    use(module)
+    deploy(module)
     crash_at(dies_after)
     with pytest.raises(SimulatedCrash):
         execute_run(store, run_id)
@@ -168,7 +163,7 @@ def test_check_deploy_counts_each_patchs_branches(store: Store, db_url: str, sub
     schedule(patch_v2.order, ORDER, database=store)  # not at the patch point yet
 
     def check(module: types.ModuleType) -> tuple[int, dict[str, Any]]:
-        use(module)
+        deploy(module)
         done = run_in_process(["check-deploy", "--database", db_url, "--app", module.__name__, "--json"],
                               subprocess_env, tmp_path)
         report = json.loads(done.stdout)
@@ -182,13 +177,13 @@ def test_check_deploy_counts_each_patchs_branches(store: Store, db_url: str, sub
     code, tax = check(patch_v3)
     assert code == 1  # the old run would fail
     assert (tax["new"], tax["old"], tax["in_code"]) == (1, 1, "deprecated")
-    use(patch_v2)
+    deploy(patch_v2)
     assert execute_run(store, old) == COMPLETED
     code, tax = check(patch_v2)
     assert (code, tax["old"]) == (0, 0) and "can be deprecated" in tax["advice"]
     code, tax = check(patch_v3)
     assert (code, tax["old"], tax["in_code"]) == (0, 0, "deprecated") and "can be deleted" in tax["advice"]
-    use(patch_v3)
+    deploy(patch_v3)
     done = run_in_process(["check-deploy", "--database", db_url, "--app", "tests.apps.patch_v3"], subprocess_env,
                           tmp_path)
     assert "PATCH" in done.stdout and "can be deleted" in done.stdout
@@ -200,10 +195,10 @@ def test_runs_record_the_code_version_they_started_under(store: Store, db_url: s
     version, changed code gets a new one; --app-version names it."""
     from everystep import versions
 
-    use(patch_v1)
+    deploy(patch_v1)
     old = schedule(patch_v1.order, ORDER, database=store)
     assert old.app_version == versions.code_version(patch_v1.order)
-    use(patch_v2)
+    deploy(patch_v2)
     new = schedule(patch_v2.order, ORDER, database=store)
     assert new.app_version == versions.code_version(patch_v2.order) != old.app_version
     assert schedule(patch_v2.order, ORDER, database=store).app_version == new.app_version
@@ -217,7 +212,7 @@ def test_runs_record_the_code_version_they_started_under(store: Store, db_url: s
 
 
 def test_branches_asking_about_one_patch_get_one_answer(store: Store) -> None:
-    use(patch_v2)
+    deploy(patch_v2)
     run = schedule(patch_v2.fan, ORDER, database=store)
     assert execute_run(store, run.id) == COMPLETED
     assert store.get_run(run.id).result == [[True, "A-1"], [True, 30]]
