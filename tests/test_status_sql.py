@@ -36,6 +36,24 @@ def _status_lists(text: str) -> list[str]:
             if set(re.findall(r"'(\w+)'", match.group(0))) <= VOCABULARY]
 
 
+def _blocks(path: Path) -> dict[str, str]:
+    """The file's named blocks, without their comment lines."""
+    parts = re.split(r"^-- name: (\w+)\s*$", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    return {name: "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
+            for name, body in zip(parts[1::2], parts[2::2])}
+
+
+def _uses(blocks: dict[str, str], placeholder: str) -> int:
+    """How often ``{placeholder}`` ends up in the statements: a fragment's
+    (a block named ``_…``) counts once per statement that includes it."""
+    def count(body: str) -> int:
+        own = body.count("{" + placeholder + "}")
+        return own + sum(body.count("{" + name + "}") * count(text) for name, text in blocks.items()
+                         if name.startswith("_") and "{" + name + "}" in body)
+
+    return sum(count(body) for name, body in blocks.items() if not name.startswith("_"))
+
+
 def _code(path: Path) -> str:
     """The file without its comment lines (SQL ``--``, Python ``#``)."""
     return "\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
@@ -73,14 +91,15 @@ def test_the_rendered_sets_are_the_models_sets(backend: str) -> None:
     other list of statuses is in what the backend runs."""
     raw = _code(ROOT / "everystep" / "store" / "queries" / f"{backend}.sql")
     rendered = "\n".join(queries.load(backend).values())
+    blocks = _blocks(ROOT / "everystep" / "store" / "queries" / f"{backend}.sql")
     expected = {name: queries.sql_list(statuses) for name, statuses in queries.STATUS_SETS.items()}
     assert expected == {
         "active_statuses": "('scheduled', 'running', 'blocked')",
         "step_open_statuses": "('started', 'retrying', 'sleeping', 'waiting')",
     }
     for name, literal in expected.items():
-        uses = raw.count("{" + name + "}")
-        assert rendered.count(literal) == uses, name
+        assert rendered.count(literal) == _uses(blocks, name), name
+    assert raw.count("{") >= len(expected)  # the placeholders are there to be counted
     assert not re.search(r"\{\w+_statuses\}", rendered)
     assert set(_status_lists(rendered)) <= set(expected.values())
 
@@ -110,3 +129,16 @@ def test_a_set_is_rendered_as_literals_and_nothing_else() -> None:
         queries.sql_list(("it's",))
     with pytest.raises(ValueError):
         queries.sql_list(())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fragments_are_included_never_run(backend: str) -> None:
+    """A block named ``_…`` is shared text: no statement is called by such
+    a name, every fragment is included somewhere, and nothing is left
+    unrendered."""
+    blocks = _blocks(ROOT / "everystep" / "store" / "queries" / f"{backend}.sql")
+    statements = queries.load(backend)
+    assert not [name for name in statements if name.startswith("_")]
+    for name in (name for name in blocks if name.startswith("_")):
+        assert any("{" + name + "}" in body for other, body in blocks.items() if other != name), name
+    assert not [name for name, body in statements.items() if re.search(r"\{_\w+\}", body)]

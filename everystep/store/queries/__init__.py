@@ -8,6 +8,11 @@ Status sets are never written out in a ``.sql`` file: a statement names
 one as a placeholder (``{active_statuses}``) and ``load`` renders it from
 ``everystep.models``, so a new status changes ``models.py`` and the SQL
 follows. ``STATUS_SETS`` lists the placeholders.
+
+A block whose name starts with ``_`` is a fragment, not a statement: text
+that several statements of the file share (the claim fence every executor
+write carries, the step record's insert), included as ``{_name}``. A
+statement that differs from another by one clause says only that clause.
 """
 
 from __future__ import annotations
@@ -58,14 +63,16 @@ def load(backend: str) -> dict[str, str]:
     """Parse ``<backend>.sql`` into ``{name: statement}``."""
     text = resources.files(__package__).joinpath(f"{backend}.sql").read_text(encoding="utf-8")
     parts = _NAME.split(text)
-    statements: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
-        lines = [line for line in body.strip().splitlines() if not line.lstrip().startswith("--")]
-        statements[name] = "\n".join(lines).format(
-            run_columns=_columns(RUN_COLUMNS),
-            run_columns_w=_columns(RUN_COLUMNS, "w"),
-            step_columns=_columns(STEP_COLUMNS),
-            step_columns_s=_columns(STEP_COLUMNS, "s"),
-            **{placeholder: sql_list(statuses) for placeholder, statuses in STATUS_SETS.items()},
-        )
-    return statements
+    values = {
+        "run_columns": _columns(RUN_COLUMNS),
+        "run_columns_w": _columns(RUN_COLUMNS, "w"),
+        "step_columns": _columns(STEP_COLUMNS),
+        "step_columns_s": _columns(STEP_COLUMNS, "s"),
+        **{placeholder: sql_list(statuses) for placeholder, statuses in STATUS_SETS.items()},
+    }
+    blocks = {name: "\n".join(line for line in body.strip().splitlines() if not line.lstrip().startswith("--"))
+              for name, body in zip(parts[1::2], parts[2::2])}
+    for name, body in blocks.items():  # fragments first, in file order: one may include an earlier one
+        if name.startswith("_"):
+            values[name] = body.format(**values)
+    return {name: body.format(**values) for name, body in blocks.items() if not name.startswith("_")}

@@ -115,24 +115,26 @@ RETURNING {run_columns_w},
     -- A probe per run, never a hash of the step table (see migration 0010).
     coalesce((SELECT true FROM everystep_step AS s WHERE s.workflow_id = w.id LIMIT 1), false) AS has_steps
 
--- name: record_step
--- Record a finished step, but only while this claim (claimer and epoch) is
--- still the run's current one.
--- A row still waiting for its outcome is replaced: `started` (the step was
--- unsafe in older code), `retrying` (this is its next attempt), `sleeping`
--- (the sleep is over). The cost columns (migration 0008) are NULL where
--- nothing measured the step.
+-- name: _claim_fence
+-- Fragment: the fence of every executor write, "while this claim (claimer
+-- and epoch) is still the run's current one".
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+
+-- name: _step_row
+-- Fragment: the step row a record inserts, a SELECT for the fence to follow.
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
      attempt, wake_at, cpu_seconds, peak_rss_bytes)
 SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
        %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
        %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
-WHERE EXISTS (
-    SELECT 1 FROM everystep_workflow
-    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-      AND claim_epoch = %(claim_epoch)s
-)
+
+-- name: _step_upsert
+-- Fragment: a row still waiting for its outcome is replaced (see record_step).
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
@@ -140,6 +142,17 @@ SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
     cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
 WHERE everystep_step.status IN {step_open_statuses}
+
+-- name: record_step
+-- Record a finished step, but only while this claim (claimer and epoch) is
+-- still the run's current one.
+-- A row still waiting for its outcome is replaced: `started` (the step was
+-- unsafe in older code), `retrying` (this is its next attempt), `sleeping`
+-- (the sleep is over). The cost columns (migration 0008) are NULL where
+-- nothing measured the step.
+{_step_row}
+{_claim_fence}
+{_step_upsert}
 RETURNING completed_at
 
 -- name: record_step_marked
@@ -151,31 +164,12 @@ WITH marker AS (
         (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
     SELECT %(run_id)s, %(marker_id)s, %(marker_name)s, %(marker_args)s::json, '{{}}'::json, 'done',
            %(marker_result)s::json, clock_timestamp(), clock_timestamp(), 1
-    WHERE EXISTS (
-        SELECT 1 FROM everystep_workflow
-        WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-          AND claim_epoch = %(claim_epoch)s
-    )
+    {_claim_fence}
     ON CONFLICT (workflow_id, step_id) DO NOTHING
 )
-INSERT INTO everystep_step
-    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
-     attempt, wake_at, cpu_seconds, peak_rss_bytes)
-SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
-       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
-       %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
-WHERE EXISTS (
-    SELECT 1 FROM everystep_workflow
-    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-      AND claim_epoch = %(claim_epoch)s
-)
-ON CONFLICT (workflow_id, step_id) DO UPDATE
-SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
-    status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
-    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
-    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
-    cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
-WHERE everystep_step.status IN {step_open_statuses}
+{_step_row}
+{_claim_fence}
+{_step_upsert}
 RETURNING step_id, completed_at
 
 -- name: record_marker
@@ -186,11 +180,7 @@ INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
 SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, '{{}}'::json, 'done', %(result)s::json,
        clock_timestamp(), clock_timestamp(), 1
-WHERE EXISTS (
-    SELECT 1 FROM everystep_workflow
-    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-      AND claim_epoch = %(claim_epoch)s
-)
+{_claim_fence}
 ON CONFLICT (workflow_id, step_id) DO NOTHING
 
 -- name: start_step
@@ -201,11 +191,7 @@ INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, started_at)
 SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, 'started',
        %(started_at)s
-WHERE EXISTS (
-    SELECT 1 FROM everystep_workflow
-    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-      AND claim_epoch = %(claim_epoch)s
-)
+{_claim_fence}
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, status = 'started',
     error = NULL, started_at = EXCLUDED.started_at, completed_at = NULL, wake_at = NULL
@@ -230,25 +216,14 @@ RETURNING completed_at
 -- (everystep/store/base/step_transactions.py): record_step, except that
 -- the run's row is locked FOR SHARE, to the commit, so a claim cannot bump
 -- the epoch between this fence check and the commit (it waits for it).
-INSERT INTO everystep_step
-    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
-     attempt, wake_at, cpu_seconds, peak_rss_bytes)
-SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(status)s,
-       %(result)s::json, %(error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
-       %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
+{_step_row}
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
     FOR SHARE
 )
-ON CONFLICT (workflow_id, step_id) DO UPDATE
-SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
-    status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
-    started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
-    attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
-    cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
-WHERE everystep_step.status IN {step_open_statuses}
+{_step_upsert}
 RETURNING completed_at
 
 -- name: begin_write

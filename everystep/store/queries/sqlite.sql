@@ -182,17 +182,28 @@ WHERE id IN (
 RETURNING {run_columns},
     EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = everystep_workflow.id) AS has_steps
 
--- name: record_step
-INSERT INTO everystep_step
-    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
-     attempt, wake_at, cpu_seconds, peak_rss_bytes)
-SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now,
-       :attempt, :wake_at, :cpu_seconds, :peak_rss_bytes
+-- name: _claim_fence
+-- Fragment (see everystep/store/queries): the fence of every executor
+-- write, "while this claim (claimer and epoch) is still the run's current one".
 WHERE EXISTS (
     SELECT 1 FROM everystep_workflow
     WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
       AND claim_epoch = :claim_epoch
 )
+
+-- name: _step_row
+-- Fragment: the step record's insert; a SELECT of its values follows.
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+
+-- name: _step_values
+-- Fragment: the step record's values, a SELECT for the fence to follow.
+SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now,
+       :attempt, :wake_at, :cpu_seconds, :peak_rss_bytes
+
+-- name: _step_upsert
+-- Fragment: a row still waiting for its outcome is replaced.
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
     status = excluded.status, result = excluded.result, error = excluded.error,
@@ -200,6 +211,12 @@ SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
     attempt = excluded.attempt, wake_at = excluded.wake_at,
     cpu_seconds = excluded.cpu_seconds, peak_rss_bytes = excluded.peak_rss_bytes
 WHERE everystep_step.status IN {step_open_statuses}
+
+-- name: record_step
+{_step_row}
+{_step_values}
+{_claim_fence}
+{_step_upsert}
 RETURNING completed_at
 
 -- name: record_step_marked
@@ -208,31 +225,14 @@ RETURNING completed_at
 -- row conflicts only with itself, already `done`: the upsert leaves it.
 -- RETURNING: the step's row says the write was made (a marker row may
 -- come back beside it).
-INSERT INTO everystep_step
-    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
-     attempt, wake_at, cpu_seconds, peak_rss_bytes)
-SELECT :run_id, :step_id, :name, :args, :kwargs, :status, :result, :error, :started_at, :now,
-       :attempt, :wake_at, :cpu_seconds, :peak_rss_bytes
-WHERE EXISTS (
-    SELECT 1 FROM everystep_workflow
-    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
-      AND claim_epoch = :claim_epoch
-)
+{_step_row}
+{_step_values}
+{_claim_fence}
 UNION ALL
 SELECT :run_id, :marker_id, :marker_name, :marker_args, '{{}}', 'done', :marker_result, NULL, :now, :now,
        1, NULL, NULL, NULL
-WHERE EXISTS (
-    SELECT 1 FROM everystep_workflow
-    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
-      AND claim_epoch = :claim_epoch
-)
-ON CONFLICT (workflow_id, step_id) DO UPDATE
-SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs,
-    status = excluded.status, result = excluded.result, error = excluded.error,
-    started_at = excluded.started_at, completed_at = excluded.completed_at,
-    attempt = excluded.attempt, wake_at = excluded.wake_at,
-    cpu_seconds = excluded.cpu_seconds, peak_rss_bytes = excluded.peak_rss_bytes
-WHERE everystep_step.status IN {step_open_statuses}
+{_claim_fence}
+{_step_upsert}
 RETURNING step_id, completed_at
 
 -- name: record_marker
@@ -242,22 +242,14 @@ RETURNING step_id, completed_at
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
 SELECT :run_id, :step_id, :name, :args, '{{}}', 'done', :result, :now, :now, 1
-WHERE EXISTS (
-    SELECT 1 FROM everystep_workflow
-    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
-      AND claim_epoch = :claim_epoch
-)
+{_claim_fence}
 ON CONFLICT (workflow_id, step_id) DO NOTHING
 
 -- name: start_step
 INSERT INTO everystep_step
     (workflow_id, step_id, name, args, kwargs, status, started_at)
 SELECT :run_id, :step_id, :name, :args, :kwargs, 'started', :started_at
-WHERE EXISTS (
-    SELECT 1 FROM everystep_workflow
-    WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
-      AND claim_epoch = :claim_epoch
-)
+{_claim_fence}
 ON CONFLICT (workflow_id, step_id) DO UPDATE
 SET name = excluded.name, args = excluded.args, kwargs = excluded.kwargs, status = 'started',
     error = NULL, started_at = excluded.started_at, completed_at = NULL, wake_at = NULL
