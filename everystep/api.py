@@ -7,6 +7,7 @@ replayed) by the runner.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import functools
 import inspect
@@ -15,8 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from . import borrowed, registry, resources, runner, serde, versions, waits
+from . import aio, borrowed, registry, resources, runner, serde, versions, waits
 from . import transactional as transactional_steps
+from .context import recording_context as runner_context
 from .cron import CronSchedule
 from .errors import EverystepError, WorkflowArgumentsError
 from .models import TERMINAL_STATUSES, Run, StepRecord
@@ -227,6 +229,21 @@ def parallel(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]
     return runner.run_parallel(branches, everystep_id)
 
 
+async def gather(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]:
+    """The async form of ``parallel``, awaited in an async workflow: run
+    branches concurrently as tasks on the run's event loop; return their
+    results in branch order.
+
+    A branch is an awaitable (``my_step(x)``, a coroutine), a zero-argument
+    callable (its result awaited if it is awaitable), or a list of those run
+    in sequence (that branch returns a tuple). The fork id, the branch step
+    ids (``<fork id>.<branch index>.``) and the error rules are those of
+    ``parallel``: healthy branches run to completion and are recorded, one
+    failure re-raises as is, several as ``ExceptionGroup``, interrupts first.
+    """
+    return await aio.gather(branches, everystep_id)
+
+
 def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
     """Wait ``seconds`` (a number or a ``timedelta``), durably.
 
@@ -250,6 +267,23 @@ def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> Non
 def sleep_until(when: dt.datetime, everystep_id: str | None = None) -> None:
     """Wait until ``when`` (an aware datetime), durably: see ``sleep``."""
     runner.sleep_until(_aware(when, "sleep_until"), everystep_id)
+
+
+async def sleep_async(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
+    """``sleep`` in an async workflow: the same recorded step and release.
+    Outside a workflow it is ``asyncio.sleep``."""
+    if runner_context() is None:
+        await asyncio.sleep(seconds.total_seconds() if isinstance(seconds, dt.timedelta) else seconds)
+        return
+    await aio.in_thread(sleep, seconds, everystep_id)
+
+
+async def sleep_until_async(when: dt.datetime, everystep_id: str | None = None) -> None:
+    """``sleep_until`` in an async workflow: see ``sleep_async``."""
+    if runner_context() is None:
+        await asyncio.sleep(max((_aware(when, "sleep_until") - utcnow()).total_seconds(), 0.0))
+        return
+    await aio.in_thread(sleep_until, when, everystep_id)
 
 
 def _aware(when: Any, what: str) -> dt.datetime:
@@ -434,6 +468,12 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
     return waits.send(run_id, topic, payload, idempotency_key, database, conn)
 
 
+async def recv_async(topic: str, timeout: float | dt.timedelta | None = None,
+                     everystep_id: str | None = None) -> Any:
+    """``recv`` in an async workflow: the same step, the same release."""
+    return await aio.in_thread(waits.recv, topic, timeout, everystep_id)
+
+
 def set_event(key: str, value: Any, everystep_id: str | None = None) -> None:
     """Inside a workflow: publish ``value`` under ``key`` for anyone outside
     to read (``get_event``). A durable step: a replay does not write it
@@ -466,6 +506,22 @@ def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = 
 def call(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
     """Inside a workflow: ``start(wf, *args, **options).result()``, two steps."""
     return start(wf, *args, **options).result()
+
+
+async def set_event_async(key: str, value: Any, everystep_id: str | None = None) -> None:
+    """``set_event`` in an async workflow."""
+    await aio.in_thread(set_event, key, value, everystep_id)
+
+
+async def start_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> waits.ChildHandle:
+    """``start`` in an async workflow; await ``handle.result_async()``."""
+    return await aio.in_thread(start, wf, *args, **options)
+
+
+async def call_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
+    """``call`` in an async workflow: ``await (await start_async(...)).result_async()``."""
+    handle = await start_async(wf, *args, **options)
+    return await handle.result_async()
 
 
 def workflow_placement(name: str) -> Placement:
@@ -511,5 +567,6 @@ def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | 
         time.sleep(poll)
 
 
-__all__ = ["StepFunction", "WorkflowFunction", "call", "get_event", "get_run", "get_steps", "parallel", "recv",
-           "schedule", "send", "set_event", "sleep", "sleep_until", "start", "step", "wait", "workflow"]
+__all__ = ["StepFunction", "WorkflowFunction", "call", "call_async", "gather", "get_event", "get_run", "get_steps",
+           "parallel", "recv", "recv_async", "schedule", "send", "set_event", "set_event_async", "sleep",
+           "sleep_async", "sleep_until", "sleep_until_async", "start", "start_async", "step", "wait", "workflow"]

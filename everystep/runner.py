@@ -85,12 +85,12 @@ import functools
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from . import outcomes, registry, serde, telemetry, transactional
+from . import aio, outcomes, registry, serde, telemetry, transactional
 from .context import (
     NOT_AN_INTERRUPT,
     Context,
@@ -156,8 +156,12 @@ SLEEP_STEP = "everystep.sleep"
 
 
 def call_step(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Entry point of every ``@step`` call."""
+    """Entry point of every ``@step`` call. In an async workflow (a step
+    called on a thread whose event loop runs the body) the call is an
+    awaitable (``everystep.aio``); elsewhere it runs now."""
     name = kwargs.pop("everystep_id", None)
+    if aio.in_async_body():
+        return aio.step_call(step, args, kwargs, name)
     ctx = recording_context()
     if ctx is None:
         return step.fn(*args, **kwargs)
@@ -165,10 +169,41 @@ def call_step(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 
 def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
-    """Replay or execute one step call in ``ctx``, in three phases: replay
-    (a recorded outcome returns or raises without running the step), begin
-    (checks before the effect; an unsafe step's ``started`` row claims the
-    effect), then run it and record how it ended (``_record``)."""
+    """Replay or execute one step call in ``ctx``, on this thread: the
+    phases of ``step_phases``, the step's function called between them (an
+    async one on this thread's own loop: ``aio.blocking``)."""
+    phases = step_phases(ctx, step, args, kwargs, name)
+    done, gauge = advance(phases, None)
+    if done:
+        return gauge  # replayed: the recorded outcome
+    done, value = advance(phases, _invoke(step, args, kwargs, gauge))
+    assert done, "a step's phases yield once"
+    return value
+
+
+#: What ``step_phases`` yields to its driver (the gauge the step's function
+#: runs in, or None), and is sent back (the function's result and error).
+StepPhases = Generator["StepGauge | None", "tuple[Any, Exception | None]", Any]
+
+
+def advance(phases: StepPhases, sent: tuple[Any, Exception | None] | None) -> tuple[bool, Any]:
+    """Drive ``phases`` to its next point: (False, the gauge to run the
+    step's function in) or (True, the step's value, once recorded)."""
+    try:
+        return False, phases.send(sent)  # type: ignore[arg-type]  # None starts the generator
+    except StopIteration as stop:
+        return True, stop.value
+
+
+def step_phases(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
+                name: str | None) -> StepPhases:
+    """One step call in three phases: replay (a recorded outcome returns or
+    raises without running the step), begin (checks before the effect; an
+    unsafe step's ``started`` row claims the effect), then, once the driver
+    has run the step's function and sent back how it ended, the record
+    (``_record``). The one path for sync and async steps alike (``run_step``
+    and ``aio.step_call`` only call the function), so both record the same
+    rows under the same ids."""
     ex = ctx.execution
     step_id = _next_id(ex, ctx, name)
     attempt = 1
@@ -197,7 +232,7 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
                 token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
             finally:
                 ex.starting.pop(step_id, None)
-            result, error = _invoke(step, args, kwargs, gauge)
+            result, error = yield gauge
         finally:
             if gauge is not None:
                 cost = gauge.end()
@@ -422,12 +457,13 @@ def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseEx
 def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
             gauge: StepGauge | None = None) -> tuple[Any, Exception | None]:
     token = _in_step.set(True)
+    fn = aio.blocking(step.fn) if aio.is_async(step.fn) else step.fn
     try:
         if gauge is not None:
             # Inside this ``try``: whatever the gauge raises on the step's
             # behalf (StepResourceExceeded) is the step's failure.
-            return gauge.call(step.fn, args, kwargs), None
-        return step.fn(*args, **kwargs), None
+            return gauge.call(fn, args, kwargs), None
+        return fn(*args, **kwargs), None
     except Exception as exc:
         return None, exc
     finally:
@@ -734,8 +770,13 @@ def execute(
                 f"workflow {run.name!r} is not registered in this process (is its module in --app?)"
             )
         else:
-            ex.body_code = getattr(workflow.fn, "__code__", None)
-            value = workflow.fn(*run.args)
+            if aio.is_async(workflow.fn):
+                # On its own event loop; its last step is not held back
+                # (its frames are not under ``execute``: ``_is_last_act``).
+                value = aio.run_body(workflow.fn, run.args)
+            else:
+                ex.body_code = getattr(workflow.fn, "__code__", None)
+                value = workflow.fn(*run.args)
     except Exception as exc:
         raised = exc
     except Suspended:

@@ -217,6 +217,13 @@ class ChildHandle:
         polls the database."""
         return await_child(self.run_id, timeout, everystep_id)
 
+    async def result_async(self, timeout: float | dt.timedelta | None = None,
+                           everystep_id: str | None = None) -> Any:
+        """``result()`` in an async workflow: the same step, the same release."""
+        from . import aio
+
+        return await aio.in_thread(await_child, self.run_id, timeout, everystep_id)
+
     def __str__(self) -> str:
         return self.run_id
 
