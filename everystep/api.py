@@ -371,15 +371,8 @@ def schedule(
     ``conn`` nor ``database`` is given, the run is inserted through the
     host's connection, in whatever transaction it has open.
     """
-    name = _workflow_name(wf)
-    check_arguments(name, args)
-    args_json = serde.dumps(list(args), f"arguments of workflow {name}")
-    if idempotency_key is not None and not isinstance(idempotency_key, str):
-        raise EverystepError("idempotency_key must be a string")
-    not_before = _not_before(run_at, delay)
-    placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
-    version = app_version or versions.version_for(name)
-    ends = run_deadline(name, deadline, timeout)
+    name, args_json, not_before, placement, version, ends = _prepared(
+        wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
     if conn is not None:
         return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement, version,
                                  deadline=ends)
@@ -389,6 +382,61 @@ def schedule(
             return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement, version,
                                      deadline=ends)
     return _store(database).schedule(name, args_json, idempotency_key, not_before, placement, version, deadline=ends)
+
+
+def _prepared(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key: str | None,
+              run_at: dt.datetime | None, delay: float | dt.timedelta | None, queue: str | None,
+              priority: int | None, concurrency_key: str | None, app_version: str | None,
+              deadline: dt.datetime | None, timeout: float | dt.timedelta | None,
+              ) -> tuple[str, str, dt.datetime | None, Placement, str | None, dt.datetime | None]:
+    """A new run, validated before anything is written: its workflow name,
+    arguments as JSON, not-before time, placement, app version and deadline."""
+    name = _workflow_name(wf)
+    check_arguments(name, args)
+    args_json = serde.dumps(list(args), f"arguments of workflow {name}")
+    if idempotency_key is not None and not isinstance(idempotency_key, str):
+        raise EverystepError("idempotency_key must be a string")
+    not_before = _not_before(run_at, delay)
+    placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
+    version = app_version or versions.version_for(name)
+    return name, args_json, not_before, placement, version, run_deadline(name, deadline, timeout)
+
+
+async def schedule_async(
+    wf: WorkflowFunction | str,
+    *args: Any,
+    idempotency_key: str | None = None,
+    conn: Any = None,
+    database: str | Store | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
+    app_version: str | None = None,
+    deadline: dt.datetime | None = None,
+    timeout: float | dt.timedelta | None = None,
+) -> Run:
+    """``schedule`` from async code; the same options and checks.
+
+    With ``conn``, a ``psycopg.AsyncConnection`` (PostgreSQL), the run is
+    inserted in the caller's open transaction, on that connection, without
+    leaving the loop: claimable on commit, gone on rollback. A sync
+    connection is refused (it cannot be handed to another thread safely).
+
+    Without ``conn``, the sync ``schedule`` runs in a worker thread
+    (``asyncio.to_thread``) on everystep's own connection, committed at
+    once: on SQLite and MariaDB that is the only way, and on PostgreSQL
+    the way without a connection of yours."""
+    if conn is None:
+        return await aio.in_thread(
+            schedule, wf, *args, idempotency_key=idempotency_key, database=database, run_at=run_at, delay=delay,
+            queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
+            deadline=deadline, timeout=timeout)
+    name, args_json, not_before, placement, version, ends = _prepared(
+        wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
+    return await borrowed.schedule_async(conn, name, args_json, idempotency_key, not_before, placement, version,
+                                         deadline=ends)
 
 
 def check_arguments(name: str, args: Sequence[Any]) -> None:
@@ -524,6 +572,17 @@ async def call_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> 
     return await handle.result_async()
 
 
+async def send_async(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
+                     database: str | Store | None = None, conn: Any = None) -> int:
+    """``send`` from async code. With ``conn`` (a ``psycopg.AsyncConnection``)
+    in the caller's open transaction, on the loop; without, the sync
+    ``send`` in a worker thread."""
+    if conn is None:
+        return await aio.in_thread(send, run_id, topic, payload, idempotency_key, database)
+    return await borrowed.send_async(conn, run_id, topic, waits.message_json(topic, payload, idempotency_key),
+                                     idempotency_key)
+
+
 def workflow_placement(name: str) -> Placement:
     """The queue and priority a registered workflow declares (the default
     queue for a name not registered here)."""
@@ -540,6 +599,15 @@ def get_run(run_id: str, database: str | Store | None = None) -> Run:
         with provider() as provided:
             return borrowed.get_run(provided, run_id)
     return _store(database).get_run(run_id)
+
+
+async def get_run_async(run_id: str, database: str | Store | None = None, conn: Any = None) -> Run:
+    """``get_run`` from async code: through ``conn`` (a
+    ``psycopg.AsyncConnection``, which sees its own open transaction) on
+    the loop, else the sync read in a worker thread."""
+    if conn is not None:
+        return await borrowed.get_run_async(conn, run_id)
+    return await aio.in_thread(get_run, run_id, database)
 
 
 def get_steps(run_id: str, database: str | Store | None = None) -> list[StepRecord]:
@@ -567,6 +635,22 @@ def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | 
         time.sleep(poll)
 
 
+async def wait_async(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | Store | None = None,
+                     conn: Any = None) -> Run:
+    """``wait`` from async code: polls with ``get_run_async`` and
+    ``asyncio.sleep``, so the loop is never blocked between polls."""
+    deadline = time.monotonic() + timeout
+    if conn is None and _provided(database) is None:
+        database = _store(database)
+    while True:
+        run = await get_run_async(run_id, database, conn)
+        if run.status in TERMINAL_STATUSES:
+            return run
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
+        await asyncio.sleep(poll)
+
+
 __all__ = ["StepFunction", "WorkflowFunction", "call", "call_async", "gather", "get_event", "get_run", "get_steps",
-           "parallel", "recv", "recv_async", "schedule", "send", "set_event", "set_event_async", "sleep",
-           "sleep_async", "sleep_until", "sleep_until_async", "start", "start_async", "step", "wait", "workflow"]
+           "get_run_async", "parallel", "recv", "recv_async", "schedule", "schedule_async", "send", "send_async", "set_event", "set_event_async", "sleep",
+           "sleep_async", "sleep_until", "sleep_until_async", "start", "start_async", "step", "wait", "wait_async", "workflow"]
