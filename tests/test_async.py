@@ -193,3 +193,26 @@ def test_gather_makes_fifty_http_calls_at_once_in_one_run(store: Store, counting
     assert store.get_run(run.id).result == [f"/{index}" for index in range(50)]
     assert len(store.get_steps(run.id)) == 50
     assert counting_server.most >= 10
+
+
+# -- the threaded worker ----------------------------------------------------------
+
+
+def test_the_threaded_worker_runs_async_runs_beside_sync_ones(store: Store, counting_server: _Counting) -> None:
+    from everystep.worker import Worker
+    from tests.support.waiting import wait_until
+
+    runs = [schedule(app.mixed_async, 5, database=store), schedule(app.mixed_sync, 5, database=store),
+            schedule(app.fetch_many, counting_server.server_address[1], 20, database=store)]
+    worker = Worker(pool_size=2, poll=0.05, name=f"async-{store.backend}", database=store, drain=30)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: all(store.get_run(run.id).status == COMPLETED for run in runs),
+                   "the worker to complete every run", timeout=90)
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert store.get_run(runs[0].id).result == store.get_run(runs[1].id).result
+    assert _rows(store, runs[0].id) == _rows(store, runs[1].id)
+    assert counting_server.most >= 10
