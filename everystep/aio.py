@@ -14,8 +14,10 @@ step call goes through: replay, begin, then the record. Only the call of
 the step's own function differs:
 
 - an async step is awaited on the loop, so many of them (``gather``) wait
-  on I/O at once; its record is written from the loop's thread, which
-  blocks only that run (one run per loop);
+  on I/O at once; its record is then written from a worker thread, so the
+  records of concurrent steps are written side by side (a transactional
+  step's on the loop's thread, in the task whose context holds its
+  transaction);
 - a sync step runs whole, record included, in a worker thread
   (``asyncio.to_thread``), so it does not block the loop.
 
@@ -132,7 +134,14 @@ async def step_call(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str,
     except BaseException:
         phases.close()  # the task was cancelled, the process is going away: nothing is recorded
         raise
-    done, value = runner.advance(phases, ended)
+    if step.transactional:
+        # Its transaction is this task's context (``step_connection()``):
+        # the record commits with it, here.
+        done, value = runner.advance(phases, ended)
+    else:
+        # The record's write in a worker thread: the loop goes on, and the
+        # records of a gather's steps are written side by side.
+        done, value = await asyncio.to_thread(runner.advance, phases, ended)
     assert done, "a step's phases yield once"
     return value
 
