@@ -64,12 +64,11 @@ def is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 
-def in_async_body() -> bool:
-    """Whether a step called now is called from an async workflow: a run is
-    recording on this thread and an event loop runs here. (A sync step's
-    own thread, or a sync body's, has no running loop.)"""
-    if recording_context() is None:
-        return False
+def loop_running() -> bool:
+    """Whether an event loop runs on this thread: a step called while a run
+    records here is then called from an async body. (A sync body's thread,
+    or the worker thread of a sync step called from an async body, has no
+    running loop.)"""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -245,4 +244,4 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
-__all__ = ["blocking", "call_body", "gather", "in_async_body", "in_thread", "is_async", "run_body", "step_call"]
+__all__ = ["blocking", "call_body", "gather", "in_thread", "is_async", "loop_running", "run_body", "step_call"]

@@ -160,11 +160,11 @@ def call_step(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any])
     called on a thread whose event loop runs the body) the call is an
     awaitable (``everystep.aio``); elsewhere it runs now."""
     name = kwargs.pop("everystep_id", None)
-    if aio.in_async_body():
-        return aio.step_call(step, args, kwargs, name)
     ctx = recording_context()
     if ctx is None:
         return step.fn(*args, **kwargs)
+    if aio.loop_running():
+        return aio.step_call(step, args, kwargs, name)
     return run_step(ctx, step, args, kwargs, name)
 
 
