@@ -42,6 +42,7 @@ inside a coroutine without breaking the loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import inspect
@@ -54,7 +55,11 @@ from .errors import EverystepError
 
 if TYPE_CHECKING:
     from .api import StepFunction
+    from .context import Flag
+    from .models import Outcome, Run
+    from .observer import Observer
     from .resources import StepGauge
+    from .store import Store
 
 T = TypeVar("T")
 
@@ -235,6 +240,74 @@ async def _all(jobs: list[tuple[Callable[[], Awaitable[Any]], Context | None]]) 
     return tuple(task.result() for task in tasks)
 
 
+# -- many runs on one loop (the threaded worker) ---------------------------------------
+
+
+async def execute_guarded(store: Store, run: Run, *, claimer: str, draining: Flag | None = None,
+                          observer: Observer | None = None) -> Outcome:
+    """``runner.execute_guarded`` of an async run, as a task on a loop that
+    other runs share (``SharedLoop``). The same phases as ``execute``
+    (``start_execution``, the body, ``finish_execution``) and the same
+    guard; what touches the database before and after the body runs in a
+    worker thread, so the loop goes on with the other runs meanwhile."""
+    from . import runner
+
+    try:
+        status = await _execute(store, run, claimer, draining, observer)
+    except BaseException as exc:
+        status = await asyncio.to_thread(runner.guarded_failure, store, run, claimer, exc)
+    return await asyncio.to_thread(runner.guarded_status, store, run, claimer, status)
+
+
+async def _execute(store: Store, run: Run, claimer: str, draining: Flag | None,
+                   observer: Observer | None) -> Outcome:
+    from . import runner
+
+    ex, ctx, token, workflow = await asyncio.to_thread(runner.start_execution, store, run, claimer, draining,
+                                                       observer, None)
+    raised: BaseException | None = None
+    value: Any = None
+    _current.set(ctx)  # this task's own context: the run's scope
+    try:
+        if workflow is None:
+            raised = runner.unregistered(run)
+        else:
+            value = await workflow.fn(*run.args)
+    except BaseException as exc:
+        raised = runner.body_raised(ctx, token, exc)
+    return await asyncio.to_thread(runner.finish_execution, ctx, token, value, raised)
+
+
+class SharedLoop:
+    """One event loop on a thread of its own, holding many async runs at
+    once (the threaded worker's): each run is a task, and each waits on
+    I/O without holding a thread. Its default executor (``to_thread``: sync
+    steps, the runs' database writes) has ``threads`` threads."""
+
+    def __init__(self, threads: int = 32) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="everystep-async"))
+        self.thread = threading.Thread(target=self._run, name="everystep-async-runs", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` as a task on the loop; its future, for any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop (tasks still on it, runs given back past a drain
+        deadline, are abandoned with it) and close it once its thread ended."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
 # -- waits -------------------------------------------------------------------------
 
 
@@ -244,4 +317,5 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
-__all__ = ["blocking", "call_body", "gather", "in_thread", "is_async", "loop_running", "run_body", "step_call"]
+__all__ = ["SharedLoop", "blocking", "call_body", "execute_guarded", "gather", "in_thread", "is_async",
+           "loop_running", "run_body", "step_call"]

@@ -753,46 +753,68 @@ def execute(
     should requeue). ``SimulatedCrash`` propagates with nothing written.
     ``meter`` measures and bounds each step executed (``everystep.resources``).
     """
-    observer = _fan_out(observer)
-    workflow = registry.get_workflow(run.name)
-    fresh = workflow is None or run.has_steps is False
-    outcomes = {} if fresh else store.load_outcomes(run.id)
-    ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=observer, draining=draining,
-                   meter=meter)
-    ctx = Context(ex)
-    token = observer.run_started(run, ctx)
+    ex, ctx, token, workflow = start_execution(store, run, claimer, draining, observer, meter)
     raised: BaseException | None = None
     value: Any = None
     context_token = _current.set(ctx)
     try:
         if workflow is None:
-            raised = WorkflowCodeError(
-                f"workflow {run.name!r} is not registered in this process (is its module in --app?)"
-            )
+            raised = unregistered(run)
+        elif aio.is_async(workflow.fn):
+            # On its own event loop; its last step is not held back (its
+            # frames are not under ``execute``: ``_is_last_act``).
+            value = aio.run_body(workflow.fn, run.args)
         else:
-            if aio.is_async(workflow.fn):
-                # On its own event loop; its last step is not held back
-                # (its frames are not under ``execute``: ``_is_last_act``).
-                value = aio.run_body(workflow.fn, run.args)
-            else:
-                ex.body_code = getattr(workflow.fn, "__code__", None)
-                value = workflow.fn(*run.args)
-    except Exception as exc:
-        raised = exc
-    except Suspended:
-        pass  # ex.wake_at says until when: _settle releases the run
+            ex.body_code = getattr(workflow.fn, "__code__", None)
+            value = workflow.fn(*run.args)
     except BaseException as exc:
-        # KeyboardInterrupt, SystemExit: the process is going away; write
-        # nothing and let the claim be recovered like a crash.
-        observer.run_finished(run, ctx, "crashed", exc, token)
-        raise
+        raised = body_raised(ctx, token, exc)
     finally:
         _current.reset(context_token)
+    return finish_execution(ctx, token, value, raised)
+
+
+def start_execution(store: Store, run: Run, claimer: str, draining: Flag | None, observer: Observer | None,
+                    meter: StepMeter | None) -> tuple[Execution, Context, Any, Any]:
+    """Before the body: its records loaded, its ``Execution`` and top
+    ``Context``, the observers told (their token), and the workflow (None:
+    not registered here). Shared by ``execute`` and ``aio.execute_async``."""
+    fanned = _fan_out(observer)
+    workflow = registry.get_workflow(run.name)
+    fresh = workflow is None or run.has_steps is False
+    outcomes = {} if fresh else store.load_outcomes(run.id)
+    ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=fanned, draining=draining,
+                   meter=meter)
+    ctx = Context(ex)
+    return ex, ctx, fanned.run_started(run, ctx), workflow
+
+
+def unregistered(run: Run) -> WorkflowCodeError:
+    return WorkflowCodeError(f"workflow {run.name!r} is not registered in this process (is its module in --app?)")
+
+
+def body_raised(ctx: Context, token: Any, exc: BaseException) -> BaseException | None:
+    """What the body's exception is for the run: an ``Exception`` is its
+    failure, ``Suspended`` none (``ex.wake_at`` says until when: the run
+    is released); anything else (KeyboardInterrupt, SystemExit: the process
+    is going away) is re-raised with nothing written, and the claim is
+    recovered like a crash's."""
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, Suspended):
+        return None
+    ctx.execution.observer.run_finished(ctx.run, ctx, "crashed", exc, token)
+    raise exc
+
+
+def finish_execution(ctx: Context, token: Any, value: Any, raised: BaseException | None) -> Outcome:
+    """After the body: settle the run (``_settle``) and tell the observers."""
+    ex = ctx.execution
     status, error = _settle(ex, value, raised)
     if isinstance(error, SimulatedCrash):
-        observer.run_finished(run, ctx, "crashed", error, token)
+        ex.observer.run_finished(ex.run, ctx, "crashed", error, token)
         raise error
-    observer.run_finished(run, ctx, status, error, token)
+    ex.observer.run_finished(ex.run, ctx, status, error, token)
     return status
 
 
@@ -831,18 +853,33 @@ def execute_guarded(
     """
     try:
         status = execute(store, run, claimer=claimer, draining=draining, observer=observer, meter=meter)
-    except StoreUnavailable as exc:
+    except BaseException as exc:
+        status = guarded_failure(store, run, claimer, exc)
+    return guarded_status(store, run, claimer, status)
+
+
+def guarded_failure(store: Store, run: Run, claimer: str, exc: BaseException) -> Outcome:
+    """What an exception out of ``execute`` comes to (``execute_guarded``):
+    a database outage leaves the run ``unfinished``; any other
+    ``Exception`` fails it, guarded on the claim (``failed``, or ``lost``);
+    anything else is re-raised."""
+    if isinstance(exc, StoreUnavailable):
         logger.warning("everystep: run %s interrupted by the database (%s); it goes back to the queue once "
                        "the database is back", run.id, exc)
-        status = Outcome.UNFINISHED
-    except Exception as exc:
-        logger.exception("everystep: run %s (%s) crashed outside the runner", run.id, run.name)
-        try:
-            failed = outcomes.fail_run(store, run.claim_as(claimer), run, exc)
-        except Exception:
-            logger.exception("everystep: could not mark run %s failed", run.id)
-            failed = False
-        return Outcome.FAILED if failed else Outcome.LOST
+        return Outcome.UNFINISHED
+    if not isinstance(exc, Exception):
+        raise exc
+    logger.error("everystep: run %s (%s) crashed outside the runner", run.id, run.name, exc_info=exc)
+    try:
+        failed = outcomes.fail_run(store, run.claim_as(claimer), run, exc)
+    except Exception:
+        logger.exception("everystep: could not mark run %s failed", run.id)
+        failed = False
+    return Outcome.FAILED if failed else Outcome.LOST
+
+
+def guarded_status(store: Store, run: Run, claimer: str, status: Outcome) -> Outcome:
+    """An ``unfinished`` run is given back to the queue, riding out the outage."""
     if status == Outcome.UNFINISHED:
         return Outcome.REQUEUED if requeue_patiently(store, run.claim_as(claimer)) else Outcome.UNFINISHED
     return status

@@ -7,6 +7,7 @@ calls in one run, seen at once by a local server)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import threading
 from collections.abc import Iterator
@@ -174,9 +175,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def counting_server() -> Iterator[_Counting]:
-    server = _Counting(hold=10)
+@contextlib.contextmanager
+def serving(hold: int) -> Iterator[_Counting]:
+    server = _Counting(hold)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -185,6 +186,12 @@ def counting_server() -> Iterator[_Counting]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@pytest.fixture
+def counting_server() -> Iterator[_Counting]:
+    with serving(hold=10) as server:
+        yield server
 
 
 def test_gather_makes_fifty_http_calls_at_once_in_one_run(store: Store, counting_server: _Counting) -> None:
@@ -216,3 +223,25 @@ def test_the_threaded_worker_runs_async_runs_beside_sync_ones(store: Store, coun
     assert store.get_run(runs[0].id).result == store.get_run(runs[1].id).result
     assert _rows(store, runs[0].id) == _rows(store, runs[1].id)
     assert counting_server.most >= 10
+
+
+def test_a_worker_with_one_thread_holds_many_async_runs_on_one_loop(store: Store) -> None:
+    """Six runs each awaiting one HTTP call reach the server together
+    through a worker with a pool of one thread: they share its loop."""
+    from everystep.worker import Worker
+    from tests.support.waiting import wait_until
+
+    with serving(hold=6) as server:
+        port = server.server_address[1]
+        runs = [schedule(app.one_request, port, f"/{index}", database=store) for index in range(6)]
+        worker = Worker(pool_size=1, poll=0.05, name=f"shared-{store.backend}", database=store, drain=30)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: all(store.get_run(run.id).status == COMPLETED for run in runs),
+                       "the worker to complete every run", timeout=90)
+        finally:
+            worker.stop()
+            thread.join(60)
+        assert server.most >= 6
+    assert [store.get_run(run.id).result for run in runs] == [f"/{index}" for index in range(6)]

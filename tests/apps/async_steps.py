@@ -202,3 +202,9 @@ async def wait_for_file(marker: str, release: str) -> str:
     while not Path(release).exists():
         await asyncio.sleep(0.05)
     return "released"
+
+
+@workflow
+async def one_request(port: int, path: str) -> Any:
+    """One awaited HTTP call: many such runs share a threaded worker's loop."""
+    return await http_get(port, path)
