@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -300,8 +301,19 @@ class SharedLoop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the loop (tasks still on it, runs given back past a drain
-        deadline, are abandoned with it) and close it once its thread ended."""
+        """Cancel the tasks still on the loop (runs given back past a drain
+        deadline), give them ``timeout`` seconds to unwind, then stop the
+        loop and close it once its thread ended."""
+
+        async def wind_down() -> None:
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=timeout)
+
+        with contextlib.suppress(Exception):
+            self.submit(wind_down()).result(timeout + 5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout)
         if not self.thread.is_alive():

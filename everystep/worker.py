@@ -324,10 +324,8 @@ class Worker:
             run = self._active[future]
             requeued += self._requeue(run)
             leftovers.append(run.id)
-        for future in not_done & self._async:
-            future.cancel()  # its run was given back: its task stops at its next await
         if self._shared is not None:
-            self._shared.stop()
+            self._shared.stop()  # the tasks of runs given back are cancelled at their awaits
         if not_done:
             logger.warning(
                 "everystep worker %s: drain deadline of %ss passed with %d run(s) mid-step; requeued %d",

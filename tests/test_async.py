@@ -245,3 +245,29 @@ def test_a_worker_with_one_thread_holds_many_async_runs_on_one_loop(store: Store
             thread.join(60)
         assert server.most >= 6
     assert [store.get_run(run.id).result for run in runs] == [f"/{index}" for index in range(6)]
+
+
+def test_a_worker_gives_back_an_async_run_still_awaiting_at_its_drain_deadline(store: Store, tmp_path: Any) -> None:
+    from everystep.models import RUNNING, SCHEDULED
+    from everystep.worker import Worker
+    from tests.support.waiting import wait_until
+
+    before, marker, release = tmp_path / "before", tmp_path / "marker", tmp_path / "release"
+    run = schedule(app.awaits_a_file, str(before), str(marker), str(release), database=store)
+    worker = Worker(pool_size=1, poll=0.05, name=f"drain-{store.backend}", database=store, drain=1)
+    leftovers: list[list[str]] = []
+    thread = threading.Thread(target=lambda: leftovers.append(worker.run()), daemon=True)
+    thread.start()
+    try:
+        wait_until(marker.exists, "the async step to be awaiting")
+        assert store.get_run(run.id).status == RUNNING
+        worker.stop()
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        release.write_text("go")
+        worker.stop()
+        thread.join(60)
+    assert leftovers == [[run.id]]
+    assert store.get_run(run.id).status == SCHEDULED  # given back; its first step stays recorded
+    assert [(s.step_id, s.status) for s in store.get_steps(run.id)] == [("1", STEP_DONE)]
