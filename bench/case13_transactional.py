@@ -161,7 +161,7 @@ def measure(url: str, runs: int, reps: int) -> dict[str, Series]:
 
 def run(ctx: Context) -> None:
     s = ctx.settings
-    out = ctx.results.setdefault("case12", {})
+    out = ctx.results.setdefault("case13", {})
     runs, reps = max(5, s.overhead_steps // 2), max(3, s.overhead_reps)
     for key, url in (("pg", ctx.urls["es"]), ("sqlite", f"sqlite:///{ctx.work.path / 'transactional.db'}")):
         if key == "pg":
@@ -173,7 +173,7 @@ def run(ctx: Context) -> None:
 
 
 def section(ctx: Context) -> Section:
-    out = ctx.results.get("case12", {})
+    out = ctx.results.get("case13", {})
     section = Section(
         "case13", "Case 13 — transactional steps",
         method=(

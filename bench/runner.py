@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
                case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues, case12_waits,
-               case13_transactional, case_mariadb, esdb, pg)
+               case13_transactional, case14_async, case_mariadb, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -43,6 +43,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case11", "Case 11 — queues", case11_queues.run, case11_queues.section),
     ("case12", "Case 12 — waits", case12_waits.run, case12_waits.section),
     ("case13", "Case 13 — transactional steps", case13_transactional.run, case13_transactional.section),
+    ("case14", "Case 14 — async I/O", case14_async.run, case14_async.section),
     ("mariadb", "MariaDB — cases 2 and 4", case_mariadb.run, case_mariadb.section),
 ]
 

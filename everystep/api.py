@@ -7,6 +7,7 @@ replayed) by the runner.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import functools
 import inspect
@@ -15,8 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from . import borrowed, registry, resources, runner, serde, versions, waits
+from . import aio, borrowed, registry, resources, runner, serde, versions, waits
 from . import transactional as transactional_steps
+from .context import recording_context as runner_context
 from .cron import CronSchedule
 from .errors import EverystepError, WorkflowArgumentsError
 from .models import TERMINAL_STATUSES, Run, StepRecord
@@ -227,6 +229,21 @@ def parallel(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]
     return runner.run_parallel(branches, everystep_id)
 
 
+async def gather(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]:
+    """The async form of ``parallel``, awaited in an async workflow: run
+    branches concurrently as tasks on the run's event loop; return their
+    results in branch order.
+
+    A branch is an awaitable (``my_step(x)``, a coroutine), a zero-argument
+    callable (its result awaited if it is awaitable), or a list of those run
+    in sequence (that branch returns a tuple). The fork id, the branch step
+    ids (``<fork id>.<branch index>.``) and the error rules are those of
+    ``parallel``: healthy branches run to completion and are recorded, one
+    failure re-raises as is, several as ``ExceptionGroup``, interrupts first.
+    """
+    return await aio.gather(branches, everystep_id)
+
+
 def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
     """Wait ``seconds`` (a number or a ``timedelta``), durably.
 
@@ -250,6 +267,23 @@ def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> Non
 def sleep_until(when: dt.datetime, everystep_id: str | None = None) -> None:
     """Wait until ``when`` (an aware datetime), durably: see ``sleep``."""
     runner.sleep_until(_aware(when, "sleep_until"), everystep_id)
+
+
+async def sleep_async(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
+    """``sleep`` in an async workflow: the same recorded step and release.
+    Outside a workflow it is ``asyncio.sleep``."""
+    if runner_context() is None:
+        await asyncio.sleep(seconds.total_seconds() if isinstance(seconds, dt.timedelta) else seconds)
+        return
+    await aio.in_thread(sleep, seconds, everystep_id)
+
+
+async def sleep_until_async(when: dt.datetime, everystep_id: str | None = None) -> None:
+    """``sleep_until`` in an async workflow: see ``sleep_async``."""
+    if runner_context() is None:
+        await asyncio.sleep(max((_aware(when, "sleep_until") - utcnow()).total_seconds(), 0.0))
+        return
+    await aio.in_thread(sleep_until, when, everystep_id)
 
 
 def _aware(when: Any, what: str) -> dt.datetime:
@@ -337,15 +371,8 @@ def schedule(
     ``conn`` nor ``database`` is given, the run is inserted through the
     host's connection, in whatever transaction it has open.
     """
-    name = _workflow_name(wf)
-    check_arguments(name, args)
-    args_json = serde.dumps(list(args), f"arguments of workflow {name}")
-    if idempotency_key is not None and not isinstance(idempotency_key, str):
-        raise EverystepError("idempotency_key must be a string")
-    not_before = _not_before(run_at, delay)
-    placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
-    version = app_version or versions.version_for(name)
-    ends = run_deadline(name, deadline, timeout)
+    name, args_json, not_before, placement, version, ends = _prepared(
+        wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
     if conn is not None:
         return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement, version,
                                  deadline=ends)
@@ -355,6 +382,61 @@ def schedule(
             return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement, version,
                                      deadline=ends)
     return _store(database).schedule(name, args_json, idempotency_key, not_before, placement, version, deadline=ends)
+
+
+def _prepared(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key: str | None,
+              run_at: dt.datetime | None, delay: float | dt.timedelta | None, queue: str | None,
+              priority: int | None, concurrency_key: str | None, app_version: str | None,
+              deadline: dt.datetime | None, timeout: float | dt.timedelta | None,
+              ) -> tuple[str, str, dt.datetime | None, Placement, str | None, dt.datetime | None]:
+    """A new run, validated before anything is written: its workflow name,
+    arguments as JSON, not-before time, placement, app version and deadline."""
+    name = _workflow_name(wf)
+    check_arguments(name, args)
+    args_json = serde.dumps(list(args), f"arguments of workflow {name}")
+    if idempotency_key is not None and not isinstance(idempotency_key, str):
+        raise EverystepError("idempotency_key must be a string")
+    not_before = _not_before(run_at, delay)
+    placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
+    version = app_version or versions.version_for(name)
+    return name, args_json, not_before, placement, version, run_deadline(name, deadline, timeout)
+
+
+async def schedule_async(
+    wf: WorkflowFunction | str,
+    *args: Any,
+    idempotency_key: str | None = None,
+    conn: Any = None,
+    database: str | Store | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
+    app_version: str | None = None,
+    deadline: dt.datetime | None = None,
+    timeout: float | dt.timedelta | None = None,
+) -> Run:
+    """``schedule`` from async code; the same options and checks.
+
+    With ``conn``, a ``psycopg.AsyncConnection`` (PostgreSQL), the run is
+    inserted in the caller's open transaction, on that connection, without
+    leaving the loop: claimable on commit, gone on rollback. A sync
+    connection is refused (it cannot be handed to another thread safely).
+
+    Without ``conn``, the sync ``schedule`` runs in a worker thread
+    (``asyncio.to_thread``) on everystep's own connection, committed at
+    once: on SQLite and MariaDB that is the only way, and on PostgreSQL
+    the way without a connection of yours."""
+    if conn is None:
+        return await aio.in_thread(
+            schedule, wf, *args, idempotency_key=idempotency_key, database=database, run_at=run_at, delay=delay,
+            queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
+            deadline=deadline, timeout=timeout)
+    name, args_json, not_before, placement, version, ends = _prepared(
+        wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
+    return await borrowed.schedule_async(conn, name, args_json, idempotency_key, not_before, placement, version,
+                                         deadline=ends)
 
 
 def check_arguments(name: str, args: Sequence[Any]) -> None:
@@ -434,6 +516,12 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
     return waits.send(run_id, topic, payload, idempotency_key, database, conn)
 
 
+async def recv_async(topic: str, timeout: float | dt.timedelta | None = None,
+                     everystep_id: str | None = None) -> Any:
+    """``recv`` in an async workflow: the same step, the same release."""
+    return await aio.in_thread(waits.recv, topic, timeout, everystep_id)
+
+
 def set_event(key: str, value: Any, everystep_id: str | None = None) -> None:
     """Inside a workflow: publish ``value`` under ``key`` for anyone outside
     to read (``get_event``). A durable step: a replay does not write it
@@ -468,6 +556,33 @@ def call(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
     return start(wf, *args, **options).result()
 
 
+async def set_event_async(key: str, value: Any, everystep_id: str | None = None) -> None:
+    """``set_event`` in an async workflow."""
+    await aio.in_thread(set_event, key, value, everystep_id)
+
+
+async def start_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> waits.ChildHandle:
+    """``start`` in an async workflow; await ``handle.result_async()``."""
+    return await aio.in_thread(start, wf, *args, **options)
+
+
+async def call_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
+    """``call`` in an async workflow: ``await (await start_async(...)).result_async()``."""
+    handle = await start_async(wf, *args, **options)
+    return await handle.result_async()
+
+
+async def send_async(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
+                     database: str | Store | None = None, conn: Any = None) -> int:
+    """``send`` from async code. With ``conn`` (a ``psycopg.AsyncConnection``)
+    in the caller's open transaction, on the loop; without, the sync
+    ``send`` in a worker thread."""
+    if conn is None:
+        return await aio.in_thread(send, run_id, topic, payload, idempotency_key, database)
+    return await borrowed.send_async(conn, run_id, topic, waits.message_json(topic, payload, idempotency_key),
+                                     idempotency_key)
+
+
 def workflow_placement(name: str) -> Placement:
     """The queue and priority a registered workflow declares (the default
     queue for a name not registered here)."""
@@ -484,6 +599,15 @@ def get_run(run_id: str, database: str | Store | None = None) -> Run:
         with provider() as provided:
             return borrowed.get_run(provided, run_id)
     return _store(database).get_run(run_id)
+
+
+async def get_run_async(run_id: str, database: str | Store | None = None, conn: Any = None) -> Run:
+    """``get_run`` from async code: through ``conn`` (a
+    ``psycopg.AsyncConnection``, which sees its own open transaction) on
+    the loop, else the sync read in a worker thread."""
+    if conn is not None:
+        return await borrowed.get_run_async(conn, run_id)
+    return await aio.in_thread(get_run, run_id, database)
 
 
 def get_steps(run_id: str, database: str | Store | None = None) -> list[StepRecord]:
@@ -511,5 +635,22 @@ def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | 
         time.sleep(poll)
 
 
-__all__ = ["StepFunction", "WorkflowFunction", "call", "get_event", "get_run", "get_steps", "parallel", "recv",
-           "schedule", "send", "set_event", "sleep", "sleep_until", "start", "step", "wait", "workflow"]
+async def wait_async(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | Store | None = None,
+                     conn: Any = None) -> Run:
+    """``wait`` from async code: polls with ``get_run_async`` and
+    ``asyncio.sleep``, so the loop is never blocked between polls."""
+    deadline = time.monotonic() + timeout
+    if conn is None and _provided(database) is None:
+        database = _store(database)
+    while True:
+        run = await get_run_async(run_id, database, conn)
+        if run.status in TERMINAL_STATUSES:
+            return run
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
+        await asyncio.sleep(poll)
+
+
+__all__ = ["StepFunction", "WorkflowFunction", "call", "call_async", "gather", "get_event", "get_run", "get_steps",
+           "get_run_async", "parallel", "recv", "recv_async", "schedule", "schedule_async", "send", "send_async", "set_event", "set_event_async", "sleep",
+           "sleep_async", "sleep_until", "sleep_until_async", "start", "start_async", "step", "wait", "wait_async", "workflow"]

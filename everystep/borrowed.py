@@ -25,10 +25,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import RunNotFound
+from .errors import EverystepError, RunNotFound
 from .models import Attempt, Run, StepRecord
 from .queues import Placement
 from .store import Store, backend_for_connection
+from .store.base import statements
 
 
 @contextlib.contextmanager
@@ -53,6 +54,59 @@ def send(conn: Any, run_id: str, topic: str, payload_json: str, idempotency_key:
     """Store a message in ``conn``'s open transaction: it exists, and wakes
     its run, once the owner commits."""
     return backend_for_connection(conn).send_on(conn, run_id, topic, payload_json, idempotency_key)
+
+
+# -- a caller's psycopg.AsyncConnection ----------------------------------------------
+
+
+def is_async_connection(conn: Any) -> bool:
+    """Whether ``conn`` is a psycopg ``AsyncConnection`` (PostgreSQL)."""
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return isinstance(conn, psycopg.AsyncConnection)
+
+
+def _async_postgres(conn: Any) -> Any:
+    if not is_async_connection(conn):
+        raise EverystepError(f"conn must be a psycopg.AsyncConnection here, not {type(conn).__name__} (with a "
+                             "sync connection, call the sync form in your own thread: its connection is not "
+                             "this task's to hand to another)")
+    from .store.postgres import PostgresStore
+
+    return PostgresStore
+
+
+async def schedule_async(conn: Any, name: str, args_json: str, idempotency_key: str | None,
+                         not_before: dt.datetime | None = None, placement: Placement | None = None,
+                         app_version: str | None = None, *, deadline: dt.datetime | None = None) -> Run:
+    """``schedule`` in the open transaction of a caller's ``AsyncConnection``."""
+    store_class = _async_postgres(conn)
+    params = store_class._schedule_params(name, args_json, idempotency_key, not_before, placement, app_version,
+                                          deadline=deadline)
+    async with store_class.caller_cursor_async(conn) as cur:
+        return await statements.run_async(cur, store_class._schedule_statements(params))
+
+
+async def send_async(conn: Any, run_id: str, topic: str, payload_json: str, idempotency_key: str | None) -> int:
+    """``send`` in the open transaction of a caller's ``AsyncConnection``."""
+    store_class = _async_postgres(conn)
+    async with store_class.caller_cursor_async(conn) as cur:
+        return await statements.run_async(
+            cur, store_class._send_statements(store_class.statements(), run_id, topic, payload_json,
+                                              idempotency_key))
+
+
+async def get_run_async(conn: Any, run_id: str) -> Run:
+    """``get_run`` through a caller's ``AsyncConnection``."""
+    store_class = _async_postgres(conn)
+    async with store_class.caller_cursor_async(conn) as cur:
+        await cur.execute(store_class.statements()["get_run"], {"id": _run_id(run_id)})
+        row = await cur.fetchone()
+    if row is None:
+        raise RunNotFound(f"no run with id {run_id}")
+    return store_class._run(row)  # type: ignore[no-any-return]
 
 
 def get_run(conn: Any, run_id: str) -> Run:
@@ -91,4 +145,5 @@ def _run_id(run_id: str) -> str:
         raise RunNotFound(f"no run with id {run_id!r} (run ids are UUIDs)") from None
 
 
-__all__ = ["cursor", "get_run", "get_steps", "migrate", "schedule"]
+__all__ = ["cursor", "get_run", "get_run_async", "get_steps", "is_async_connection", "migrate", "schedule",
+           "schedule_async", "send_async"]

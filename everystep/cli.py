@@ -286,6 +286,9 @@ def add_resolve_step_arguments(parser: argparse.ArgumentParser) -> None:
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--pool", type=count(1, 1024), default=4, metavar="N",
                         help="threads executing runs, 1 to 1024 (default 4)")
+    parser.add_argument("--async-runs", type=count(1, 100000), default=100, metavar="N",
+                        help="async runs held at once on the worker's one event loop, beside the threads "
+                             "(default 100)")
     parser.add_argument("--poll", type=seconds(0.01, 3600), default=0.2, metavar="S",
                         help="seconds between claims when idle (default 0.2)")
     parser.add_argument("-n", "--name", metavar="NAME",
@@ -728,6 +731,7 @@ def cmd_worker(store: Store, args: argparse.Namespace, observer: Observer | None
     refuse_step_limits()
     versions.set_app_version(args.app_version)
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
+                    async_runs=args.async_runs,
                     metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease,
                     takeover=args.takeover, observer=observer, queues=args.queues)
     # Touch the database once before working: a wrong URL or an unmigrated

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import patches, registry
+from . import aio, patches, registry
 from .context import Context, Execution, ReplayLog, _current
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
 from .models import BLOCKED, RUNNING, SCHEDULED, WAIT_FOREVER, Run, StepRecord
@@ -123,7 +123,7 @@ def _body(workflow: Any, run: Run, ctx: Context, box: dict[str, Any]) -> None:
     """The body over its records, in this thread: what it returned or raised goes in ``box``."""
     token = _current.set(ctx)
     try:
-        box["value"] = workflow.fn(*run.args)
+        box["value"] = aio.call_body(workflow.fn, run.args)  # an async body on a loop of its own
     except BaseException as exc:  # judged by the caller
         box["error"] = exc
     finally:

@@ -172,6 +172,11 @@ class StepGauge:
     def end(self) -> StepCost | None:
         return None
 
+    def failed(self, exc: MemoryError) -> Exception:
+        """What an async step's ``MemoryError`` is its failure as (an async
+        step's coroutine is awaited, not run by ``call``)."""
+        return exc
+
 
 class StepMeter:
     """Measures, and may bound, every step a runner executes.

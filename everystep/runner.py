@@ -85,12 +85,12 @@ import functools
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from . import outcomes, registry, serde, telemetry, transactional
+from . import aio, outcomes, registry, serde, telemetry, transactional
 from .context import (
     NOT_AN_INTERRUPT,
     Context,
@@ -156,19 +156,54 @@ SLEEP_STEP = "everystep.sleep"
 
 
 def call_step(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Entry point of every ``@step`` call."""
+    """Entry point of every ``@step`` call. In an async workflow (a step
+    called on a thread whose event loop runs the body) the call is an
+    awaitable (``everystep.aio``); elsewhere it runs now."""
     name = kwargs.pop("everystep_id", None)
     ctx = recording_context()
     if ctx is None:
         return step.fn(*args, **kwargs)
+    if aio.loop_running():
+        return aio.step_call(step, args, kwargs, name)
     return run_step(ctx, step, args, kwargs, name)
 
 
 def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
-    """Replay or execute one step call in ``ctx``, in three phases: replay
-    (a recorded outcome returns or raises without running the step), begin
-    (checks before the effect; an unsafe step's ``started`` row claims the
-    effect), then run it and record how it ended (``_record``)."""
+    """Replay or execute one step call in ``ctx``, on this thread: the
+    phases of ``step_phases``, the step's function called between them (an
+    async one on this thread's own loop: ``aio.blocking``)."""
+    phases = step_phases(ctx, step, args, kwargs, name)
+    done, gauge = advance(phases, None)
+    if done:
+        return gauge  # replayed: the recorded outcome
+    done, value = advance(phases, _invoke(step, args, kwargs, gauge))
+    assert done, "a step's phases yield once"
+    return value
+
+
+#: What ``step_phases`` yields to its driver (the gauge the step's function
+#: runs in, or None), and is sent back (the function's result and error).
+StepPhases = Generator["StepGauge | None", "tuple[Any, Exception | None]", Any]
+
+
+def advance(phases: StepPhases, sent: tuple[Any, Exception | None] | None) -> tuple[bool, Any]:
+    """Drive ``phases`` to its next point: (False, the gauge to run the
+    step's function in) or (True, the step's value, once recorded)."""
+    try:
+        return False, phases.send(sent)  # type: ignore[arg-type]  # None starts the generator
+    except StopIteration as stop:
+        return True, stop.value
+
+
+def step_phases(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
+                name: str | None) -> StepPhases:
+    """One step call in three phases: replay (a recorded outcome returns or
+    raises without running the step), begin (checks before the effect; an
+    unsafe step's ``started`` row claims the effect), then, once the driver
+    has run the step's function and sent back how it ended, the record
+    (``_record``). The one path for sync and async steps alike (``run_step``
+    and ``aio.step_call`` only call the function), so both record the same
+    rows under the same ids."""
     ex = ctx.execution
     step_id = _next_id(ex, ctx, name)
     attempt = 1
@@ -197,7 +232,7 @@ def run_step(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs: di
                 token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
             finally:
                 ex.starting.pop(step_id, None)
-            result, error = _invoke(step, args, kwargs, gauge)
+            result, error = yield gauge
         finally:
             if gauge is not None:
                 cost = gauge.end()
@@ -422,12 +457,13 @@ def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseEx
 def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
             gauge: StepGauge | None = None) -> tuple[Any, Exception | None]:
     token = _in_step.set(True)
+    fn = aio.blocking(step.fn) if aio.is_async(step.fn) else step.fn
     try:
         if gauge is not None:
             # Inside this ``try``: whatever the gauge raises on the step's
             # behalf (StepResourceExceeded) is the step's failure.
-            return gauge.call(step.fn, args, kwargs), None
-        return step.fn(*args, **kwargs), None
+            return gauge.call(fn, args, kwargs), None
+        return fn(*args, **kwargs), None
     except Exception as exc:
         return None, exc
     finally:
@@ -717,41 +753,68 @@ def execute(
     should requeue). ``SimulatedCrash`` propagates with nothing written.
     ``meter`` measures and bounds each step executed (``everystep.resources``).
     """
-    observer = _fan_out(observer)
-    workflow = registry.get_workflow(run.name)
-    fresh = workflow is None or run.has_steps is False
-    outcomes = {} if fresh else store.load_outcomes(run.id)
-    ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=observer, draining=draining,
-                   meter=meter)
-    ctx = Context(ex)
-    token = observer.run_started(run, ctx)
+    ex, ctx, token, workflow = start_execution(store, run, claimer, draining, observer, meter)
     raised: BaseException | None = None
     value: Any = None
     context_token = _current.set(ctx)
     try:
         if workflow is None:
-            raised = WorkflowCodeError(
-                f"workflow {run.name!r} is not registered in this process (is its module in --app?)"
-            )
+            raised = unregistered(run)
+        elif aio.is_async(workflow.fn):
+            # On its own event loop; its last step is not held back (its
+            # frames are not under ``execute``: ``_is_last_act``).
+            value = aio.run_body(workflow.fn, run.args)
         else:
             ex.body_code = getattr(workflow.fn, "__code__", None)
             value = workflow.fn(*run.args)
-    except Exception as exc:
-        raised = exc
-    except Suspended:
-        pass  # ex.wake_at says until when: _settle releases the run
     except BaseException as exc:
-        # KeyboardInterrupt, SystemExit: the process is going away; write
-        # nothing and let the claim be recovered like a crash.
-        observer.run_finished(run, ctx, "crashed", exc, token)
-        raise
+        raised = body_raised(ctx, token, exc)
     finally:
         _current.reset(context_token)
+    return finish_execution(ctx, token, value, raised)
+
+
+def start_execution(store: Store, run: Run, claimer: str, draining: Flag | None, observer: Observer | None,
+                    meter: StepMeter | None) -> tuple[Execution, Context, Any, Any]:
+    """Before the body: its records loaded, its ``Execution`` and top
+    ``Context``, the observers told (their token), and the workflow (None:
+    not registered here). Shared by ``execute`` and ``aio.execute_async``."""
+    fanned = _fan_out(observer)
+    workflow = registry.get_workflow(run.name)
+    fresh = workflow is None or run.has_steps is False
+    outcomes = {} if fresh else store.load_outcomes(run.id)
+    ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=fanned, draining=draining,
+                   meter=meter)
+    ctx = Context(ex)
+    return ex, ctx, fanned.run_started(run, ctx), workflow
+
+
+def unregistered(run: Run) -> WorkflowCodeError:
+    return WorkflowCodeError(f"workflow {run.name!r} is not registered in this process (is its module in --app?)")
+
+
+def body_raised(ctx: Context, token: Any, exc: BaseException) -> BaseException | None:
+    """What the body's exception is for the run: an ``Exception`` is its
+    failure, ``Suspended`` none (``ex.wake_at`` says until when: the run
+    is released); anything else (KeyboardInterrupt, SystemExit: the process
+    is going away) is re-raised with nothing written, and the claim is
+    recovered like a crash's."""
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, Suspended):
+        return None
+    ctx.execution.observer.run_finished(ctx.run, ctx, "crashed", exc, token)
+    raise exc
+
+
+def finish_execution(ctx: Context, token: Any, value: Any, raised: BaseException | None) -> Outcome:
+    """After the body: settle the run (``_settle``) and tell the observers."""
+    ex = ctx.execution
     status, error = _settle(ex, value, raised)
     if isinstance(error, SimulatedCrash):
-        observer.run_finished(run, ctx, "crashed", error, token)
+        ex.observer.run_finished(ex.run, ctx, "crashed", error, token)
         raise error
-    observer.run_finished(run, ctx, status, error, token)
+    ex.observer.run_finished(ex.run, ctx, status, error, token)
     return status
 
 
@@ -790,18 +853,33 @@ def execute_guarded(
     """
     try:
         status = execute(store, run, claimer=claimer, draining=draining, observer=observer, meter=meter)
-    except StoreUnavailable as exc:
+    except BaseException as exc:
+        status = guarded_failure(store, run, claimer, exc)
+    return guarded_status(store, run, claimer, status)
+
+
+def guarded_failure(store: Store, run: Run, claimer: str, exc: BaseException) -> Outcome:
+    """What an exception out of ``execute`` comes to (``execute_guarded``):
+    a database outage leaves the run ``unfinished``; any other
+    ``Exception`` fails it, guarded on the claim (``failed``, or ``lost``);
+    anything else is re-raised."""
+    if isinstance(exc, StoreUnavailable):
         logger.warning("everystep: run %s interrupted by the database (%s); it goes back to the queue once "
                        "the database is back", run.id, exc)
-        status = Outcome.UNFINISHED
-    except Exception as exc:
-        logger.exception("everystep: run %s (%s) crashed outside the runner", run.id, run.name)
-        try:
-            failed = outcomes.fail_run(store, run.claim_as(claimer), run, exc)
-        except Exception:
-            logger.exception("everystep: could not mark run %s failed", run.id)
-            failed = False
-        return Outcome.FAILED if failed else Outcome.LOST
+        return Outcome.UNFINISHED
+    if not isinstance(exc, Exception):
+        raise exc
+    logger.error("everystep: run %s (%s) crashed outside the runner", run.id, run.name, exc_info=exc)
+    try:
+        failed = outcomes.fail_run(store, run.claim_as(claimer), run, exc)
+    except Exception:
+        logger.exception("everystep: could not mark run %s failed", run.id)
+        failed = False
+    return Outcome.FAILED if failed else Outcome.LOST
+
+
+def guarded_status(store: Store, run: Run, claimer: str, status: Outcome) -> Outcome:
+    """An ``unfinished`` run is given back to the queue, riding out the outage."""
     if status == Outcome.UNFINISHED:
         return Outcome.REQUEUED if requeue_patiently(store, run.claim_as(claimer)) else Outcome.UNFINISHED
     return status

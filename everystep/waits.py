@@ -152,16 +152,21 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, name: str | No
     raise runner._suspend(ex, deadline or WAIT_FOREVER, message_key(topic), what)
 
 
+def message_json(topic: str, payload: Any, idempotency_key: str | None) -> str:
+    """A message's payload as JSON, once its topic and key are checked."""
+    if not isinstance(topic, str) or not topic:
+        raise EverystepError(f"send needs a topic, a non-empty string, not {topic!r}")
+    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+        raise EverystepError("idempotency_key must be a non-empty string")
+    return serde.dumps(payload, f"message on topic {topic!r}")
+
+
 def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
          database: str | Store | None = None, conn: Any = None) -> int:
     """See ``everystep.send``."""
     from . import api, borrowed
 
-    if not isinstance(topic, str) or not topic:
-        raise EverystepError(f"send needs a topic, a non-empty string, not {topic!r}")
-    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
-        raise EverystepError("idempotency_key must be a non-empty string")
-    payload_json = serde.dumps(payload, f"message on topic {topic!r}")
+    payload_json = message_json(topic, payload, idempotency_key)
     if conn is not None:
         return borrowed.send(conn, run_id, topic, payload_json, idempotency_key)
     running = current()
@@ -238,6 +243,13 @@ class ChildHandle:
         ``ChildTimeout`` after ``timeout`` seconds. Outside a workflow it
         polls the database."""
         return await_child(self.run_id, timeout, everystep_id)
+
+    async def result_async(self, timeout: float | dt.timedelta | None = None,
+                           everystep_id: str | None = None) -> Any:
+        """``result()`` in an async workflow: the same step, the same release."""
+        from . import aio
+
+        return await aio.in_thread(await_child, self.run_id, timeout, everystep_id)
 
     def __str__(self) -> str:
         return self.run_id

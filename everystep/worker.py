@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
-from . import exposition, metrics, outcomes, registry, runner
+from . import aio, exposition, metrics, outcomes, registry, runner
 from .claimloop import ClaimLoop
 from .context import SignalFlag
 from .errors import EverystepError
@@ -78,9 +78,12 @@ class Worker:
         lease: float = DEFAULT_LEASE,
         takeover: bool = False,
         queues: Sequence[str] | None = None,
+        async_runs: int = 100,
     ) -> None:
         if pool_size < 1:
             raise EverystepError("pool_size must be at least 1")
+        if async_runs < 1:
+            raise EverystepError("async_runs must be at least 1")
         if poll <= 0:
             raise EverystepError("poll must be a positive number of seconds")
         self.pool_size = pool_size
@@ -97,6 +100,11 @@ class Worker:
         self._stopping = SignalFlag()
         self._draining = SignalFlag()
         self._active: dict[Future[None], Run] = {}
+        #: Async runs are tasks on one loop (``aio.SharedLoop``, started at
+        #: the first): they hold no pool thread, up to ``async_runs`` at once.
+        self.async_runs = async_runs
+        self._async: set[Future[None]] = set()
+        self._shared: aio.SharedLoop | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -222,7 +230,11 @@ class Worker:
         return leftovers
 
     def _capacity(self) -> int:
-        return self.pool_size - len(self._active)
+        """Runs to claim now: a free pool thread for each (a sync run needs
+        one), and as many free places on the shared loop (an async run may
+        be among them; at ``async_runs`` nothing more is claimed)."""
+        threads = self.pool_size - (len(self._active) - len(self._async))
+        return max(0, min(threads, self.async_runs - len(self._async)))
 
     def _wait_time(self, now: float) -> float:
         """Until the claim loop has something to do; with no free thread, a
@@ -232,7 +244,15 @@ class Worker:
 
     def _submit(self, executor: ThreadPoolExecutor, runs: list[Run]) -> None:
         for run in runs:
-            future = executor.submit(self._execute, run)
+            workflow = registry.get_workflow(run.name)
+            future: Future[None]
+            if workflow is not None and aio.is_async(workflow.fn):
+                if self._shared is None:
+                    self._shared = aio.SharedLoop()
+                future = self._shared.submit(self._execute_async(run))
+                self._async.add(future)
+            else:
+                future = executor.submit(self._execute, run)
             self._active[future] = run
             future.add_done_callback(self._run_ended)
         self._count_inflight()
@@ -244,6 +264,7 @@ class Worker:
     def _reap(self) -> None:
         for future in [future for future in self._active if future.done()]:
             del self._active[future]
+            self._async.discard(future)
         self._count_inflight()
 
     def _count_inflight(self) -> None:
@@ -263,6 +284,14 @@ class Worker:
         outcome = runner.execute_guarded(
             self.store, run, claimer=self.name, draining=self._draining, observer=self.observer
         )
+        if outcome == Outcome.REQUEUED:
+            self.requeued += 1
+        outcomes.log_outcome(logger, f"everystep worker {self.name}", run, outcome)
+
+    async def _execute_async(self, run: Run) -> None:
+        """An async run, as a task on the shared loop: ``_execute``'s twin."""
+        outcome = await aio.execute_guarded(self.store, run, claimer=self.name, draining=self._draining,
+                                            observer=self.observer)
         if outcome == Outcome.REQUEUED:
             self.requeued += 1
         outcomes.log_outcome(logger, f"everystep worker {self.name}", run, outcome)
@@ -295,6 +324,8 @@ class Worker:
             run = self._active[future]
             requeued += self._requeue(run)
             leftovers.append(run.id)
+        if self._shared is not None:
+            self._shared.stop()  # the tasks of runs given back are cancelled at their awaits
         if not_done:
             logger.warning(
                 "everystep worker %s: drain deadline of %ss passed with %d run(s) mid-step; requeued %d",

@@ -288,12 +288,18 @@ class _Gauge(StepGauge):
         try:
             return fn(*args, **kwargs)
         except MemoryError as exc:
-            if self.budget is not None and self.budget.memory_limit is not None:
-                raise self.exceeded(Resource.MEMORY, "an allocation past it was refused (RLIMIT_DATA)") from exc
-            raise
+            failure = self.failed(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         finally:
             if main:
                 self.meter._armed = None
+
+    def failed(self, exc: MemoryError) -> Exception:
+        if self.budget is not None and self.budget.memory_limit is not None:
+            return self.exceeded(Resource.MEMORY, "an allocation past it was refused (RLIMIT_DATA)")
+        return exc
 
     def _cost(self) -> StepCost:
         own = resource.getrusage(resource.RUSAGE_SELF)

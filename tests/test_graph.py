@@ -352,3 +352,32 @@ def test_the_steps_a_running_run_has_reached_are_in_flight() -> None:
 
 def by_state(graph: dict[str, Any]) -> dict[str, str]:
     return {node["id"]: node["state"] for node in drawn(graph)}
+
+
+# -- async bodies ----------------------------------------------------------------------
+
+
+def test_an_async_body_reads_as_its_sync_twin(lite: Store) -> None:
+    from tests.apps import async_steps
+
+    sync_plan, async_plan = analyse(async_steps.mixed_sync), analyse(async_steps.mixed_async)
+    assert async_plan.ok, async_plan.reason
+    assert steps_of(async_plan.nodes) == steps_of(sync_plan.nodes) == [
+        ("tests.apps.async_steps.fetch",), ("tests.apps.async_steps.compute",), ("tests.apps.async_steps.fetch",),
+        ("tests.apps.async_steps.compute",), ("tests.apps.async_steps.fetch",),
+        ("tests.apps.async_steps.compute", "named")]
+    fork = next(node for node in async_plan.nodes if isinstance(node, Fork))
+    assert [len(branch) for branch in fork.branches] == [1, 2]
+    status, graph = run_graph(lite, async_steps.mixed_async, 1)
+    assert status == "completed" and graph["mode"] == "source" and graph["unplaced"] == []
+    assert sorted(by_id(graph)) == ["1", "2", "3.0.1", "3.1.1", "3.1.2", "named"]
+
+
+def test_an_async_body_reads_its_awaited_waits() -> None:
+    from everystep.graph.plan import Wait
+    from tests.apps import async_steps
+
+    nodes = analyse(async_steps.receives).nodes
+    assert [type(node).__name__ for node in nodes][:2] == ["Wait", "StepCall"]
+    assert isinstance(nodes[0], Wait) and nodes[0].kind == "message"
+    assert analyse(async_steps.sleeps_then_fetches).nodes[0].kind == "sleep"  # type: ignore[union-attr]

@@ -555,3 +555,35 @@ def test_a_cancel_during_the_step_rolls_its_writes_back_and_records_nothing(
         other.close()
     assert store.get_run(run.id).status == "cancelled"
     assert rows(effects, run.id) == [] and store.get_steps(run.id) == []
+
+
+# -- async ---------------------------------------------------------------------------------------
+
+
+@step(transactional=True)
+async def add_row_async(label: str, fail: bool = False) -> str:
+    import asyncio
+
+    await asyncio.sleep(0)
+    insert(label)
+    if fail:
+        raise ValueError(f"{label} failed after its insert")
+    return label
+
+
+@workflow
+async def async_rows(prefix: str) -> list[str]:
+    rows_made = [await add_row(f"{prefix}-1"), await add_row_async(f"{prefix}-2")]
+    try:
+        await add_row_async(f"{prefix}-3", True)
+    except ValueError:
+        pass
+    return rows_made
+
+
+def test_async_bodies_and_async_steps_commit_their_writes_with_their_records(store: Store, effects: str) -> None:
+    run = schedule(async_rows, "c", database=store)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    assert rows(effects, run.id) == ["c-1", "c-2"]  # the failed step's insert rolled back
+    assert [(s.step_id, s.status) for s in store.get_steps(run.id)] == [
+        ("1", STEP_DONE), ("2", STEP_DONE), ("3", "failed")]

@@ -12,7 +12,9 @@ function's locals (nested ``def`` and ``lambda``), closure, module globals
 and builtins, an attribute looked up statically on a module or class. A
 target that is a ``@step`` is a step; ``everystep.parallel`` is a fork whose
 branches are read from its arguments (lambdas, functions, lists of them for
-sequence branches); a ``@workflow`` or a plain function of the user's code is
+sequence branches), and so is ``everystep.gather`` (whose branches may also
+be step calls awaited in their branch); an async body reads the same, an
+``await`` being the expression it awaits; a ``@workflow`` or a plain function of the user's code is
 read in place, since the steps it calls are recorded in the same scope.
 
 Waits are read the same way: ``waits()`` is the one table of engine calls
@@ -85,9 +87,12 @@ def waits() -> dict[Any, WaitKind]:
     from ..runner import SLEEP_STEP
 
     sleep = WaitKind("sleep", SLEEP_STEP)
-    return {api.sleep: sleep, api.sleep_until: sleep,
-            api.recv: WaitKind("message", engine_waits.RECV_STEP),
-            engine_waits.ChildHandle.result: WaitKind("child", engine_waits.CHILD_STEP)}
+    message = WaitKind("message", engine_waits.RECV_STEP)
+    child = WaitKind("child", engine_waits.CHILD_STEP)
+    # The async forms (``await everystep.sleep_async(...)``) record the same.
+    return {api.sleep: sleep, api.sleep_until: sleep, api.sleep_async: sleep, api.sleep_until_async: sleep,
+            api.recv: message, api.recv_async: message,
+            engine_waits.ChildHandle.result: child, engine_waits.ChildHandle.result_async: child}
 
 
 def engine_steps() -> dict[Any, tuple[str, ...]]:
@@ -98,8 +103,10 @@ def engine_steps() -> dict[Any, tuple[str, ...]]:
     from .. import api
     from .. import waits as engine_waits
 
-    return {api.set_event: (engine_waits.EVENT_STEP,), api.start: (engine_waits.START_STEP,),
-            api.call: (engine_waits.START_STEP, engine_waits.CHILD_STEP)}
+    event, start, call = (engine_waits.EVENT_STEP,), (engine_waits.START_STEP,), \
+        (engine_waits.START_STEP, engine_waits.CHILD_STEP)
+    return {api.set_event: event, api.set_event_async: event, api.start: start, api.start_async: start,
+            api.call: call, api.call_async: call}
 
 
 def wait_records() -> dict[str, WaitKind]:
@@ -553,25 +560,31 @@ class _Reader:
         name, dynamic_name = _everystep_id(node)
         branches: list[tuple[Node, ...]] = []
         dynamic = False
+        awaited = _is_gather(self.resolve(node.func))
         for arg in node.args:
             if isinstance(arg, ast.Starred):
                 dynamic = True
                 continue
-            branches.append(tuple(self._branch(arg)))
+            branches.append(tuple(self._branch(arg, awaited)))
         if dynamic:
             self.notes.append(f"line {self.line(node) or '?'}: parallel() with branches built at run time; "
                               "its lanes are drawn from what was recorded")
         return Fork(tuple(branches), self.line(node), name, dynamic_name, dynamic)
 
-    def _branch(self, arg: ast.AST) -> list[Node]:
+    def _branch(self, arg: ast.AST, awaited: bool = False) -> list[Node]:
+        """One branch of a fork. ``awaited``: a ``gather`` branch, which may
+        also be an awaitable made in place (``gather(fetch(x), ...)``): the
+        call is the branch, and its step runs in the branch's scope."""
         if isinstance(arg, (ast.List, ast.Tuple)):
-            return [node for item in arg.elts for node in self._branch(item)]
+            return [node for item in arg.elts for node in self._branch(item, awaited)]
         if isinstance(arg, ast.Lambda):
             return self.expr(arg.body)
         if isinstance(arg, ast.Call) and arg.args and self.resolve(arg.func) is functools.partial:
             # partial(step, x, everystep_id="a"): the branch calls the step.
             out = [node for value in arg.args[1:] for node in self.expr(value)]
             return out + self.invoke(self.resolve(arg.args[0]), _as_call(arg))
+        if awaited and isinstance(arg, ast.Call):
+            return self.expr(arg)
         return self.invoke(self.resolve(arg), arg)
 
 
@@ -614,9 +627,16 @@ def _engine_records(target: Any) -> tuple[str, ...] | None:
 
 
 def _is_parallel(target: Any) -> bool:
+    """``parallel`` or its async form ``gather``: a fork, drawn alike."""
     from .. import api
 
-    return target is api.parallel
+    return target is api.parallel or target is api.gather
+
+
+def _is_gather(target: Any) -> bool:
+    from .. import api
+
+    return target is api.gather
 
 
 def _local_returns(nodes: list[Node]) -> list[Node]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import psycopg
@@ -185,6 +185,15 @@ class PostgresStore(Store):
         # (Django loads timestamptz in its configured zone, or naive): this
         # cursor reads like ours whatever the owner set up.
         with psycopg.Cursor(conn, row_factory=dict_row) as cursor:
+            set_json_loads(serde.loads, cursor)
+            cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+            yield cursor
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def caller_cursor_async(cls, conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[Any]:
+        """``_caller_cursor`` on a caller's ``psycopg.AsyncConnection``."""
+        async with psycopg.AsyncCursor(conn, row_factory=dict_row) as cursor:
             set_json_loads(serde.loads, cursor)
             cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
             yield cursor

@@ -20,6 +20,7 @@ from typing import Any
 from ...errors import EverystepError, RunNotFound
 from ...models import Attempt, Run, StepRecord
 from ...queues import Placement
+from . import statements
 from .core import Row, StoreCore
 from .values import checked_run_id, new_run_id
 
@@ -57,17 +58,31 @@ class Runs(StoreCore):
                           parent_id: str | None = None, deadline: dt.datetime | None = None) -> Run:
         """The insert; ``parent_id``: the run that starts this one as its
         child; ``deadline``: when it is cancelled if still unfinished."""
+        params = cls._schedule_params(name, args_json, idempotency_key, not_before, placement, app_version,
+                                      parent_id=parent_id, deadline=deadline)
+        return statements.run(conn, cls._schedule_statements(params))
+
+    @classmethod
+    def _schedule_params(cls, name: str, args_json: str, idempotency_key: str | None,
+                         not_before: dt.datetime | None = None, placement: Placement | None = None,
+                         app_version: str | None = None, *,
+                         parent_id: str | None = None, deadline: dt.datetime | None = None) -> dict[str, Any]:
         place = placement or Placement()
-        params = cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key,
-                             not_before=cls._time_param(not_before) if not_before is not None else None,
-                             queue=place.queue, priority=place.priority, concurrency_key=place.concurrency_key,
-                             app_version=app_version,
-                             parent_id=checked_run_id(parent_id) if parent_id is not None else None,
-                             deadline=cls._time_param(deadline) if deadline is not None else None)
+        return cls._params(id=new_run_id(), name=name, args=args_json, idempotency_key=idempotency_key,
+                           not_before=cls._time_param(not_before) if not_before is not None else None,
+                           queue=place.queue, priority=place.priority, concurrency_key=place.concurrency_key,
+                           app_version=app_version,
+                           parent_id=checked_run_id(parent_id) if parent_id is not None else None,
+                           deadline=cls._time_param(deadline) if deadline is not None else None)
+
+    @classmethod
+    def _schedule_statements(cls, params: dict[str, Any]) -> statements.Statements[Run]:
+        """The insert of a run (``_schedule_params``), or the existing run
+        of the same workflow and idempotency key, on any cursor."""
         sql = cls.statements()
-        row = conn.execute(sql["schedule"], params).fetchone()
+        row = yield statements.Statement(sql["schedule"], params)
         if row is None:
-            row = conn.execute(sql["get_run_by_key"], params).fetchone()
+            row = yield statements.Statement(sql["get_run_by_key"], params)
             if row is None:
                 raise EverystepError(
                     f"run with idempotency key {params['idempotency_key']!r} conflicts but is not visible "

@@ -44,6 +44,7 @@ from typing import Any
 from ... import serde
 from ...errors import RunNotFound, SendRefused
 from ...models import ACTIVE_STATUSES, STEP_AWAITING, Claim, Run, StepRecord
+from . import statements
 from .core import Row
 from .execution import Execution
 from .runs import Runs
@@ -142,21 +143,28 @@ class Waits(Execution, Runs):
     @classmethod
     def _send_through(cls, conn: Any, sql: dict[str, str], run_id: str, topic: str, payload_json: str,
                       idempotency_key: str | None) -> int:
+        return statements.run(conn, cls._send_statements(sql, run_id, topic, payload_json, idempotency_key))
+
+    @classmethod
+    def _send_statements(cls, sql: dict[str, str], run_id: str, topic: str, payload_json: str,
+                         idempotency_key: str | None) -> statements.Statements[int]:
+        """A send's statements, on any cursor: lock the run, refuse a
+        finished one, find a message of the same key, insert, wake."""
         params = cls._params(run_id=checked_run_id(run_id), topic=topic, payload=payload_json,
                              key=idempotency_key, wait_key=message_key(topic))
-        run = conn.execute(sql["lock_run_wait"], params).fetchone()
+        run = yield statements.Statement(sql["lock_run_wait"], params)
         if run is None:
             raise SendRefused(f"no run with id {run_id}: the message was not stored")
         if run["status"] not in ACTIVE_STATUSES:
             raise SendRefused(f"run {run_id} is {run['status']}: it receives no more messages "
                               "(the message was not stored)")
         if idempotency_key is not None:
-            found = conn.execute(sql["message_by_key"], params).fetchone()
+            found = yield statements.Statement(sql["message_by_key"], params)
             if found is not None:
                 return int(found["id"])
-        row = conn.execute(sql["insert_message"], params).fetchone()
+        row = yield statements.Statement(sql["insert_message"], params)
         if run["status"] == "scheduled" and run["wait_key"] in (params["wait_key"], SEVERAL):
-            conn.execute(sql["wake_waiter"], params).fetchall()
+            yield statements.Statement(sql["wake_waiter"], params, all=True)
         return int(row["id"])
 
     # -- the waiting run's side ----------------------------------------------

@@ -1,0 +1,186 @@
+"""Case 14, async I/O: runs that each make 10 I/O calls of 20 ms, written
+async (``await gather`` of async steps on the run's event loop) against the
+same workflow written sync (``parallel`` of sync steps, a thread each).
+
+The I/O is a request to a local TCP server (in this process, on
+127.0.0.1) that answers each request 20 ms after it arrives. Each run's 10
+calls are 10 steps in one fork, so both forms wait about 20 ms per run and
+record the same 10 rows; what differs is the machinery: tasks on one loop
+against a thread per branch. Executed in this process (``runner.execute``
+of claimed runs, as a supervisor child does, one run at a time), on
+PostgreSQL and SQLite.
+
+Paired: each repetition times ``runs`` runs of each form on the same
+database, the order alternating between repetitions, and the ratio is taken
+within the repetition.
+
+``python -m bench.case14_async --database URL [--runs N] [--reps N]``
+runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import socketserver
+import threading
+import time
+from typing import Any
+
+from everystep import gather, parallel, runner, step, workflow
+from everystep.store import Store, connect
+
+from . import esdb
+from .context import Context
+from .report import Section, Table
+from .stats import Series
+
+CLAIMER = "bench-async"
+CALLS = 10
+DELAY = 0.020
+
+
+class _Slow(socketserver.StreamRequestHandler):
+    """Answers one line with ``ok`` after ``DELAY`` seconds."""
+
+    def handle(self) -> None:
+        self.rfile.readline()
+        time.sleep(DELAY)
+        self.wfile.write(b"ok\n")
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+
+_port = {"value": 0}
+
+
+@step
+async def call_async(index: int) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port["value"])
+    try:
+        writer.write(f"{index}\n".encode())
+        await writer.drain()
+        return (await reader.readline()).decode().strip()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+@step
+def call_sync(index: int) -> str:
+    with socket.create_connection(("127.0.0.1", _port["value"])) as conn:
+        conn.sendall(f"{index}\n".encode())
+        return conn.makefile("rb").readline().decode().strip()
+
+
+@workflow(name="bench.case14.ten_awaited")
+async def ten_awaited(label: str) -> Any:
+    return await gather(*[call_async(index) for index in range(CALLS)])
+
+
+@workflow(name="bench.case14.ten_threaded")
+def ten_threaded(label: str) -> Any:
+    return parallel(*[lambda index=index: call_sync(index) for index in range(CALLS)])
+
+
+FORMS = {"async": ten_awaited, "sync": ten_threaded}
+
+
+def _batch(store: Store, form: str, runs: int, rep: int) -> float:
+    """Seconds to execute ``runs`` runs of ``form``, each claimed first
+    (scheduling and claiming are outside the timing)."""
+    wf = FORMS[form]
+    for index in range(runs):
+        store.schedule(wf.name, f'["{form}-{rep}-{index}"]')
+    claimed = store.claim(CLAIMER, runs, [wf.name])
+    if len(claimed) != runs:
+        raise RuntimeError(f"claimed {len(claimed)} of {runs} runs")
+    start = time.perf_counter()
+    for run in claimed:
+        if runner.execute(store, run, claimer=CLAIMER) != "completed":
+            raise RuntimeError(f"a {form} run did not complete")
+    return time.perf_counter() - start
+
+
+def measure(url: str, runs: int, reps: int) -> dict[str, Series]:
+    """ms per run of each form, and sync ÷ async within each repetition."""
+    server = _Server(("127.0.0.1", 0), _Slow)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _port["value"] = server.server_address[1]
+    store = connect(url)
+    out = {"async": Series(), "sync": Series(), "ratio": Series()}
+    try:
+        store.migrate()
+        for form in FORMS:  # warm up: connections, prepared statements
+            _batch(store, form, max(2, runs // 10), -1)
+        for rep in range(reps):
+            order = ("async", "sync") if rep % 2 == 0 else ("sync", "async")
+            ms = {form: _batch(store, form, runs, rep) / runs * 1000.0 for form in order}
+            for form, value in ms.items():
+                out[form].add(value)
+            out["ratio"].add(ms["sync"] / ms["async"])
+    finally:
+        store.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    return out
+
+
+def run(ctx: Context) -> None:
+    s = ctx.settings
+    out = ctx.results.setdefault("case14", {})
+    runs, reps = max(5, s.overhead_steps // 2), max(3, s.overhead_reps)
+    for key, url in (("pg", ctx.urls["es"]), ("sqlite", f"sqlite:///{ctx.work.path / 'async.db'}")):
+        if key == "pg":
+            esdb.reset(url)
+        out[key] = measure(url, runs, reps)
+        out["runs"], out["reps"] = runs, reps
+        ctx.log(f"case 14: {key}: async {out[key]['async'].median:.2f} ms per run, "
+                f"sync {out[key]['sync'].median:.2f} ms")
+
+
+def section(ctx: Context) -> Section:
+    out = ctx.results.get("case14", {})
+    section = Section(
+        "case14", "Case 14 — async I/O: gather against parallel",
+        method=(
+            f"In process, `runner.execute` of claimed runs that each make {CALLS} requests to a local TCP "
+            f"server answering after {DELAY * 1000:.0f} ms, as {CALLS} steps in one fork: an async workflow "
+            f"awaiting `gather` of async steps (tasks on the run's loop) against the same workflow written "
+            f"sync with `parallel` of sync steps (a thread per branch). {out.get('runs', '?')} runs of each "
+            f"form per repetition, {out.get('reps', '?')} repetitions alternating which form goes first; the "
+            "ratio is taken within each repetition."
+        ),
+    )
+    table = Table(["database", "async, ms per run", "sync, ms per run", "sync ÷ async (paired)"])
+    for key, label in (("pg", "PostgreSQL (benchmark setting: durable commit)"),
+                       ("sqlite", "SQLite (WAL, synchronous=NORMAL)")):
+        data = out.get(key)
+        if data:
+            table.add(label, data["async"].cell(2), data["sync"].cell(2), data["ratio"].cell(2))
+        else:
+            table.add(label, "n/a", "n/a", "n/a")
+    section.tables.append(table)
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.case14_async")
+    parser.add_argument("--database", required=True)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    data = measure(args.database, args.runs, args.reps)
+    for key, series in data.items():
+        print(f"{key:6} median {series.median:.3f}  low {series.low:.3f}  high {series.high:.3f}")
+
+
+if __name__ == "__main__":
+    main()
