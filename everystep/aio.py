@@ -71,10 +71,7 @@ def is_async(fn: Any) -> bool:
 
 
 def loop_running() -> bool:
-    """Whether an event loop runs on this thread: a step called while a run
-    records here is then called from an async body. (A sync body's thread,
-    or the worker thread of a sync step called from an async body, has no
-    running loop.)"""
+    """Whether an event loop runs on this thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -82,11 +79,32 @@ def loop_running() -> bool:
     return True
 
 
+#: True in the context an async workflow body runs in (and the tasks it
+#: starts, which copy it). A loop running on the thread is not enough to
+#: say a step call comes from an async body: a sync body may run on a
+#: thread where someone else's loop runs (a test driving a browser, a
+#: notebook).
+_async_body: contextvars.ContextVar[bool] = contextvars.ContextVar("everystep_async_body", default=False)
+
+
+def in_async_body() -> bool:
+    """Whether a step called here is called from an async workflow body:
+    its context says so and its loop runs on this thread. (The worker
+    thread of a sync step called from an async body has the context, not
+    the loop: its steps run there and then.)"""
+    return _async_body.get() and loop_running()
+
+
+async def _as_body(body: Coroutine[Any, Any, Any]) -> Any:
+    _async_body.set(True)
+    return await body
+
+
 def run_body(fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...] | list[Any]) -> Any:
     """Run an async workflow body to its end on a new event loop, in this
     thread's context (the run's ``Context`` goes with it). The loop is
     closed when the body ends, with whatever tasks it left cancelled."""
-    return asyncio.run(fn(*args))
+    return asyncio.run(_as_body(fn(*args)))
 
 
 def call_body(fn: Callable[..., Any], args: tuple[Any, ...] | list[Any]) -> Any:
@@ -107,6 +125,9 @@ def blocking(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> T:
+        if loop_running():  # someone else's loop runs here (a notebook's): the step gets a thread of its own
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="everystep-async-step") as pool:
+                return pool.submit(contextvars.copy_context().run, asyncio.run, fn(*args, **kwargs)).result()
         if threading.current_thread() is not threading.main_thread():
             return asyncio.run(fn(*args, **kwargs))
         runner: asyncio.Runner | None = getattr(_loops, "runner", None)
@@ -273,7 +294,7 @@ async def _execute(store: Store, run: Run, claimer: str, draining: Flag | None,
         if workflow is None:
             raised = runner.unregistered(run)
         else:
-            value = await workflow.fn(*run.args)
+            value = await _as_body(workflow.fn(*run.args))
     except BaseException as exc:
         raised = runner.body_raised(ctx, token, exc)
     return await asyncio.to_thread(runner.finish_execution, ctx, token, value, raised)
@@ -330,4 +351,4 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 __all__ = ["SharedLoop", "blocking", "call_body", "execute_guarded", "gather", "in_thread", "is_async",
-           "loop_running", "run_body", "step_call"]
+           "in_async_body", "loop_running", "run_body", "step_call"]

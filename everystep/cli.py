@@ -261,13 +261,15 @@ def _given_before_or_after(commands: argparse._SubParsersAction[OneLineParser]) 
 # management commands), declared once here and shared with it.
 
 
-def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
+def add_runs_arguments(parser: argparse.ArgumentParser, version_options: Sequence[str] = ("--version",)) -> None:
+    """``runs``' options; a host whose parser has ``--version`` of its own
+    (Django's commands) names the version filter otherwise."""
     # Plain strings: argparse lists the choices with repr() when refusing one.
     parser.add_argument("--status", choices=[str(status) for status in RUN_STATUSES], metavar="STATUS",
                         help=f"only runs in this status: {', '.join(RUN_STATUSES)} (default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
     parser.add_argument("--parent", metavar="RUN", help="only the child runs this run started (default: all)")
-    parser.add_argument("--version", metavar="V", default=None,
+    parser.add_argument(*version_options, dest="version", metavar="V", default=None,
                         help="only runs started under this code version (default: all)")
     parser.add_argument("--limit", type=count(1, 100_000), default=DEFAULT_RUNS_LIMIT, metavar="N",
                         help=f"show at most N runs (default {DEFAULT_RUNS_LIMIT})")

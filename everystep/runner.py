@@ -163,7 +163,7 @@ def call_step(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any])
     ctx = recording_context()
     if ctx is None:
         return step.fn(*args, **kwargs)
-    if aio.loop_running():
+    if aio.in_async_body():
         return aio.step_call(step, args, kwargs, name)
     return run_step(ctx, step, args, kwargs, name)
 

@@ -271,3 +271,20 @@ def test_a_worker_gives_back_an_async_run_still_awaiting_at_its_drain_deadline(s
     assert leftovers == [[run.id]]
     assert store.get_run(run.id).status == SCHEDULED  # given back; its first step stays recorded
     assert [(s.step_id, s.status) for s in store.get_steps(run.id)] == [("1", STEP_DONE)]
+
+
+def test_a_sync_body_on_a_thread_where_another_loop_runs_calls_its_steps_now(store: Store) -> None:
+    """Someone else's event loop running on the thread (a test driving a
+    browser, a notebook) does not make a sync body async: its sync steps
+    run there and then, and its async steps on a loop of their own."""
+    from tests.apps import shapes
+
+    plain = schedule(shapes.linear, 3, database=store)
+    mixed = schedule(app.mixed_sync, 1, database=store)
+
+    async def host() -> list[str]:
+        return [execute_run(store, plain.id), execute_run(store, mixed.id)]
+
+    assert asyncio.run(host()) == [COMPLETED, COMPLETED]
+    assert store.get_run(mixed.id).result == [
+        "fetched a1", "computed b1", ["fetched c1", ("computed d1", "fetched e1")], "computed f1"]

@@ -141,8 +141,17 @@ def test_runs_lists_like_everystep_runs(project: Project) -> None:
     out = io.StringIO()
     call_command("everystep_runs", stdout=out)
     lines = out.getvalue().splitlines()
-    assert lines[0].split() == ["RUN", "STATUS", "WORKFLOW", "CLAIMED", "BY", "CREATED", "(UTC)"]
+    assert lines[0].split() == ["RUN", "STATUS", "WORKFLOW", "VERSION", "CLAIMED", "BY", "CREATED", "(UTC)"]
     assert {line.split()[0] for line in lines[1:]} == {first.id, blocked.id}
+    # Django owns --version: the version filter is --app-version here.
+    version = everystep.get_run(first.id).app_version
+    assert version
+    out = io.StringIO()
+    call_command("everystep_runs", "--app-version", version, "--json", stdout=out)
+    assert first.id in [item["id"] for item in json.loads(out.getvalue())]
+    out = io.StringIO()
+    call_command("everystep_runs", "--app-version", "no-such-version", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == []
     out = io.StringIO()
     call_command("everystep_runs", "--status", "blocked", "--json", stdout=out)
     assert [item["id"] for item in json.loads(out.getvalue())] == [blocked.id]

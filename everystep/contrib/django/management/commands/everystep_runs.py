@@ -14,7 +14,7 @@ class Command(EverystepCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         super().add_arguments(parser)
-        cli.add_runs_arguments(parser)
+        cli.add_runs_arguments(parser, version_options=("--app-version",))  # --version is Django's own
 
     def run(self, options: argparse.Namespace) -> None:
         from ...database import store
