@@ -245,6 +245,21 @@ SELECT (SELECT count(*) FROM everystep_workflow
 FROM (SELECT 1) AS one
 LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(step_id)s
 
+-- name: _wake_parent
+-- Fragment: the CTE that wakes the parent of the run a statement just
+-- `finished`, if it waits for that child (see finish_run); `woken` rows
+-- are notified by the statement's last line.
+woke AS (
+    UPDATE everystep_workflow AS p
+    SET not_before = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
+                          THEN clock_timestamp() ELSE p.not_before END,
+        wait_key = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
+                        THEN NULL ELSE p.wait_key END
+    FROM finished
+    WHERE p.id = finished.parent_id
+    RETURNING p.name, p.status = 'scheduled' AND p.wait_key IS NULL AS woken
+)
+
 -- name: finish_run
 -- Asynchronous commit, like claims: every step is already durable, so if a
 -- crash loses this write the run is still running under its claimer and a
@@ -263,16 +278,7 @@ WITH async_commit AS (
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
     RETURNING id, parent_id
-), woke AS (
-    UPDATE everystep_workflow AS p
-    SET not_before = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
-                          THEN clock_timestamp() ELSE p.not_before END,
-        wait_key = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
-                        THEN NULL ELSE p.wait_key END
-    FROM finished
-    WHERE p.id = finished.parent_id
-    RETURNING p.name, p.status = 'scheduled' AND p.wait_key IS NULL AS woken
-)
+), {_wake_parent}
 SELECT finished.id, NULL::uuid AS wake_parent FROM finished
 WHERE (SELECT count(pg_notify('everystep_scheduled', woke.name)) FROM woke WHERE woke.woken) >= 0
 
@@ -296,13 +302,7 @@ WITH owned AS (
            %(step_result)s::json, %(step_error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
            %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
     FROM owned
-    ON CONFLICT (workflow_id, step_id) DO UPDATE
-    SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
-        status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
-        started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
-        attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
-        cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
-    WHERE everystep_step.status IN {step_open_statuses}
+    {_step_upsert}
     RETURNING completed_at
 ), finished AS (
     UPDATE everystep_workflow
@@ -310,16 +310,7 @@ WITH owned AS (
         completed_at = clock_timestamp()
     WHERE id = (SELECT id FROM owned) AND EXISTS (SELECT 1 FROM step)
     RETURNING id, parent_id
-), woke AS (
-    UPDATE everystep_workflow AS p
-    SET not_before = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
-                          THEN clock_timestamp() ELSE p.not_before END,
-        wait_key = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
-                        THEN NULL ELSE p.wait_key END
-    FROM finished
-    WHERE p.id = finished.parent_id
-    RETURNING p.name, p.status = 'scheduled' AND p.wait_key IS NULL AS woken
-)
+), {_wake_parent}
 SELECT step.completed_at FROM step, finished
 WHERE (SELECT count(pg_notify('everystep_scheduled', woke.name)) FROM woke WHERE woke.woken) >= 0
 
@@ -346,13 +337,7 @@ WITH owned AS (
            %(step_result)s::json, %(step_error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
            %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
     FROM owned
-    ON CONFLICT (workflow_id, step_id) DO UPDATE
-    SET name = EXCLUDED.name, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
-        status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error,
-        started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at,
-        attempt = EXCLUDED.attempt, wake_at = EXCLUDED.wake_at,
-        cpu_seconds = EXCLUDED.cpu_seconds, peak_rss_bytes = EXCLUDED.peak_rss_bytes
-    WHERE everystep_step.status IN {step_open_statuses}
+    {_step_upsert}
     RETURNING completed_at
 ), run AS (
     UPDATE everystep_workflow
