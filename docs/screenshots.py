@@ -1,6 +1,6 @@
-"""Take the console screenshots shown in the README.
+"""Take the console screenshots shown in the README and the docs.
 
-    python docs/screenshots.py [--out docs]
+    python docs/screenshots.py [--out docs/img]
 
 Builds a throwaway SQLite database with runs of ``examples.app`` in every
 state (completed, failed, blocked, one stopped part-way through a parallel
@@ -79,7 +79,7 @@ def populate(store: Store) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "docs"), help="directory for the PNG files")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "img"), help="directory for the PNG files")
     args = parser.parse_args()
     out = Path(args.out)
     with tempfile.TemporaryDirectory() as tmp:
