@@ -1,8 +1,8 @@
 """The example Django project's own README works as written: every
 ``python manage.py`` command it gives exists, ``createsuperuser``
-included; its settings give SQLite the lock timeout the main README
-recommends; and git ignores the database with the files WAL mode keeps
-beside it."""
+included; its settings give SQLite the lock timeout the Django guide
+(docs/how-to/django.md) recommends; and git ignores the database with the
+files WAL mode keeps beside it."""
 
 from __future__ import annotations
 

@@ -388,10 +388,10 @@ def test_process_titles_are_as_documented(db_url: str, store: Any, supervisors: 
     run = schedule(supervised.gated_flow, {"dir": str(tmp_path), "gate": "go"}, database=store)
     sup.busy_child(run.id, "2")
     assert _title(child["pid"]) == f"everystep-supervisor: child 1 {supervised.gated_flow.name} {run.id} step 2"
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "supervisor.md").read_text()
     for documented in ("everystep-supervisor: master NAME", "everystep-supervisor: child N idle",
                        "everystep-supervisor: child N WORKFLOW RUN_ID step STEP_ID"):
-        assert documented in readme, documented
+        assert documented in guide, documented
     open_gate(tmp_path, "go")
 
 
