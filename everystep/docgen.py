@@ -292,7 +292,7 @@ def _status_table(enum: Iterable[Any], groups: dict[str, Sequence[str]], kind: s
         if meaning is None:
             raise LookupError(f"{kind} status {member!r} has no meaning in everystep.docgen.STATUS_MEANINGS")
         within = ", ".join(name for name, members in groups.items() if member in members)
-        rows.append((code(member), meaning, within))
+        rows.append((code(member.value), meaning, within))
     return table(("Status", "Meaning", "In"), rows)
 
 
@@ -345,6 +345,8 @@ ENVIRONMENT: tuple[Variable, ...] = (
              "the database when no `--database` or `database=` is given (default `sqlite:///everystep.db`)"),
     Variable("EVERYSTEP_UI_AUTH_TOKEN", "everystep ui",
              "the console's token when `--auth-token` is not given"),
+    Variable("USER", "everystep remote", "who a request comes from (its `requested_by`, with the host name; "
+             "else the numeric user id)"),
     Variable(metrics.MULTIPROC_ENV, "the library's metrics",
              "prometheus_client's multiprocess directory; the supervisor sets it to a private directory when "
              "`--metrics-port` is given, so every child's values are aggregated"),
