@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -89,9 +90,14 @@ def help_text(action: argparse.Action, parser: argparse.ArgumentParser) -> str:
     if params.get("choices") is not None:
         params["choices"] = ", ".join(map(str, params["choices"]))
     try:
-        return action.help % params
+        described = action.help % params
     except (KeyError, TypeError, ValueError):
-        return action.help
+        described = action.help
+    # "(default: the CPU count, 8 here)": the value is the build machine's.
+    return _HERE.sub(")", described)
+
+
+_HERE = re.compile(r", [^,()]+ here\)")
 
 
 def _signature(action: argparse.Action) -> str:
@@ -147,13 +153,15 @@ def cli_markdown(parser: argparse.ArgumentParser, heading: int = 2) -> str:
     """The reference of a command: its usage, its options, and every
     subcommand (recursively) with its arguments, flags, metavars, defaults
     and help, walked from the parser itself."""
-    out = [f"```text\n{parser.format_usage().strip()}\n```", text(parser.description or "")]
+    out = [f"```text\n{usage(parser)}\n```", text(parser.description or "")]
     if parser.epilog:
         out.append(text(parser.epilog))
     own = documented_actions(parser)
     if own:
         out.append(f"{'#' * heading} Options of {code(parser.prog)}")
-        out.append("Given before the command; the options marked as common are accepted after it too.")
+        if any(True for _ in subcommands(parser)):
+            out.append("Given before the command; those listed as common options under a command are "
+                       "accepted after it too.")
         out.append("\n".join(_argument_item(parser, action) for action in own))
     for path, sub in walk(parser):
         if not path:
@@ -163,7 +171,7 @@ def cli_markdown(parser: argparse.ArgumentParser, heading: int = 2) -> str:
         out.append(f"{'#' * level} {' '.join(path)}")
         if summary:
             out.append(f"*{text(summary)}*")
-        out.append(f"```text\n{sub.format_usage().strip()}\n```")
+        out.append(f"```text\n{usage(sub)}\n```")
         if sub.description:
             out.append(text(sub.description))
         actions = documented_actions(sub)
@@ -174,6 +182,17 @@ def cli_markdown(parser: argparse.ArgumentParser, heading: int = 2) -> str:
         if shared:
             out.append("Common options: " + ", ".join(code(action.option_strings[-1]) for action in shared) + ".")
     return "\n\n".join(out) + "\n"
+
+
+def usage(parser: argparse.ArgumentParser) -> str:
+    """The usage line as ``--help`` prints it, wrapped at a fixed width
+    rather than the terminal's, so every build renders the same page."""
+    formatter = argparse.HelpFormatter(parser.prog, width=USAGE_WIDTH)
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
+    return formatter.format_help().strip()
+
+
+USAGE_WIDTH = 88
 
 
 def _parent(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> argparse.ArgumentParser:
@@ -260,9 +279,10 @@ def metrics_markdown() -> str:
 
 # -- statuses ------------------------------------------------------------------
 
-#: What each status means. A status added to an enum without a line here
-#: fails the documentation build (``statuses_markdown`` raises).
-STATUS_MEANINGS: dict[str, str] = {
+#: What each status means, per kind (``failed`` is a run's and a step's).
+#: A status added to an enum without a line here fails the documentation
+#: build (``statuses_markdown`` raises).
+RUN_STATUS_MEANINGS: dict[str, str] = {
     RunStatus.SCHEDULED: "waiting to be claimed, now or at its not-before time (a delayed start, a sleep, a "
                          "retry's backoff, a wait for a message or a child)",
     RunStatus.RUNNING: "claimed by a runner, which is executing it",
@@ -272,12 +292,16 @@ STATUS_MEANINGS: dict[str, str] = {
     RunStatus.BLOCKED: "an unsafe step was interrupted mid-effect; an operator resolves it "
                        "(`everystep resolve-step`)",
     RunStatus.CANCELLED: "an operator cancelled it (`everystep cancel`); final",
+}
+STEP_STATUS_MEANINGS: dict[str, str] = {
     StepStatus.STARTED: "an unsafe step's effect may be under way (its mark before the call)",
     StepStatus.DONE: "the step returned; its result is replayed from now on",
     StepStatus.FAILED: "the step raised and will not be retried; the error is replayed",
     StepStatus.RETRYING: "an attempt failed; the next one is due at `wake_at`",
     StepStatus.SLEEPING: "a durable sleep that ends at `wake_at`",
     StepStatus.WAITING: "waits for a message or a child run, at most until `wake_at`",
+}
+REQUEST_STATUS_MEANINGS: dict[str, str] = {
     RequestStatus.PENDING: "submitted, not yet taken by its runner",
     RequestStatus.TAKEN: "its runner is acting on it",
     RequestStatus.ANSWERED: "its runner replied (`reply`)",
@@ -285,12 +309,12 @@ STATUS_MEANINGS: dict[str, str] = {
 }
 
 
-def _status_table(enum: Iterable[Any], groups: dict[str, Sequence[str]], kind: str) -> str:
+def _status_table(enum: Iterable[Any], meanings: dict[str, str], groups: dict[str, Sequence[str]]) -> str:
     rows = []
     for member in enum:
-        meaning = STATUS_MEANINGS.get(member)
+        meaning = meanings.get(member.value)
         if meaning is None:
-            raise LookupError(f"{kind} status {member!r} has no meaning in everystep.docgen.STATUS_MEANINGS")
+            raise LookupError(f"status {member!r} has no meaning in everystep.docgen")
         within = ", ".join(name for name, members in groups.items() if member in members)
         rows.append((code(member.value), meaning, within))
     return table(("Status", "Meaning", "In"), rows)
@@ -302,18 +326,18 @@ def statuses_markdown() -> str:
     step_groups = {"open": STEP_OPEN_STATUSES, "waiting": STEP_WAITING}
     return "\n\n".join([
         "## Run statuses\n\nStored in `everystep_workflow.status` (`everystep.models.RunStatus`).",
-        _status_table(RunStatus, run_groups, "run"),
+        _status_table(RunStatus, RUN_STATUS_MEANINGS, run_groups),
         "- *active*: not final yet: it may still be claimed, executed or resolved; retention never deletes it.\n"
         "- *terminal*: where `wait()` returns.\n"
         "- *execution end*: where an execution ends a run (counted by `everystep_workflow_runs_total`).\n"
         "- *prunable*: `everystep prune` may delete it.\n"
         "- *cancellable*: `everystep cancel` accepts it.",
         "## Step statuses\n\nStored in `everystep_step.status` (`everystep.models.StepStatus`).",
-        _status_table(StepStatus, step_groups, "step"),
+        _status_table(StepStatus, STEP_STATUS_MEANINGS, step_groups),
         "- *open*: no final outcome yet; the step's next record overwrites it.\n"
         "- *waiting*: waits for its `wake_at`, a message or a child run.",
         "## Operator request statuses\n\nStored in `everystep_request.status` (`everystep remote`, the console).",
-        _status_table(RequestStatus, {}, "request"),
+        _status_table(RequestStatus, REQUEST_STATUS_MEANINGS, {}),
     ]) + "\n"
 
 
