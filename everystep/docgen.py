@@ -20,10 +20,11 @@ import os
 import re
 import sqlite3
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from . import cliutil, metrics
+from .vocabulary import INVALID_COMMAND
 from .models import (
     ACTIVE_STATUSES, CANCELLABLE_STATUSES, EXECUTION_ENDS, PRUNABLE_STATUSES, STEP_OPEN_STATUSES, STEP_WAITING,
     TERMINAL_STATUSES, RequestStatus, RunStatus, StepStatus,
@@ -240,7 +241,7 @@ class MetricInfo:
 #: Label values the code fixes, from the vocabularies that fix them.
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "reason": metrics.RESTART_REASONS,
-    "command": (*metrics.SUPERVISOR_COMMANDS, metrics.INVALID_COMMAND),
+    "command": (*metrics.SUPERVISOR_COMMANDS, INVALID_COMMAND),
     "kind": metrics.WAIT_KINDS,
 }
 
@@ -309,7 +310,7 @@ REQUEST_STATUS_MEANINGS: dict[str, str] = {
 }
 
 
-def _status_table(enum: Iterable[Any], meanings: dict[str, str], groups: dict[str, Sequence[str]]) -> str:
+def _status_table(enum: Iterable[Any], meanings: Mapping[str, str], groups: Mapping[str, Sequence[str]]) -> str:
     rows = []
     for member in enum:
         meaning = meanings.get(member.value)
