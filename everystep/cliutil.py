@@ -1,7 +1,7 @@
 """Command-line plumbing shared by ``everystep`` and ``everystep-supervisor``:
 exit codes, one-line errors, validated option types, tables, logging.
 
-Exit codes (documented in the README):
+Exit codes (``EXIT_CODES`` says them to ``--help`` and to the reference, docs/reference/exit-codes.md):
 
 - 0: done;
 - 1: the command ran and has bad news (``check-deploy`` found runs that
