@@ -67,8 +67,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
                            str(ROOT / "mkdocs.yml"), "--site-dir", str(directory)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-    warnings = [line for line in done.stderr.splitlines() if line.startswith(("WARNING", "ERROR"))]
-    failure = None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    output = (done.stdout + done.stderr).splitlines()
+    warnings = [line for line in output if line.startswith(("WARNING", "ERROR"))]
+    verdict = [line for line in output if line.startswith("Aborted")] or output[-1:] or ["(no output)"]
+    failure = None if done.returncode == 0 else f"mkdocs exited {done.returncode}: {verdict[-1]}"
     return Site(directory, failure, warnings)
 
 
