@@ -20,12 +20,14 @@ from . import admin, dryrun, patches, queue_commands, registry, relay, resources
 from .api import check_arguments, workflow_placement
 from .queues import Placement
 from .cliutil import (
+    EXIT_CODES,
     EXIT_UNAVAILABLE,
     LOG_LEVELS,
     PORT,
     OneLineParser,
     add_logging_arguments,
     count,
+    exit_codes_epilog,
     queue_list,
     fail,
     format_table,
@@ -71,9 +73,7 @@ def _command(commands: Any, name: str, summary: str, description: str) -> OneLin
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="everystep", description="Durable workflows recorded step by step in SQL.",
-        epilog="Exit codes: 0 done; 1 the command ran and reports a problem (check-deploy, remote); "
-               "2 bad input or a refused request, including a database that refuses the configuration (no "
-               "such database or role, a bad password or option); 3 the database is unreachable.",
+        epilog=exit_codes_epilog(EXIT_CODES),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     # The options every command takes are accepted before the command too

@@ -1,7 +1,7 @@
 """Command-line plumbing shared by ``everystep`` and ``everystep-supervisor``:
 exit codes, one-line errors, validated option types, tables, logging.
 
-Exit codes (documented in docs/reference/exit-codes.md):
+Exit codes (``EXIT_CODES`` says them to ``--help`` and to the reference, docs/reference/exit-codes.md):
 
 - 0: done;
 - 1: the command ran and has bad news (``check-deploy`` found runs that
@@ -27,6 +27,21 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
+
+#: What each exit code of ``everystep`` means: its ``--help`` epilog and the
+#: reference (``everystep.docgen``) both read this table.
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "done",
+    EXIT_FAILED: "the command ran and reports a problem (check-deploy, remote)",
+    EXIT_USAGE: "bad input or a refused request, including a database that refuses the configuration (no "
+                "such database or role, a bad password or option)",
+    EXIT_UNAVAILABLE: "the database is unreachable",
+}
+
+
+def exit_codes_epilog(codes: dict[int, str], separator: str = "; ") -> str:
+    """``Exit codes: 0 done; 1 …`` for a ``--help`` epilog."""
+    return "Exit codes: " + separator.join(f"{code} {meaning}" for code, meaning in codes.items()) + "."
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

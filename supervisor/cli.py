@@ -15,11 +15,15 @@ import psutil
 
 from everystep import metrics, registry, versions
 from everystep.cliutil import (
+    EXIT_FAILED,
+    EXIT_OK,
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     PORT,
     OneLineParser,
     add_logging_arguments,
     count,
+    exit_codes_epilog,
     queue_list,
     fail,
     seconds,
@@ -37,6 +41,17 @@ from .states import Command
 PROG = "everystep-supervisor"
 METRICS_DIR_PREFIX = "everystep-metrics-"
 logger = logging.getLogger("everystep.supervisor")
+#: What each exit code of ``everystep-supervisor`` means: its ``--help``
+#: epilog and the reference (``supervisor.docgen``) both read this table.
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "done",
+    EXIT_FAILED: "stopped by a failure (children failing to boot, runner name taken over)",
+    EXIT_USAGE: "bad command line or a database that refuses the configuration (no such database or role, a "
+                "bad password or option)",
+    EXIT_UNAVAILABLE: "database still unreachable when --wait-for-database ran out",
+}
+#: Ctrl-C while waiting for the database, before anything started (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 def _size(text: str) -> int:
@@ -51,10 +66,8 @@ def build_parser() -> OneLineParser:
         prog=PROG,
         description="Run everystep workflows in forked child processes (one run per child at a time).",
         epilog="Signals: TERM/INT drain (a second INT stops at once), QUIT fast stop, HUP reload, TTIN/TTOU "
-               f"one child more/less. Control a running supervisor with '{PROG} ctl --help'. Exit codes: 0 "
-               "done, 1 stopped by a failure (children failing to boot, runner name taken over), 2 bad "
-               "command line or a database that refuses the configuration (no such database or role, a bad "
-               "password or option), 3 database still unreachable when --wait-for-database ran out.",
+               f"one child more/less. Control a running supervisor with '{PROG} ctl --help'. "
+               + exit_codes_epilog(EXIT_CODES, ", "),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     parser.add_argument("-A", "--app", metavar="MODULE[,MODULE]", default="",
@@ -287,7 +300,7 @@ def _run(config: Config) -> int:
     except EverystepError as exc:
         fail(str(exc), prog=PROG)
     except KeyboardInterrupt:
-        return 130  # Ctrl-C while waiting for the database: nothing started yet
+        return EXIT_INTERRUPTED  # Ctrl-C while waiting for the database: nothing started yet
     arbiter = Arbiter(config, store, notifier)
     try:
         return arbiter.run()

@@ -1,0 +1,115 @@
+"""The supervisor's parts of the reference, rendered from its code: its
+command line and ``ctl`` (the parsers), the control socket (the request
+and reply dataclasses of ``supervisor.protocol``), its exit codes and the
+environment it reads. ``GENERATED`` is ``everystep.docgen.GENERATED`` and
+these: the documentation hook and the tests use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from everystep import docgen
+from everystep.docgen import code, table, text
+
+from . import cli, protocol
+from .states import ChildState
+
+#: Environment variables the supervisor reads (besides the library's).
+ENVIRONMENT: tuple[docgen.Variable, ...] = (
+    docgen.Variable("RUNTIME_DIRECTORY", "everystep-supervisor, its ctl",
+                    "where the control socket goes by default (`everystep-supervisor.sock`; systemd's "
+                    "`RuntimeDirectory=` sets it), else the working directory"),
+    docgen.Variable("NOTIFY_SOCKET", "everystep-supervisor",
+                    "systemd's notification socket (`Type=notify`): READY, STATUS, STOPPING and watchdog pings "
+                    "go there; removed from the children's environment"),
+    docgen.Variable("WATCHDOG_USEC", "everystep-supervisor",
+                    "systemd's `WatchdogSec=`: the supervisor pings at half of it"),
+    docgen.Variable("WATCHDOG_PID", "everystep-supervisor",
+                    "the process systemd's watchdog is for; a watchdog meant for another process is ignored"),
+)
+
+
+def supervisor_cli() -> str:
+    return docgen.cli_markdown(cli.build_parser(), heading=3)
+
+
+def ctl_cli() -> str:
+    return docgen.cli_markdown(cli.build_ctl_parser(), heading=3)
+
+
+def _type_name(hint: Any) -> str:
+    text_hint = str(hint).replace("typing.", "")
+    return getattr(hint, "__name__", text_hint) if not typing.get_args(hint) else text_hint
+
+
+def _fields(cls: type[Any]) -> list[tuple[str, str, str]]:
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING:
+            default = repr(field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            default = repr(field.default_factory())
+        else:
+            default = ""
+        rows.append((field.name, _type_name(hints[field.name]), default))
+    return rows
+
+
+def _fields_table(cls: type[Any]) -> str:
+    return table(("Field", "Type", "Default"),
+                 [(code(name), code(kind), code(default) if default else "required")
+                  for name, kind, default in _fields(cls)])
+
+
+def control_socket() -> str:
+    """Every command of the control socket: its request (from
+    ``protocol.REQUESTS``), the ``ctl`` help for it, and its reply (from
+    ``protocol.REPLIES``)."""
+    ctl = {name: (sub, summary) for name, sub, summary in docgen.subcommands(cli.build_ctl_parser())}
+    out = []
+    for command, request in protocol.REQUESTS.items():
+        sub, summary = ctl[command]
+        out.append(f"## {code(command)}")
+        out.append(f"*{text(summary)}*. {text(sub.description or '')}")
+        out.append("Request fields (besides `\"cmd\": \"" + command + "\"`):" if _fields(request)
+                   else "Request: `{\"cmd\": \"" + command + "\"}`, no other field.")
+        if _fields(request):
+            out.append(_fields_table(request))
+        reply = protocol.REPLIES[command]
+        out.append("Reply fields (besides `\"ok\": true`):")
+        out.append(_fields_table(reply))
+        if any(name == "children" for name, _k, _d in _fields(reply)):
+            out.append("Each of `children`:")
+            out.append(_fields_table(protocol.ChildStatus))
+            out.append("A child's `state`: " + ", ".join(code(state) for state in ChildState) + ".")
+    out.append("## Errors")
+    out.append("A refused or malformed request gets `{\"ok\": false, \"error\": \"one line\"}` "
+               f"(fields: {', '.join(code(name) for name, _k, _d in _fields(protocol.ErrorReply))}). "
+               f"A request line longer than {protocol.MAX_CONTROL_LINE:,} bytes is refused.")
+    return "\n\n".join(out) + "\n"
+
+
+def exit_codes() -> str:
+    codes = {**cli.EXIT_CODES, cli.EXIT_INTERRUPTED: "interrupted (Ctrl-C) while waiting for the database, "
+                                                      "before anything started"}
+    return docgen.exit_codes_table(codes) + "\n"
+
+
+def environment() -> str:
+    return docgen.environment_table(ENVIRONMENT) + "\n"
+
+
+#: Every placeholder of the reference: ``<!-- generated: NAME -->`` → its renderer.
+GENERATED: dict[str, Callable[[], str]] = {
+    **docgen.GENERATED,
+    "supervisor-cli": supervisor_cli,
+    "supervisor-ctl": ctl_cli,
+    "control-socket": control_socket,
+    "supervisor-exit-codes": exit_codes,
+    "supervisor-environment": environment,
+}
