@@ -228,7 +228,7 @@ def section(ctx: Context) -> Section:
             "(top-level statements, reset just before) and wait events. Window 2 repeats it with "
             f"`py-spy record --subprocesses --nonblocking --rate {PY_SPY_RATE}` attached; only the shares of Python "
             "samples by component (innermost frame's file) are used, scaled to window 1's CPU. Every top-level "
-            "statement is one round trip. See docs/performance.md for the reading of these tables."
+            "statement is one round trip. See docs/explanation/performance.md for the reading of these tables."
         ),
     )
     window = out.get("window")

@@ -215,7 +215,7 @@ def _scaling_section(ctx: Context, charts: list[str]) -> list[str]:
     lines = ["## Scaling (cases 7–9)", "",
              "How cost grows with history, queue depth and the number of supervisors, and what pruning costs a "
              "working supervisor. The capacity model and the reading of these numbers are in "
-             "[docs/performance.md](../docs/performance.md).", ""]
+             "[docs/explanation/performance.md](../docs/explanation/performance.md).", ""]
     lines += [f"![{name}]({name})" for name in charts]
     return lines + [""]
 

@@ -155,7 +155,7 @@ class PostgresStore(Store):
             # the step and the status.
             return super().finish_run_with_step(claim, step, status, result_json, error_json, decoded, markers)
         # One statement, not a transaction of two: BEGIN and COMMIT would be
-        # round trips of their own (docs/performance.md measures both forms).
+        # round trips of their own (docs/explanation/performance.md measures both forms).
         # A patch marker decided since the last write rides in it.
         params = self._step_params(claim, step)
         params.update(step_status=params["status"], step_result=params["result"], step_error=params["error"],

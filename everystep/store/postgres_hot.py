@@ -7,7 +7,7 @@ prepared-statement cache consulted, and results and a row maker set up per
 call. This path prepares each statement once per connection under a name
 of its own, sends its parameters as text and reads the few column types
 these statements return. Measured on a step record (``tests`` and
-``docs/performance.md``): about 60 µs of client CPU against 110, and 76,000
+``docs/explanation/performance.md``): about 60 µs of client CPU against 110, and 76,000
 instructions against 112,000.
 
 psycopg still owns the connection: its wait loop (interruptible, the query
