@@ -149,7 +149,7 @@ async def step_call(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str,
     if ctx is None:  # awaited where nothing records (inside a step's own code)
         result = step.fn(*args, **kwargs)
         return await result if inspect.isawaitable(result) else result
-    if not is_async(step.fn):
+    if not step.is_async:
         return await asyncio.to_thread(runner.run_step, ctx, step, args, kwargs, name)
     phases = runner.step_phases(ctx, step, args, kwargs, name)
     done, gauge = runner.advance(phases, None)

@@ -39,6 +39,8 @@ class WorkflowFunction:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
+        #: Whether the body is ``async def``, decided once: runners ask on every run.
+        self.is_async = aio.is_async(fn)
         #: Seconds a run may take from its schedule before it is cancelled
         #: (reason "deadline"), unless ``schedule()`` gives its own.
         self.timeout = timeout
@@ -79,6 +81,8 @@ class StepFunction:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
+        #: Whether it is ``async def``, decided once: asked on every call.
+        self.is_async = aio.is_async(fn)
         self.unsafe_to_repeat = unsafe_to_repeat
         self.timeout = timeout
         self.retry = retry

@@ -226,7 +226,8 @@ def step_phases(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs:
     ex.starting[step_id] = StepAttempt(attempt, policy.delay_after(attempt, StepTimeout()) if policy else None)
     gauge = ex.meter.begin(ctx, step_id, step) if ex.meter is not None else None
     cost: StepCost | None = None
-    with transactional.opened(ex, step) as tx:  # a transactional step's: its writes and record, one commit
+    # A transactional step's transaction: its writes and record, one commit.
+    with transactional.opened(ex, step) if step.transactional else _NO_TRANSACTION as tx:
         try:
             try:
                 token = ex.observer.step_started(ctx, step_id, step.name, step.timeout, step.unsafe_to_repeat)
@@ -237,6 +238,11 @@ def step_phases(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs:
             if gauge is not None:
                 cost = gauge.end()
         return _record(ex, ctx, step, entry, started, args, kwargs, result, error, cost, token, tx)
+
+
+#: What a plain step runs in instead of ``transactional.opened`` (cheaper
+#: than entering that generator for nothing on every step).
+_NO_TRANSACTION: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def _next_id(ex: Execution, ctx: Context, name: str | None) -> str:
@@ -457,7 +463,7 @@ def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseEx
 def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
             gauge: StepGauge | None = None) -> tuple[Any, Exception | None]:
     token = _in_step.set(True)
-    fn = aio.blocking(step.fn) if aio.is_async(step.fn) else step.fn
+    fn = aio.blocking(step.fn) if step.is_async else step.fn
     try:
         if gauge is not None:
             # Inside this ``try``: whatever the gauge raises on the step's
@@ -760,7 +766,7 @@ def execute(
     try:
         if workflow is None:
             raised = unregistered(run)
-        elif aio.is_async(workflow.fn):
+        elif workflow.is_async:
             # On its own event loop; its last step is not held back (its
             # frames are not under ``execute``: ``_is_last_act``).
             value = aio.run_body(workflow.fn, run.args)

@@ -246,7 +246,7 @@ class Worker:
         for run in runs:
             workflow = registry.get_workflow(run.name)
             future: Future[None]
-            if workflow is not None and aio.is_async(workflow.fn):
+            if workflow is not None and workflow.is_async:
                 if self._shared is None:
                     self._shared = aio.SharedLoop()
                 future = self._shared.submit(self._execute_async(run))

@@ -131,6 +131,12 @@ class Execution(StoreCore):
         store need not parse back what it was just given. ``markers``: patch
         markers to write first, in the same transaction (see the module)."""
         params = self._step_params(claim, step)
+        if not markers:  # the usual case, on every step: one statement
+            with self.connection() as conn:
+                row = self._fetchone("record_step", params, conn)
+                if row is None:
+                    return self._conflict(conn, params)
+            return StepWrite(self._written(claim, step, decoded, row), ours=True)
         single = len(markers) == 1 and "record_step_marked" in self.sql
         with self._marked(params, () if single else markers) as conn:
             row = self._record_step_with(conn, params, step, markers if single else ())

@@ -1,0 +1,137 @@
+"""Case 2's shape, this tree against an earlier commit, paired and interleaved:
+the no-regression bar (a workflow that uses none of a round's features must
+run at least as fast as before it).
+
+The earlier commit is checked out into a temporary git worktree. Each side
+gets its own database on one PostgreSQL server (the bench's durable
+throwaway cluster, or ``--database``), migrated by its own code; every
+repetition, each side in turn (the order alternating) schedules ``--runs``
+``noop3`` runs with its own ``schedule()`` and works them off with its own
+``everystep-supervisor --procs 2 --burst``. The rate is runs over the
+database-stamped window (first ``claimed_at`` to last ``completed_at``), as
+in case 2, and the ratio is taken within each repetition, so drift on a
+shared machine hits both sides alike.
+
+``python -m bench.against_commit [--base REV] [--runs N] [--reps R] [--procs P] [--database URL]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+from bench import pg  # noqa: E402
+from bench.stats import Series  # noqa: E402
+
+#: The code before the round that added waits, versions, transactional and
+#: async steps: its claim and write path are the baseline.
+DEFAULT_BASE = "b722e5f"
+
+#: Run in a side's own tree: migrate its database, then schedule N noop3 runs.
+_SCHEDULE = """
+import sys
+import everystep
+from everystep.store import connect
+from bench.workloads import noop3, payload
+store = connect(sys.argv[1])
+store.migrate()
+for i in range(int(sys.argv[2])):
+    everystep.schedule(noop3, payload(i), database=store)
+store.close()
+"""
+
+
+@contextlib.contextmanager
+def checked_out(rev: str) -> Iterator[Path]:
+    """``rev`` in a temporary detached worktree of this repository."""
+    with tempfile.TemporaryDirectory(prefix="everystep-base-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev], check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+def _env(tree: Path) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items() if key != "EVERYSTEP_DATABASE_URL"}
+    environment["PYTHONPATH"] = str(tree)
+    return environment
+
+
+def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str) -> float:
+    """One side's repetition: runs per second over the database's window."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        with contextlib.suppress(psycopg.errors.UndefinedTable):
+            conn.execute("TRUNCATE everystep_workflow CASCADE")
+    env = _env(tree)
+    subprocess.run([sys.executable, "-c", _SCHEDULE, url, str(runs)], env=env, cwd=tree, check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "supervisor.cli", "--app", "bench.workloads", "--procs", str(procs),
+                    "--database", url, "--socket", socket_path, "--log-level", "warning", "--no-progress",
+                    "--burst"], env=env, cwd=tree, check=True, timeout=60 + runs)
+    with psycopg.connect(url, autocommit=True) as conn:
+        done, seconds = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'completed'),"
+            " extract(epoch FROM max(completed_at) - min(claimed_at)) FROM everystep_workflow").fetchone()
+    if done != runs or not seconds:
+        raise RuntimeError(f"{tree}: {done} of {runs} runs completed")
+    return runs / float(seconds)
+
+
+def measure(base: Path, url_base: str, url_here: str, runs: int, reps: int, procs: int,
+            sockets: Path) -> dict[str, Series]:
+    out = {key: Series() for key in ("base", "here", "ratio")}
+    sides = [("base", base, url_base), ("here", ROOT, url_here)]
+    for side, tree, url in sides:  # warm up: each side's code and database once
+        burst(tree, url, max(runs // 5, 50), procs, str(sockets / f"{side}.sock"))
+    for rep in range(reps):
+        rates: dict[str, float] = {}
+        for side, tree, url in sides if rep % 2 == 0 else list(reversed(sides)):
+            rates[side] = burst(tree, url, runs, procs, str(sockets / f"{side}.sock"))
+        out["base"].add(rates["base"])
+        out["here"].add(rates["here"])
+        out["ratio"].add(rates["here"] / rates["base"])
+        print(f"rep {rep + 1}: base {rates['base']:,.0f} runs/s, this tree {rates['here']:,.0f} runs/s, "
+              f"ratio {rates['here'] / rates['base']:.3f}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.against_commit", description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default=DEFAULT_BASE, help=f"the earlier commit (default {DEFAULT_BASE})")
+    parser.add_argument("--runs", type=int, default=2000, help="runs per side and repetition")
+    parser.add_argument("--reps", type=int, default=6, help="paired repetitions")
+    parser.add_argument("--procs", type=int, default=2, help="the supervisor's --procs")
+    parser.add_argument("--database", default=None, help="an existing PostgreSQL server's URL "
+                        "(default: $EVERYSTEP_BENCH_DATABASE_URL, else a durable throwaway cluster)")
+    args = parser.parse_args(argv)
+    server = pg.start(args.database)
+    try:
+        url_base, url_here = server.create_database("against_base"), server.create_database("against_here")
+        print(f"load average at start: {pg.load_average()}", flush=True)
+        with checked_out(args.base) as base, tempfile.TemporaryDirectory(prefix="everystep-sock-") as sockets:
+            out = measure(base, url_base, url_here, args.runs, args.reps, args.procs, Path(sockets))
+        print(f"load average at end: {pg.load_average()}")
+    finally:
+        server.close()
+    print(f"case 2 shape, --procs {args.procs}, {args.runs} runs per side, {args.reps} paired repetitions")
+    print(f"{args.base}: {out['base'].cell(0)} runs/s")
+    print(f"this tree: {out['here'].cell(0)} runs/s")
+    print(f"ratio this tree / {args.base}: {out['ratio'].cell(3)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
