@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from .cliutil import format_table
 from .errors import EverystepError
 # The request row and its statuses live with the other rows (``models``), so
 # the store reads them without importing this module.
@@ -90,7 +91,9 @@ def describe_outcome(request: OperatorRequest) -> str:
     """One line for an operator: the reply, or why there is none."""
     if request.status == RequestStatus.ANSWERED and request.reply is not None:
         if request.reply.get("ok"):
-            details = {key: value for key, value in request.reply.items() if key != "ok"}
+            if request.command == "status" and isinstance(request.reply.get("children"), list):
+                return describe_status(request.reply)
+            details = ", ".join(f"{key} {_plain(value)}" for key, value in request.reply.items() if key != "ok")
             return "ok" + (f": {details}" if details else "")
         return f"refused: {request.reply.get('error', 'no reason given')}"
     if request.status == RequestStatus.EXPIRED:
@@ -100,5 +103,32 @@ def describe_outcome(request: OperatorRequest) -> str:
     return f"no reply yet from supervisor {request.runner}"
 
 
+def describe_status(reply: dict[str, Any]) -> str:
+    """A supervisor's ``status`` reply as ``ctl status`` shows it: a head
+    line, then a row per child."""
+    head = (f"supervisor {reply.get('name')} pid {reply.get('pid')}  procs {reply.get('procs')}  "
+            f"up {float(reply.get('uptime') or 0):.0f}s  {'DRAINING  ' if reply.get('draining') else ''}"
+            f"{reply.get('database') or ''}").rstrip()
+    rows = []
+    for kid in reply["children"]:
+        step = kid.get("step_id") or ""
+        if kid.get("step_name"):
+            step = f"{step} {str(kid['step_name']).rsplit('.', 1)[-1]}"
+        rows.append((kid.get("slot"), kid.get("pid"), _plain(kid.get("state")), kid.get("run_id") or "",
+                     kid.get("workflow") or "", step, _seconds(kid.get("step_seconds")),
+                     _seconds(kid.get("run_seconds")), kid.get("runs_done", "")))
+    table = format_table(("SLOT", "PID", "STATE", "RUN", "WORKFLOW", "STEP", "STEP FOR", "RUN FOR", "DONE"), rows)
+    return f"{head}\n{table}"
+
+
+def _plain(value: Any) -> Any:
+    """An enum member as its value (a reply read back may hold them)."""
+    return getattr(value, "value", value)
+
+
+def _seconds(value: Any) -> str:
+    return "" if value is None else f"{float(value):.1f}s"
+
+
 __all__ = ["COMMANDS", "REQUEST_CHANNEL", "OperatorRequest", "RequestStatus", "REPLY_TIMEOUT", "STALE_AFTER",
-           "describe_outcome", "submit", "wait_reply"]
+           "describe_outcome", "describe_status", "submit", "wait_reply"]

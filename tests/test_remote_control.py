@@ -182,6 +182,11 @@ def test_the_remote_command(db_url, store, supervisors, subprocess_env, tmp_path
 
     status = json.loads(remote(db_url, subprocess_env, sup.name, "status", "--json").stdout)
     assert status["status"] == "answered" and status["reply"]["name"] == sup.name
+    table = remote(db_url, subprocess_env, sup.name, "status")  # as ctl status shows it, not a Python dict
+    head, columns, *rows = table.stdout.splitlines()
+    assert table.returncode == 0 and head.startswith(f"supervisor {sup.name} pid {sup.pid}  procs 2"), table
+    assert columns.split()[:3] == ["SLOT", "PID", "STATE"] and len(rows) == 2, table.stdout
+    assert all(row.split()[2] == "idle" for row in rows) and "<" not in table.stdout, table.stdout
     refused = remote(db_url, subprocess_env, sup.name, "kill", "not-running")
     assert refused.returncode == 1 and "refused: run not-running is not executing" in refused.stdout
     nobody = remote(db_url, subprocess_env, "nobody-here", "status")  # refused at once, not at the timeout
