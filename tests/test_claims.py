@@ -204,3 +204,20 @@ def test_queue_stats_and_counts(store: Any) -> None:
     assert stats["oldest_pending_age_seconds"] >= 0
     assert store.count_scheduled([job.name]) == 2
     assert store.count_scheduled([other_job.name]) == 0
+
+
+def test_a_claim_says_whether_the_run_has_recorded_steps(store: Any) -> None:
+    """The runner reads a run's steps only when it has some: most claims are
+    of fresh runs, and their read would find nothing."""
+    from everystep.models import STEP_DONE, Claim
+    from everystep.store.base.values import NewStep, utcnow
+
+    run = schedule(job, 1, database=store)
+    (fresh,) = store.claim("w", 1, [job.name])
+    assert fresh.has_steps is False
+    claim = Claim(run_id=run.id, claimer="w", epoch=fresh.claim_epoch)
+    step = NewStep("1", "tests.step", "[]", "{}", utcnow(), status=STEP_DONE, result_json="1")
+    assert store.record_step(claim, step).ours
+    assert store.requeue(claim)
+    (again,) = store.claim("w", 1, [job.name])
+    assert again.id == run.id and again.has_steps is True

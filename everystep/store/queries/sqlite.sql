@@ -95,7 +95,9 @@ WHERE id IN (
     ORDER BY coalesce(c.not_before, c.created_at), c.id
     LIMIT :limit
 )
-RETURNING {run_columns}
+RETURNING {run_columns},
+    -- One probe per run: a run without steps (most claims) is not read again.
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = everystep_workflow.id) AS has_steps
 
 -- name: claim_name_due
 -- One served workflow's due runs at one priority of a queue, earliest due
@@ -124,7 +126,8 @@ UPDATE everystep_workflow
 SET status = 'running', claimed_by = :claimer, claimed_at = :now, claim_epoch = claim_epoch + 1,
     first_claimed_at = coalesce(first_claimed_at, :now)
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'scheduled'
-RETURNING {run_columns}
+RETURNING {run_columns},
+    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = everystep_workflow.id) AS has_steps
 
 -- name: claim_all_queues
 -- Every queue holding scheduled runs: one index probe per queue.
