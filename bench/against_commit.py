@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +51,12 @@ for i in range(int(sys.argv[2])):
     everystep.schedule(noop3, payload(i), database=store)
 store.close()
 """
+
+
+def available(rev: str) -> bool:
+    """Whether this repository holds ``rev`` (a shallow clone may not)."""
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}^{{commit}}"], capture_output=True)
+    return found.returncode == 0
 
 
 @contextlib.contextmanager
@@ -91,7 +97,9 @@ def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str) -> floa
 
 
 def measure(base: Path, url_base: str, url_here: str, runs: int, reps: int, procs: int,
-            sockets: Path) -> dict[str, Series]:
+            sockets: Path, log: Callable[[str], None] = print) -> dict[str, Series]:
+    """``reps`` paired repetitions (the order alternating), after one small
+    warm-up burst per side: runs/s of each side and their ratio."""
     out = {key: Series() for key in ("base", "here", "ratio")}
     sides = [("base", base, url_base), ("here", ROOT, url_here)]
     for side, tree, url in sides:  # warm up: each side's code and database once
@@ -103,8 +111,8 @@ def measure(base: Path, url_base: str, url_here: str, runs: int, reps: int, proc
         out["base"].add(rates["base"])
         out["here"].add(rates["here"])
         out["ratio"].add(rates["here"] / rates["base"])
-        print(f"rep {rep + 1}: base {rates['base']:,.0f} runs/s, this tree {rates['here']:,.0f} runs/s, "
-              f"ratio {rates['here'] / rates['base']:.3f}", flush=True)
+        log(f"rep {rep + 1}: base {rates['base']:,.0f} runs/s, this tree {rates['here']:,.0f} runs/s, "
+            f"ratio {rates['here'] / rates['base']:.3f}")
     return out
 
 

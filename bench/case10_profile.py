@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import bulk, case1_pgbench, esdb, fleet, levers, procs
+from . import bulk, case1_pgbench, case2_throughput, esdb, fleet, levers, procs
 from .context import Context
 from .report import Section, Table
 from .stats import fmt
@@ -42,7 +42,7 @@ PY_SPY_RATE = 250
 #: Case 2's target: step commits/s at --procs 2 against pgbench at 2 clients.
 BAR_SHARE = 0.40
 BAR_CLIENTS = 2
-STEPS_PER_RUN = 3
+STEPS_PER_RUN = case2_throughput.STEPS_PER_RUN
 
 #: Python components, by the file of the innermost frame (self time).
 CATEGORIES = (
@@ -181,7 +181,7 @@ def budget_table(pgbench: list[tuple[float, float]], window: fleet.Window, round
     allowed = cores * 1e6 / runs_needed
     total = window.per_run_us("python") + window.per_run_us("postgres")
     server = window.per_run_us("postgres")
-    ceiling = cores * 1e6 / total * STEPS_PER_RUN / tps if total else float("nan")
+    ceiling = case2_throughput.ceiling(total, tps, cores) if total else float("nan")
     pgbench_tx = statistics.mean(cpu for _, cpu in pgbench)
     table = Table(["the 40 % bar as CPU (--procs 2)", "value"],
                   caption=f"Case 2's bar read as a CPU budget on this machine's {cores} cores, at the pgbench rate "
@@ -199,6 +199,28 @@ def budget_table(pgbench: list[tuple[float, float]], window: fleet.Window, round
     table.add("ceiling: step commits/s with every core busy at the measured CPU per run, share of pgbench",
               f"{ceiling * 100:.0f} %")
     return table, ceiling
+
+
+#: Issue bars on CPU per 3-step run, in units of pgbench's server CPU per
+#: transaction (a one-row INSERT and its commit): machine-independent.
+ALL_CPU_BAR = 16.0
+SERVER_CPU_BAR = 8.0
+
+
+def cpu_targets(pgbench: list[tuple[float, float]], window: fleet.Window) -> list[str]:
+    """Target notes: all CPU, and PostgreSQL's, per run against the server
+    CPU of one pgbench transaction measured around the same window."""
+    pgbench_tx = statistics.mean(cpu for _, cpu in pgbench)
+    if not pgbench_tx:
+        return []
+    total = (window.per_run_us("python") + window.per_run_us("postgres")) / pgbench_tx
+    server = window.per_run_us("postgres") / pgbench_tx
+    return [
+        f"Target (all CPU per 3-step run ÷ pgbench's server CPU per transaction ≤ {ALL_CPU_BAR:g}): "
+        f"**{'met' if total <= ALL_CPU_BAR else 'missed'}** ({total:.1f}, 1 window).",
+        f"Target (PostgreSQL's CPU per run ÷ pgbench's server CPU per transaction ≤ {SERVER_CPU_BAR:g}): "
+        f"**{'met' if server <= SERVER_CPU_BAR else 'missed'}** ({server:.1f}, 1 window).",
+    ]
 
 
 def _short(query: str) -> str:
@@ -278,6 +300,7 @@ def section(ctx: Context) -> Section:
             + ("within that ceiling, so what is left is waiting (commit flushes, hand-offs), not CPU."
                if ceiling >= BAR_SHARE else
                "beyond it: it needs less CPU per run, not less waiting."))
+        section.notes += cpu_targets(pgbench, window)
     waits = {k.removeprefix("event:"): v for k, v in window.waits.items() if k.startswith("event:")}
     if waits:
         table = Table(["wait event of active backends", "mean backends per sample"],

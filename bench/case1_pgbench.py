@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import threading
 
 import psycopg
 
 from .context import Context
-from .fleet import CpuMeter, postmaster_pid
+from .fleet import postmaster_pid, sampled_cpu
 from .procs import BenchError
 from .report import Section, Table
 from .stats import Series
@@ -51,26 +50,11 @@ def measure_with_server_cpu(ctx: Context, url: str, clients: int, seconds: float
     """One pgbench run, plus the server's CPU per committed transaction (µs):
     the PostgreSQL process tree sampled every 50 ms while pgbench runs, since
     pgbench's backends exit with it and take their CPU times along."""
-    meter = CpuMeter([("postgres", postmaster_pid(url))])
-    meter.sample()
-    before = meter.totals().get("postgres", 0.0)
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.05):
-            meter.sample()
-
-    sampler = threading.Thread(target=sample, name="pgbench-cpu", daemon=True)
-    sampler.start()
-    try:
+    with sampled_cpu([("postgres", postmaster_pid(url))]) as used:
         tps = measure(ctx, url, clients, seconds)
-    finally:
-        stop.set()
-        sampler.join()
-    meter.sample()
     with psycopg.connect(url, autocommit=True) as conn:
         committed = int(conn.execute("SELECT count(*) FROM bench_insert").fetchone()[0])
-    cpu = meter.totals().get("postgres", 0.0) - before
+    cpu = used.get("postgres", 0.0)
     return tps, (cpu / committed * 1e6 if committed else float("nan"))
 
 

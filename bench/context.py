@@ -45,6 +45,8 @@ class Settings:
     prune_phase_seconds: float = 6.0
     profile_runs: int = 3000
     lever_runs: int = 300
+    against_runs: int = 2000
+    against_reps: int = 6
 
     @classmethod
     def for_mode(cls, quick: bool, smoke: bool = False) -> Settings:
@@ -59,6 +61,7 @@ class Settings:
                 depth_history=(0, 2_000), depth_backlog=(500,), depth_runs=50, depth_probes=10, depth_reps=1,
                 history_reps=1, scale_supervisors=(1, 2), scale_single_procs=2, scale_runs=60, scale_reps=1,
                 prune_history=2_000, prune_phase_seconds=0.5, profile_runs=60, lever_runs=20,
+                against_runs=30, against_reps=1,
             )
         if not quick:
             return cls()
@@ -70,6 +73,7 @@ class Settings:
             history_reps=1,
             scale_supervisors=(1, 2), scale_single_procs=4, scale_runs=300, scale_reps=1,
             prune_history=20_000, prune_phase_seconds=1.5, profile_runs=300, lever_runs=60,
+            against_runs=1000, against_reps=3,
         )
 
 

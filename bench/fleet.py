@@ -22,6 +22,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -80,6 +81,32 @@ class CpuMeter:
                 out[label] += seconds
                 out[role] += seconds
         return dict(out)
+
+
+@contextlib.contextmanager
+def sampled_cpu(roots: list[tuple[str, int | None]], interval: float = 0.05) -> Iterator[dict[str, float]]:
+    """CPU seconds each labelled process tree used over the block (filled in
+    when it ends), sampled every ``interval`` seconds: a backend that exits
+    with its client takes its CPU time along, so it is read while it lives."""
+    meter = CpuMeter(roots)
+    meter.sample()
+    before = meter.totals()
+    used: dict[str, float] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(interval):
+            meter.sample()
+
+    sampler = threading.Thread(target=sample, name="cpu-sampler", daemon=True)
+    sampler.start()
+    try:
+        yield used
+    finally:
+        stop.set()
+        sampler.join()
+        meter.sample()
+        used.update({label: seconds - before.get(label, 0.0) for label, seconds in meter.totals().items()})
 
 
 class WaitSampler(threading.Thread):

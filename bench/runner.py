@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
                case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues, case12_waits,
-               case13_transactional, case14_async, case_mariadb, esdb, pg)
+               case13_transactional, case14_async, case15_no_regression, case_mariadb, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -44,6 +44,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case12", "Case 12 — waits", case12_waits.run, case12_waits.section),
     ("case13", "Case 13 — transactional steps", case13_transactional.run, case13_transactional.section),
     ("case14", "Case 14 — async I/O", case14_async.run, case14_async.section),
+    ("case15", "Case 15 — no regression", case15_no_regression.run, case15_no_regression.section),
     ("mariadb", "MariaDB — cases 2 and 4", case_mariadb.run, case_mariadb.section),
 ]
 
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         server.set_database(ctx.urls["scale"], "track_functions", "pl")
         ctx.urls["profile"] = server.create_database("bench_profile")
         ctx.urls["queues"] = server.create_database("bench_queues")
+        ctx.urls["against_base"] = server.create_database("bench_against_base")  # each side migrates its own
+        ctx.urls["against_here"] = server.create_database("bench_against_here")
         for key in ("es", "es_async", "scale", "profile", "queues"):
             esdb.migrate(ctx.urls[key])
         server.enable_statement_stats(ctx.urls["profile"])
@@ -167,11 +170,15 @@ TARGETS = [
     ("case2", "step commits/s at --procs 2", "Case 2: recorded step commits/s at --procs 2 ≥ 40 % of pgbench at 2 clients"),
     ("case3", "threaded worker", "Case 3: supervisor --procs 2 ≥ 1.7× the threaded worker"),
     ("case4", "with NOTIFY", "Case 4: with NOTIFY, p50 ≤ 5 ms and p99 ≤ 25 ms"),
-    ("case5", "3-step shape", "Case 5: ≥ 1.5× DBOS runs/s on the 3-step shape"),
+    ("case5", "3-step shape", "Case 5: ≥ 5× DBOS runs/s on the 3-step shape"),
+    ("case5", "Procrastinate", "Case 5: ≥ 2.0× Procrastinate runs/s on the 1-step shape"),
     ("case5", "CPU case", "Case 5: ≥ 1.7× DBOS on the CPU case"),
     ("case7", "finished runs, runs/s within 10 %", "Case 7: at the largest history, runs/s within 10 % of the empty database"),
+    ("case10", "all CPU per 3-step run", "Case 10: all CPU per 3-step run ÷ pgbench's server CPU per transaction ≤ 16"),
+    ("case10", "PostgreSQL's CPU per run", "Case 10: PostgreSQL's CPU per run ÷ pgbench's server CPU per transaction ≤ 8"),
     ("case11", "flow control present", "Case 11: runs/s with flow control present ≥ 95 % of plain at --procs 2"),
     ("case12", "send to resume", "Case 12: send to resume, p50 ≤ 5 ms and p99 ≤ 25 ms"),
+    ("case15", "no regression", "Case 15: case 2 at --procs 2 ≥ 1.0× b722e5f, paired (no regression)"),
 ]
 _TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
 

@@ -78,3 +78,11 @@ def fmt_ratio(value: float | None, percent: bool = False) -> str:
     if percent:
         return f"{value * 100:.0f} %"
     return f"{value:.2f}×"
+
+
+def fmt_span(series: Series, percent: bool = False) -> str:
+    """A target's ratio: its median and min–max over repetitions."""
+    if len(series.values) < 2:
+        return f"{fmt_ratio(series.median, percent)}, 1 rep"
+    return (f"{fmt_ratio(series.median, percent)}, "
+            f"{fmt_ratio(series.low, percent)}–{fmt_ratio(series.high, percent)}")
