@@ -7,13 +7,16 @@ points at a file in it), ``HOME`` there too, and connections to PostgreSQL
 or MariaDB refused, so no example touches a real server or the developer's
 files. A block right after a line that is exactly ``<!-- fragment -->`` is
 a piece of a larger program (a settings file, a handler) and is not run on
-purpose; ``test_fragments`` counts them. A block labelled otherwise as
+purpose; it must still parse, and import only names that exist. A block labelled otherwise as
 Python (```py, ```python3) or not labelled at all would dodge the runner:
 ``test_every_block_is_labelled`` refuses both.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -113,6 +116,8 @@ ALL_BLOCKS = [block for path in markdown_files() for block in blocks(path)]
 PYTHON_BLOCKS = [block for block in ALL_BLOCKS if block.language == "python"]
 RUNNABLE = [block for block in PYTHON_BLOCKS if not block.fragment]
 FRAGMENTS = [block for block in PYTHON_BLOCKS if block.fragment]
+#: The packages a fragment's imports are checked against.
+OUR_PACKAGES = {"everystep", "supervisor"}
 
 
 def example_environment(directory: Path) -> dict[str, str]:
@@ -146,11 +151,36 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
                     f"alone)\n{done.stderr[-3000:]}", pytrace=False)
 
 
-def test_fragments() -> None:
-    """The blocks not run on purpose, counted (and named in the skip reason)."""
-    if FRAGMENTS:
-        pytest.skip(f"{len(FRAGMENTS)} of {len(PYTHON_BLOCKS)} python blocks are marked {FRAGMENT}: "
-                    + ", ".join(block.id for block in FRAGMENTS))
+def missing_imports(source: str) -> list[str]:
+    """The names ``source`` imports from this project that do not exist."""
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in OUR_PACKAGES:
+            module = importlib.import_module(node.module or "")
+            missing += [f"{node.module}.{alias.name}" for alias in node.names
+                        if alias.name != "*" and not hasattr(module, alias.name)
+                        and importlib.util.find_spec(f"{node.module}.{alias.name}") is None]
+        elif isinstance(node, ast.Import):
+            missing += [alias.name for alias in node.names if alias.name.split(".")[0] in OUR_PACKAGES
+                        and importlib.util.find_spec(alias.name) is None]
+    return missing
+
+
+def test_missing_imports_are_found() -> None:
+    assert missing_imports("from everystep import step, no_such_name\nimport everystep.nope\nimport json") == [
+        "everystep.no_such_name", "everystep.nope"]
+
+
+@pytest.mark.parametrize("block", FRAGMENTS, ids=[block.id for block in FRAGMENTS])
+def test_fragment_is_python_of_this_api(block: Block) -> None:
+    """A block not run on purpose is still checked: it parses, and every
+    name it imports from everystep (or the supervisor) exists, so a renamed
+    function breaks the page that shows it."""
+    try:
+        missing = missing_imports(block.source)
+    except SyntaxError as exc:
+        pytest.fail(f"{block.id}: not Python: {exc}", pytrace=False)
+    assert not missing, f"{block.id} imports names that do not exist: {', '.join(missing)}"
 
 
 def test_every_block_is_labelled() -> None:
