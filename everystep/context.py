@@ -157,6 +157,12 @@ class Execution:
     replay_log: ReplayLog | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        #: Whether the run had records when this execution began: without
+        #: any, every record is this execution's own, so none can lie past
+        #: the point a scope has reached (``patches.went_past``).
+        self.replaying = bool(self.outcomes)
+
     @property
     def claim(self) -> Claim:
         """This execution's fencing token: every write it makes carries it."""

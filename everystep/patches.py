@@ -146,6 +146,8 @@ def went_past(ctx: Context) -> bool:
     """Whether the run's records go past the point this scope has reached:
     a recorded step of this scope (or nested under one of its forks) whose
     id the scope has not handed out yet in this replay."""
+    if not ctx.execution.replaying:
+        return False
     prefix = ctx.prefix
     start = len(prefix)
     for step_id, record in list(ctx.execution.outcomes.items()):
