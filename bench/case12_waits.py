@@ -26,7 +26,7 @@ import psycopg
 from everystep import schedule, send
 from everystep.store import connect
 
-from . import esdb, procs
+from . import case4_latency, esdb, procs
 from .context import Context
 from .report import Section, Table
 from .stats import fmt, percentile
@@ -76,19 +76,7 @@ def measure(ctx: Context, url: str, runs: int, gap: tuple[float, float]) -> dict
     finally:
         proc.stop()
         store.close()
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT s.workflow_id::text, s.result::text FROM everystep_step s WHERE s.step_id = '2'"
-        ).fetchall()
-    stamps = {run_id: float(result) for run_id, result in rows}
-    latencies, calls = [], []
-    for run_id, (before, after) in sent.items():
-        if run_id in stamps:
-            latencies.append((stamps[run_id] - after) * 1000.0)
-            calls.append((after - before) * 1000.0)
-    if len(latencies) != runs:
-        raise procs.BenchError(f"waits: {len(latencies)} of {runs} runs recorded the step after their recv")
-    return {"latency_ms": latencies, "call_ms": calls}
+    return case4_latency.stamped_latencies(url, sent, "2", runs, "waits (the step after recv)")
 
 
 def run(ctx: Context) -> None:

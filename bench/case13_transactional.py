@@ -22,18 +22,16 @@ runs it alone.
 
 from __future__ import annotations
 
-import argparse
 import sqlite3
 import threading
-import time
 from typing import Any
 
-from everystep import runner, step, step_connection, workflow
-from everystep.store import Store, connect
+from everystep import step, step_connection, workflow
+from everystep.store import connect
 
-from . import esdb
+from . import paired_forms
 from .context import Context
-from .report import Section, Table
+from .report import Section
 from .stats import Series
 
 CLAIMER = "bench-transactional"
@@ -118,38 +116,14 @@ def _prepare(url: str) -> None:
         conn.close()
 
 
-def _batch(store: Store, form: str, runs: int, rep: int) -> float:
-    """Seconds to execute ``runs`` runs of ``form``, each claimed first
-    (scheduling and claiming are outside the timing)."""
-    wf = FORMS[form]
-    for index in range(runs):
-        store.schedule(wf.name, f'["{form}-{rep}-{index}"]')
-    claimed = store.claim(CLAIMER, runs, [wf.name])
-    if len(claimed) != runs:
-        raise RuntimeError(f"claimed {len(claimed)} of {runs} runs")
-    start = time.perf_counter()
-    for run in claimed:
-        if runner.execute(store, run, claimer=CLAIMER) != "completed":
-            raise RuntimeError(f"a {form} run did not complete")
-    return time.perf_counter() - start
-
-
 def measure(url: str, runs: int, reps: int) -> dict[str, Series]:
     """ms per run of each form, and plain ÷ transactional within each repetition."""
     _prepare(url)
     _app.url = url
     store = connect(url)
-    out = {"transactional": Series(), "plain": Series(), "ratio": Series()}
     try:
         store.migrate()
-        for form in FORMS:  # warm up: connections, prepared statements
-            _batch(store, form, max(2, runs // 10), -1)
-        for rep in range(reps):
-            order = ("transactional", "plain") if rep % 2 == 0 else ("plain", "transactional")
-            ms = {form: _batch(store, form, runs, rep) / runs * 1000.0 for form in order}
-            for form, value in ms.items():
-                out[form].add(value)
-            out["ratio"].add(ms["plain"] / ms["transactional"])
+        out = paired_forms.alternate(store, FORMS, runs, reps, CLAIMER)
     finally:
         store.close()
         conn = getattr(_app, "conn", None)
@@ -160,16 +134,7 @@ def measure(url: str, runs: int, reps: int) -> dict[str, Series]:
 
 
 def run(ctx: Context) -> None:
-    s = ctx.settings
-    out = ctx.results.setdefault("case13", {})
-    runs, reps = max(5, s.overhead_steps // 2), max(3, s.overhead_reps)
-    for key, url in (("pg", ctx.urls["es"]), ("sqlite", f"sqlite:///{ctx.work.path / 'transactional.db'}")):
-        if key == "pg":
-            esdb.reset(url)
-        out[key] = measure(url, runs, reps)
-        out["runs"], out["reps"] = runs, reps
-        ctx.log(f"case 13: {key}: transactional {out[key]['transactional'].median:.2f} ms per run, "
-                f"plain {out[key]['plain'].median:.2f} ms")
+    paired_forms.run_both(ctx, "case13", measure, ("transactional", "plain"), "transactional.db")
 
 
 def section(ctx: Context) -> Section:
@@ -185,28 +150,11 @@ def section(ctx: Context) -> Section:
             "each repetition."
         ),
     )
-    table = Table(["database", "transactional, ms per run", "plain, ms per run", "plain ÷ transactional (paired)"])
-    for key, label in (("pg", "PostgreSQL (benchmark setting: durable commit)"),
-                       ("sqlite", "SQLite (WAL, synchronous=NORMAL)")):
-        data = out.get(key)
-        if data:
-            table.add(label, data["transactional"].cell(2), data["plain"].cell(2), data["ratio"].cell(2))
-        else:
-            table.add(label, "n/a", "n/a", "n/a")
+    table = paired_forms.table(out, ["database", "transactional, ms per run", "plain, ms per run",
+                                     "plain ÷ transactional (paired)"], ("transactional", "plain"))
     section.tables.append(table)
     return section
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.case13_transactional")
-    parser.add_argument("--database", required=True)
-    parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--reps", type=int, default=5)
-    args = parser.parse_args()
-    data = measure(args.database, args.runs, args.reps)
-    for key, series in data.items():
-        print(f"{key:14} median {series.median:.3f}  low {series.low:.3f}  high {series.high:.3f}")
-
-
 if __name__ == "__main__":
-    main()
+    paired_forms.main("python -m bench.case13_transactional", measure)

@@ -20,7 +20,6 @@ runs it alone.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import socket
 import socketserver
@@ -28,12 +27,12 @@ import threading
 import time
 from typing import Any
 
-from everystep import gather, parallel, runner, step, workflow
-from everystep.store import Store, connect
+from everystep import gather, parallel, step, workflow
+from everystep.store import connect
 
-from . import esdb
+from . import paired_forms
 from .context import Context
-from .report import Section, Table
+from .report import Section
 from .stats import Series
 
 CLAIMER = "bench-async"
@@ -91,22 +90,6 @@ def ten_threaded(label: str) -> Any:
 FORMS = {"async": ten_awaited, "sync": ten_threaded}
 
 
-def _batch(store: Store, form: str, runs: int, rep: int) -> float:
-    """Seconds to execute ``runs`` runs of ``form``, each claimed first
-    (scheduling and claiming are outside the timing)."""
-    wf = FORMS[form]
-    for index in range(runs):
-        store.schedule(wf.name, f'["{form}-{rep}-{index}"]')
-    claimed = store.claim(CLAIMER, runs, [wf.name])
-    if len(claimed) != runs:
-        raise RuntimeError(f"claimed {len(claimed)} of {runs} runs")
-    start = time.perf_counter()
-    for run in claimed:
-        if runner.execute(store, run, claimer=CLAIMER) != "completed":
-            raise RuntimeError(f"a {form} run did not complete")
-    return time.perf_counter() - start
-
-
 def measure(url: str, runs: int, reps: int) -> dict[str, Series]:
     """ms per run of each form, and sync ÷ async within each repetition."""
     server = _Server(("127.0.0.1", 0), _Slow)
@@ -114,17 +97,9 @@ def measure(url: str, runs: int, reps: int) -> dict[str, Series]:
     thread.start()
     _port["value"] = server.server_address[1]
     store = connect(url)
-    out = {"async": Series(), "sync": Series(), "ratio": Series()}
     try:
         store.migrate()
-        for form in FORMS:  # warm up: connections, prepared statements
-            _batch(store, form, max(2, runs // 10), -1)
-        for rep in range(reps):
-            order = ("async", "sync") if rep % 2 == 0 else ("sync", "async")
-            ms = {form: _batch(store, form, runs, rep) / runs * 1000.0 for form in order}
-            for form, value in ms.items():
-                out[form].add(value)
-            out["ratio"].add(ms["sync"] / ms["async"])
+        out = paired_forms.alternate(store, FORMS, runs, reps, CLAIMER)
     finally:
         store.close()
         server.shutdown()
@@ -134,16 +109,7 @@ def measure(url: str, runs: int, reps: int) -> dict[str, Series]:
 
 
 def run(ctx: Context) -> None:
-    s = ctx.settings
-    out = ctx.results.setdefault("case14", {})
-    runs, reps = max(5, s.overhead_steps // 2), max(3, s.overhead_reps)
-    for key, url in (("pg", ctx.urls["es"]), ("sqlite", f"sqlite:///{ctx.work.path / 'async.db'}")):
-        if key == "pg":
-            esdb.reset(url)
-        out[key] = measure(url, runs, reps)
-        out["runs"], out["reps"] = runs, reps
-        ctx.log(f"case 14: {key}: async {out[key]['async'].median:.2f} ms per run, "
-                f"sync {out[key]['sync'].median:.2f} ms")
+    paired_forms.run_both(ctx, "case14", measure, ("async", "sync"), "async.db")
 
 
 def section(ctx: Context) -> Section:
@@ -159,28 +125,11 @@ def section(ctx: Context) -> Section:
             "ratio is taken within each repetition."
         ),
     )
-    table = Table(["database", "async, ms per run", "sync, ms per run", "sync ÷ async (paired)"])
-    for key, label in (("pg", "PostgreSQL (benchmark setting: durable commit)"),
-                       ("sqlite", "SQLite (WAL, synchronous=NORMAL)")):
-        data = out.get(key)
-        if data:
-            table.add(label, data["async"].cell(2), data["sync"].cell(2), data["ratio"].cell(2))
-        else:
-            table.add(label, "n/a", "n/a", "n/a")
+    table = paired_forms.table(out, ["database", "async, ms per run", "sync, ms per run", "sync ÷ async (paired)"],
+                               ("async", "sync"))
     section.tables.append(table)
     return section
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.case14_async")
-    parser.add_argument("--database", required=True)
-    parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--reps", type=int, default=5)
-    args = parser.parse_args()
-    data = measure(args.database, args.runs, args.reps)
-    for key, series in data.items():
-        print(f"{key:6} median {series.median:.3f}  low {series.low:.3f}  high {series.high:.3f}")
-
-
 if __name__ == "__main__":
-    main()
+    paired_forms.main("python -m bench.case14_async", measure)

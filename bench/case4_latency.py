@@ -65,9 +65,17 @@ def measure(ctx: Context, url: str, runs: int, notify: bool, gap: tuple[float, f
     finally:
         proc.stop()
         store.close()
+    return stamped_latencies(url, sent, "1", runs, f"latency ({label})")
+
+
+def stamped_latencies(url: str, sent: dict[str, tuple[float, float]], step_id: str, runs: int,
+                      label: str) -> dict[str, list[float]]:
+    """From each run's call (its wall-clock start and end, in ``sent``) to
+    the time its step ``step_id`` recorded as its result (``stamp``'s
+    ``time.time()``): ms, with how long the calls themselves took."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT s.workflow_id::text, s.result::text FROM everystep_step s WHERE s.step_id = '1'"
+            "SELECT s.workflow_id::text, s.result::text FROM everystep_step s WHERE s.step_id = %s", (step_id,)
         ).fetchall()
     stamps = {run_id: float(result) for run_id, result in rows}
     latencies, calls = [], []
@@ -76,7 +84,7 @@ def measure(ctx: Context, url: str, runs: int, notify: bool, gap: tuple[float, f
             latencies.append((stamps[run_id] - after) * 1000.0)
             calls.append((after - before) * 1000.0)
     if len(latencies) != runs:
-        raise procs.BenchError(f"latency ({label}): {len(latencies)} of {runs} runs recorded their first step")
+        raise procs.BenchError(f"{label}: {len(latencies)} of {runs} runs recorded step {step_id}")
     return {"latency_ms": latencies, "call_ms": calls}
 
 
