@@ -49,9 +49,10 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 
 from .. import serde
 from ..errors import EverystepError
-from ..models import Run
+from ..models import Claim, Run, StepRecord
 from ..queues import Placement
 from .base import Row, RunnerInfo, Store
+from .base.values import LOST, Marker, NewStep, StepWrite
 from .base.step_transactions import OWN_COMMIT, CommitGuard
 from .mariadb_claim import MariaDBClaim
 
@@ -147,6 +148,12 @@ def _locks(statements: tuple[str, ...]) -> bool:
     return any("FOR UPDATE" in statement or "LOCK IN SHARE MODE" in statement for statement in statements)
 
 
+@functools.cache
+def _whole(statements: tuple[str, ...]) -> bool:
+    """Whether a script carries its own transaction, to be sent whole."""
+    return statements[0].upper() == "START TRANSACTION" and statements[-1].upper() == "COMMIT"
+
+
 def _kept(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows whose ``keep`` column is true, without it (see mariadb.sql)."""
     if not rows or "keep" not in rows[0]:
@@ -200,6 +207,10 @@ class _Connection:
         try:
             if len(statements) == 1:
                 return self._single(statements[0], params)
+            if _whole(statements):
+                if self.in_transaction:  # its START TRANSACTION would commit the caller's
+                    raise EverystepError("a script with its own transaction cannot run inside another")
+                return self._own_transaction(lambda: self._send_whole(sql, params))
             if self.in_transaction or not _locks(statements):
                 return self._run_script(statements, dict(params or {}))
             return self._run_own_transaction(statements, dict(params or {}))
@@ -209,25 +220,47 @@ class _Connection:
             raise _translate(exc) from exc
 
     def _run_own_transaction(self, statements: Sequence[str], params: dict[str, Any]) -> _Result:
-        """A script in a transaction of its own; a deadlock victim (InnoDB
-        rolled it back whole) is run again, a few times."""
-        for attempt in range(DEADLOCK_RETRIES + 1):
+        """A script in a transaction of its own."""
+        def run() -> _Result:
             self.raw.begin()
+            result = self._run_script(statements, dict(params))
+            self.raw.commit()
+            return result
+        return self._own_transaction(run)
+
+    def _own_transaction(self, run: Callable[[], _Result]) -> _Result:
+        """``run()``, which opens a transaction and commits it; on an error
+        the transaction is rolled back, and a deadlock victim (InnoDB rolled
+        it back whole) is run again, a few times."""
+        for attempt in range(DEADLOCK_RETRIES + 1):
             try:
-                result = self._run_script(statements, dict(params))
+                return run()
             except pymysql.err.OperationalError as exc:
                 with contextlib.suppress(pymysql.err.Error):
                     self.raw.rollback()
                 if exc.args[0] != DEADLOCK or attempt == DEADLOCK_RETRIES:
                     raise
-                continue
             except BaseException:
                 with contextlib.suppress(pymysql.err.Error):
                     self.raw.rollback()
                 raise
-            self.raw.commit()
-            return result
         raise AssertionError("unreachable")
+
+    def _send_whole(self, sql: str, params: Mapping[str, Any] | None) -> _Result:
+        """A script with its own transaction, sent in one round trip: its
+        result is the rows of its last SELECT. (The server stops at the
+        first statement that fails, the transaction left open: the caller
+        rolls it back.)"""
+        selected = _NOTHING
+        with self.raw.cursor(pymysql.cursors.DictCursor) as cursor:
+            cursor.execute(sql, params)
+            while True:
+                if cursor.description is not None:
+                    rows = _kept(cursor.fetchall())
+                    selected = _Result(rows, len(rows), cursor.description) if rows else _NOTHING
+                if not cursor.nextset():
+                    break
+        return selected
 
     def _single(self, statement: str, params: Mapping[str, Any] | None) -> _Result:
         with self.raw.cursor(pymysql.cursors.DictCursor) as cursor:
@@ -285,7 +318,7 @@ class MariaDBStore(Store):
                 **self.connect_args,
                 charset="utf8mb4",
                 autocommit=True,
-                client_flag=CLIENT.FOUND_ROWS,
+                client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
                 connect_timeout=max(1, int(math.ceil(self.connect_timeout))),
                 # A server that stops answering mid-statement: give up a
                 # little after the statement itself would have.
@@ -352,6 +385,31 @@ class MariaDBStore(Store):
         with self.connection() as conn:
             wait = MariaDBClaim(conn, self.sql, params, self._queue_settings).next_due()
         return {"wait": wait} if wait is not None else None
+
+    def finish_run_with_step(
+        self,
+        claim: Claim,
+        step: NewStep,
+        status: str,
+        result_json: str | None = None,
+        error_json: str | None = None,
+        decoded: StepRecord | None = None,
+        markers: Sequence[Marker] = (),
+    ) -> StepWrite | None:
+        if markers:
+            # Rare: the general form, one transaction holding the markers,
+            # the step and the status.
+            return super().finish_run_with_step(claim, step, status, result_json, error_json, decoded, markers)
+        # One round trip, not the five of START TRANSACTION, three writes
+        # and COMMIT: the script is sent whole (mariadb.sql).
+        params = self._step_params(claim, step)
+        params.update(step_status=params["status"], step_result=params["result"], step_error=params["error"],
+                      status=status, result=result_json, error=error_json)
+        row = self._fetchone("finish_run_with_step", params)
+        if row is None:
+            return LOST
+        self._wake_parent(claim.run_id, row["wake_parent"])
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
 
     @contextlib.contextmanager
     def _migration_transaction(self, conn: Any) -> Iterator[Any]:

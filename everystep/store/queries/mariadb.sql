@@ -20,6 +20,11 @@
 --   * a result column named `keep` filters rows: those where it is false
 --     are left out, and the column itself is dropped (an upsert's
 --     RETURNING says which row it wrote, not only which it saw).
+-- A script whose first statement is START TRANSACTION is different: it
+-- carries its own transaction, ending with COMMIT, and is sent whole, in
+-- one round trip (connections allow multi-statements); none of the rules
+-- above applies to it, its guards are in its SQL, and its result is the
+-- rows of its last SELECT.
 -- Connections send CLIENT_FOUND_ROWS, so "touched" means "matched" (an
 -- UPDATE that leaves a row as it was still counts), as in PostgreSQL.
 -- Every executor write is conditional on (claimed_by, claim_epoch) in the
@@ -160,6 +165,24 @@ SELECT {run_columns_w},
     EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
 FROM everystep_workflow AS w WHERE w.id IN %(picked)s
 
+-- name: _step_upsert
+-- A step record meeting its row: a row still waiting for its outcome
+-- (started, retrying, sleeping) is replaced; any other is left as it is
+-- (each assignment is conditional on the old status, assigned last).
+ON DUPLICATE KEY UPDATE
+    name = IF(status IN {step_open_statuses}, VALUES(name), name),
+    args = IF(status IN {step_open_statuses}, VALUES(args), args),
+    kwargs = IF(status IN {step_open_statuses}, VALUES(kwargs), kwargs),
+    result = IF(status IN {step_open_statuses}, VALUES(result), result),
+    error = IF(status IN {step_open_statuses}, VALUES(error), error),
+    started_at = IF(status IN {step_open_statuses}, VALUES(started_at), started_at),
+    completed_at = IF(status IN {step_open_statuses}, VALUES(completed_at), completed_at),
+    attempt = IF(status IN {step_open_statuses}, VALUES(attempt), attempt),
+    wake_at = IF(status IN {step_open_statuses}, VALUES(wake_at), wake_at),
+    cpu_seconds = IF(status IN {step_open_statuses}, VALUES(cpu_seconds), cpu_seconds),
+    peak_rss_bytes = IF(status IN {step_open_statuses}, VALUES(peak_rss_bytes), peak_rss_bytes),
+    status = IF(status IN {step_open_statuses}, VALUES(status), status)
+
 -- name: record_step
 -- Record a finished step while this claim is the run's current one. A row
 -- still waiting for its outcome (started, retrying, sleeping) is replaced;
@@ -177,19 +200,7 @@ WHERE EXISTS (
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
 )
-ON DUPLICATE KEY UPDATE
-    name = IF(status IN {step_open_statuses}, VALUES(name), name),
-    args = IF(status IN {step_open_statuses}, VALUES(args), args),
-    kwargs = IF(status IN {step_open_statuses}, VALUES(kwargs), kwargs),
-    result = IF(status IN {step_open_statuses}, VALUES(result), result),
-    error = IF(status IN {step_open_statuses}, VALUES(error), error),
-    started_at = IF(status IN {step_open_statuses}, VALUES(started_at), started_at),
-    completed_at = IF(status IN {step_open_statuses}, VALUES(completed_at), completed_at),
-    attempt = IF(status IN {step_open_statuses}, VALUES(attempt), attempt),
-    wake_at = IF(status IN {step_open_statuses}, VALUES(wake_at), wake_at),
-    cpu_seconds = IF(status IN {step_open_statuses}, VALUES(cpu_seconds), cpu_seconds),
-    peak_rss_bytes = IF(status IN {step_open_statuses}, VALUES(peak_rss_bytes), peak_rss_bytes),
-    status = IF(status IN {step_open_statuses}, VALUES(status), status)
+{_step_upsert}
 RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
 
 -- name: record_marker
@@ -286,6 +297,44 @@ SET status = %(status)s, result = %(result)s, error = %(error)s, completed_at = 
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
   AND claim_epoch = %(claim_epoch)s;
 SELECT id, parent_id AS wake_parent FROM everystep_workflow WHERE id = %(run_id)s
+
+-- name: finish_run_with_step
+-- The run's last step and its terminal status, both or neither, in one
+-- round trip (sent whole: see the header) and one durable commit. The run
+-- row is locked first, under the claim, so both writes see the same claim;
+-- the status changes only if the step row is ours now (it carries our
+-- completion time: a step that already has an outcome writes nothing). No
+-- row back means nothing was written.
+START TRANSACTION;
+SELECT id FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+FOR UPDATE;
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s, %(kwargs)s, %(step_status)s, %(step_result)s,
+       %(step_error)s, %(started_at)s, %(now)s, %(attempt)s, %(wake_at)s, %(cpu_seconds)s, %(peak_rss_bytes)s
+FROM DUAL
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+{_step_upsert};
+UPDATE everystep_workflow
+SET status = %(status)s, result = %(result)s, error = %(error)s, completed_at = UTC_TIMESTAMP(6)
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+  AND EXISTS (SELECT 1 FROM everystep_step
+              WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s
+                AND completed_at = %(now)s AND status = %(step_status)s);
+SELECT s.completed_at, w.parent_id AS wake_parent
+FROM everystep_workflow AS w
+JOIN everystep_step AS s ON s.workflow_id = w.id AND s.step_id = %(step_id)s
+WHERE w.id = %(run_id)s AND w.status = %(status)s AND w.claimed_by = %(claimer)s
+  AND w.claim_epoch = %(claim_epoch)s AND s.completed_at = %(now)s AND s.status = %(step_status)s;
+COMMIT
 
 -- name: requeue
 UPDATE everystep_workflow
