@@ -19,9 +19,12 @@ What differs from PostgreSQL, and how this module covers it:
 - DDL commits at once: migrations are serialised by ``GET_LOCK`` and written
   to be re-run, since a migration and its version row cannot share a
   transaction.
-- No claim function: a claim with queue limits is several scripts in one
-  transaction (``mariadb_claim.py``), a limited queue claimed from under its
-  row's lock.
+- The claim is a stored procedure (``functions/mariadb/claim.sql``,
+  installed by the migrator like PostgreSQL's functions): the whole claim,
+  queue limits included, in one round trip and a transaction of its own.
+- A named statement that carries its own transaction (``START TRANSACTION``
+  … ``COMMIT``) is sent whole, in one round trip (connections allow
+  multi-statements): the last step's record and the run's terminal status.
 - No partial index: the claim index leads with the status, and ``due_at``
   is a generated column.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import json
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -135,7 +139,10 @@ def connect_args(url: str) -> dict[str, Any]:
 
 @functools.cache
 def _script(sql: str) -> tuple[str, ...]:
-    """A named statement split into the statements of its script."""
+    """A named statement split into the statements of its script (a
+    procedure's definition is one statement)."""
+    if re.match(r"CREATE\s+(OR\s+REPLACE\s+)?PROCEDURE\b", sql.lstrip(), re.IGNORECASE):
+        return (sql.strip(),)
     return tuple(part.strip() for part in re.split(r";[ \t]*\n", sql) if part.strip())
 
 
@@ -206,6 +213,8 @@ class _Connection:
         statements = _script(sql)
         try:
             if len(statements) == 1:
+                if statements[0].startswith("CALL "):  # a procedure with its own transaction
+                    return self._own_transaction(lambda: self._single(statements[0], params))
                 return self._single(statements[0], params)
             if _whole(statements):
                 if self.in_transaction:  # its START TRANSACTION would commit the caller's
@@ -372,13 +381,14 @@ class MariaDBStore(Store):
         else:
             conn.execute(self.sql["commit"])
 
-    def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
-        # The claim is several scripts (a queue's lock, then its runs by
-        # priority): one transaction holds them, and the queue locks.
-        return self._transaction(conn)
-
     def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
-        return MariaDBClaim(conn, self.sql, params, self._queue_settings).run()
+        # One round trip: the procedure (functions/mariadb/claim.sql) runs
+        # the whole claim in a transaction of its own.
+        return conn.execute(self.sql["claim"], {
+            **params, "names": json.dumps(list(params["names"])),
+            "queues": json.dumps(list(params["queues"])) if params["queues"] is not None else None,
+            "versions": json.dumps(list(params["versions"])) if params["versions"] is not None else None,
+        }).fetchall()  # type: ignore[no-any-return]
 
     def _next_due_row(self, params: dict[str, Any]) -> Row | None:
         # As PostgreSQL's everystep_next_due: one probe per served queue.

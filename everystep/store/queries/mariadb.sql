@@ -127,28 +127,10 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- A runner serving one workflow: that name's due runs at one priority of a
--- queue, earliest due first, along one range of the (status, queue,
--- priority, name, due_at) index (it stops at the first run not yet due);
--- SKIP LOCKED lets concurrent claimers take disjoint sets without waiting
--- on each other. Each claim bumps the run's epoch: the fencing token its
--- writes carry. With more names, the claim reads each one's candidates
--- (claim_name_due) and claims the oldest (claim_ids); the queue limits are
--- applied around both, in the same transaction (store/queue_claim.py).
-SELECT id FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s
-  AND name = %(name)s AND due_at <= UTC_TIMESTAMP(6)
-  AND (%(serve_all)s = 1 OR app_version IS NULL OR app_version IN %(version_list)s)
-ORDER BY due_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
-UPDATE everystep_workflow
-SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1,
-    first_claimed_at = coalesce(first_claimed_at, UTC_TIMESTAMP(6))
-WHERE id IN %(picked)s;
-SELECT {run_columns_w},
-    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
-FROM everystep_workflow AS w WHERE w.id IN %(picked)s
+-- The whole claim, queue limits included, in one round trip: the
+-- procedure (store/functions/mariadb/claim.sql) runs it in a transaction
+-- of its own and returns the runs claimed. Lists are JSON arrays.
+CALL everystep_claim(%(claimer)s, %(limit)s, %(names)s, %(queues)s, %(serve_all)s, %(versions)s)
 
 -- name: claim_own
 -- Catch-up: re-claim (bumping the epoch, which fences any stale execution)
@@ -694,7 +676,8 @@ ON DUPLICATE KEY UPDATE
     last_tick = GREATEST(last_tick, VALUES(last_tick))
 
 -- -- Queues and flow control (migration 0007) ---------------------------------
--- The claim's steps (store/queue_claim.py) run in the claim's transaction.
+-- The claim's steps run in the claim procedure (functions/mariadb/claim.sql);
+-- these two list the served queues for next_due.
 
 -- name: claim_next_queue
 -- The first queue after %(after)s holding scheduled runs: one probe of the
@@ -708,85 +691,6 @@ LIMIT 1
 -- name: claim_queue_settings
 SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
 WHERE name IN %(queues)s
-
--- name: claim_lock_queue
--- A limited queue is claimed from under its row's lock, held to the commit:
--- the running count and the rate window read after it include every claim
--- committed before, and no other claimer can claim from it meanwhile. SKIP
--- LOCKED: while another claimer holds it this one serves the other queues,
--- so a queue busy or at its limit never stalls the rest. A queue visibly at
--- its concurrency is skipped before locking (a slot freed meanwhile is
--- taken by the next claim).
-SELECT 1 AS below FROM DUAL
-WHERE %(concurrency)s IS NULL OR %(concurrency)s > (
-    SELECT count(*) FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
-    WHERE status = 'running' AND queue = %(queue)s);
-SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
-WHERE name = %(queue)s
-FOR UPDATE SKIP LOCKED
-
--- name: next_priority
-SELECT priority FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority < %(below)s
-ORDER BY priority DESC
-LIMIT 1
-
--- name: queue_running
-SELECT count(*) AS n FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
-WHERE status = 'running' AND queue = %(queue)s
-
--- name: queue_busy_keys
-SELECT concurrency_key AS `key`, count(*) AS n
-FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
-WHERE status = 'running' AND queue = %(queue)s AND concurrency_key IS NOT NULL
-GROUP BY concurrency_key
-
--- name: claim_name_due
--- One served workflow's due runs at one priority of a queue, earliest due
--- first: one range of the (status, queue, priority, name, due_at) index, so
--- runs nobody serves are never read. Keys at their limit (%(busy)s) and
--- runs another claimer held (%(skipped)s) are left out. Read without a
--- lock: claim_ids locks the ones picked, SKIP LOCKED.
-SELECT id, concurrency_key AS `key`, due_at AS due FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s AND name = %(name)s
-  AND due_at <= UTC_TIMESTAMP(6)
-  AND (%(serve_all)s = 1 OR app_version IS NULL OR app_version IN %(version_list)s)
-  AND (concurrency_key IS NULL OR concurrency_key NOT IN %(busy)s)
-  AND id NOT IN %(skipped)s
-ORDER BY due_at
-LIMIT %(limit)s
-
--- name: claim_next_name
--- The first workflow name after %(after)s holding scheduled runs at one
--- priority of a queue: one probe of the claimable index.
-SELECT name FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s AND name > %(after)s
-ORDER BY name
-LIMIT 1
-
--- name: claim_ids
--- The runs picked from the candidates, those still scheduled and not
--- locked by anyone else (an operator's cancel).
-SELECT id FROM everystep_workflow WHERE id IN %(ids)s AND status = 'scheduled' FOR UPDATE SKIP LOCKED;
-UPDATE everystep_workflow
-SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1,
-    first_claimed_at = coalesce(first_claimed_at, UTC_TIMESTAMP(6))
-WHERE id IN %(picked)s;
-SELECT {run_columns_w},
-    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
-FROM everystep_workflow AS w WHERE w.id IN %(picked)s
-
--- name: queue_rate_prune
-DELETE FROM everystep_queue_claim
-WHERE queue = %(queue)s AND claimed_at < UTC_TIMESTAMP(6) - INTERVAL %(period_us)s MICROSECOND
-
--- name: queue_rate_used
-SELECT count(*) AS n FROM everystep_queue_claim WHERE queue = %(queue)s
-
--- name: queue_rate_log
--- One row per run just claimed, stamped with the claim time they carry.
-INSERT INTO everystep_queue_claim (queue, claimed_at)
-SELECT %(queue)s, claimed_at FROM everystep_workflow WHERE id IN %(ids)s
 
 -- name: lock_queue
 -- An operator's change to a queue, under its row lock (claims from a
