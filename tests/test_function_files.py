@@ -47,7 +47,7 @@ def test_numbered_migrations_hold_no_function_bodies() -> None:
         assert all(statement.startswith("CREATE OR REPLACE FUNCTION") for statement in function.statements())
     for function in functions.available("mariadb"):
         assert all(statement.startswith("CREATE OR REPLACE PROCEDURE") for statement in function.statements())
-    assert [function.name for function in functions.available("mariadb")] == ["claim"]
+    assert [function.name for function in functions.available("mariadb")] == ["claim", "wake"]
     assert functions.available("sqlite") == []
 
 

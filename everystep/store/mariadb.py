@@ -13,9 +13,12 @@ What differs from PostgreSQL, and how this module covers it:
   in one transaction; ``queries/mariadb.sql`` states the rules and
   ``_Connection.execute`` applies them, so ``base.Store`` calls every
   backend the same way.
-- No LISTEN/NOTIFY: ``listen()`` returns None and runners poll (a run
-  scheduled while a runner sleeps is picked up at its next poll; a supervisor
-  checks its fences every poll).
+- No LISTEN/NOTIFY: ``listen()`` is a wake-up connection
+  (``mariadb_wake.py``) that ``schedule()`` interrupts once its run is
+  committed, so an idle supervisor picks a new run up at once; everything
+  else (a run scheduled in a caller's transaction, a fence, an operator's
+  request) is seen at the next poll. ``?wake=off`` in the URL turns the
+  wake-up off (runners then poll only).
 - DDL commits at once: migrations are serialised by ``GET_LOCK`` and written
   to be re-run, since a migration and its version row cannot share a
   transaction.
@@ -41,6 +44,7 @@ import contextlib
 import datetime as dt
 import functools
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,9 +60,12 @@ from ..errors import EverystepError
 from ..models import Claim, Run, StepRecord
 from ..queues import Placement
 from .base import Row, RunnerInfo, Store
-from .base.values import LOST, Marker, NewStep, StepWrite
+from .base.values import LOST, Marker, NewStep, Notifications, StepWrite
 from .base.step_transactions import OWN_COMMIT, CommitGuard
 from .mariadb_claim import MariaDBClaim
+from .mariadb_wake import Waking
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 3306
 #: The longest workflow or runner name the schema stores (VARCHAR(255)).
@@ -135,6 +142,14 @@ def connect_args(url: str) -> dict[str, Any]:
     if "unix_socket" in query:
         args["unix_socket"] = query["unix_socket"][-1]
     return args
+
+
+def wakes(url: str) -> bool:
+    """Whether the URL leaves the wake-up on (``?wake=off`` turns it off)."""
+    values = parse_qs(urlsplit(url).query).get("wake", ["on"])
+    if values[-1] not in ("on", "off"):
+        raise EverystepError(f"bad MariaDB URL {url!r}: wake is on or off")
+    return values[-1] == "on"
 
 
 @functools.cache
@@ -313,6 +328,8 @@ class MariaDBStore(Store):
         #: Sessions the server holds read-only (``connect(read_only=True)``).
         self.read_only = read_only
         self.connect_args = connect_args(url)
+        #: Whether ``listen()`` gives a wake-up connection and ``schedule()`` wakes it.
+        self.wakes = wakes(url)
         self.connect_timeout = min(CONNECT_TIMEOUT_SECONDS, statement_timeout) if statement_timeout else (
             CONNECT_TIMEOUT_SECONDS)
 
@@ -380,6 +397,36 @@ class MariaDBStore(Store):
             raise
         else:
             conn.execute(self.sql["commit"])
+
+    def listen(self) -> Notifications | None:
+        """A wake-up connection (``mariadb_wake.py``), the caller's own."""
+        if not self.wakes:
+            return None
+        conn = self._open()
+        try:
+            return Waking(conn, self.sql["wake_wait"])
+        except BaseException:
+            conn.close()
+            raise
+
+    def schedule(self, name: str, args_json: str, idempotency_key: str | None = None,
+                 not_before: dt.datetime | None = None, placement: Placement | None = None,
+                 app_version: str | None = None, *, deadline: dt.datetime | None = None) -> Run:
+        run = super().schedule(name, args_json, idempotency_key, not_before, placement, app_version,
+                               deadline=deadline)
+        if self.wakes and run.status == "scheduled" and run.not_before is None:
+            self._wake_runners()
+        return run
+
+    def _wake_runners(self) -> None:
+        """Interrupt idle runners' wake-up connections (after the commit of
+        what they should claim). Best effort: the run is committed already,
+        and a runner not woken claims it at its next poll."""
+        try:
+            with self.connection() as conn:
+                conn.execute(self.sql["wake_runners"])
+        except EverystepError as exc:
+            log.debug("could not wake the runners of %s: %s", self.describe(), exc)
 
     def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
         # One round trip: the procedure (functions/mariadb/claim.sql) runs

@@ -731,6 +731,16 @@ WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue
 
+-- name: wake_wait
+-- An idle runner's wake-up connection waits here, up to %(seconds)s; the
+-- everystep_wake procedure (functions/mariadb/wake.sql) finds it by this
+-- text and interrupts it. Sent without waiting for its answer (mariadb.py).
+SELECT SLEEP(%(seconds)s) AS everystep_wake
+
+-- name: wake_runners
+-- After a schedule() commits: interrupt the runners' wake_wait.
+CALL everystep_wake()
+
 -- name: read_only_session
 -- A session that cannot write (connect(read_only=True): everystep replay).
 SET SESSION TRANSACTION READ ONLY

@@ -1,0 +1,159 @@
+"""MariaDB's hot path in round trips, and its wake-up: a 3-step run costs
+a claim (one procedure call), two step records and the folded last step,
+each step's record committed before the next step starts; a run scheduled
+while a supervisor idles is picked up by the wake-up connection, not by
+the poll. Counted and observed on a real server; speed is measured by the
+benchmarks, never asserted here."""
+
+from __future__ import annotations
+
+import re
+import selectors
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pymysql = pytest.importorskip("pymysql", reason="the MariaDB backend's driver (pip install -e '.[test]')")
+
+from pymysql.constants import COMMAND  # noqa: E402
+
+from everystep import registry, runner, schedule, step, workflow  # noqa: E402
+from everystep.context import current  # noqa: E402
+from everystep.models import COMPLETED  # noqa: E402
+from everystep.runner import Outcome  # noqa: E402
+from everystep.store import Store, connect  # noqa: E402
+from everystep.store.mariadb import connect_args  # noqa: E402
+from everystep.store.mariadb_wake import SCHEDULED_CHANNEL  # noqa: E402
+from tests.apps import supervised  # noqa: E402
+from tests.support.supervisor import supervisors  # noqa: E402,F401
+
+pytestmark = [pytest.mark.backends("mariadb"), pytest.mark.timeout(180)]
+
+
+@step
+def committed_steps(value: int) -> int:
+    """How many of its run's steps another connection sees committed, as
+    this step starts (the step records before it must all be durable)."""
+    ctx = current()
+    assert ctx is not None
+    store = ctx.execution.store
+    with pymysql.connect(**connect_args(store.url), autocommit=True) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM everystep_step WHERE workflow_id = %s", (ctx.workflow_id,))
+        (seen,) = cursor.fetchone()
+    assert seen == value, f"step {value + 1} started with {seen} earlier step records committed, not {value}"
+    return value + 1
+
+
+@workflow
+def three_steps(start: int) -> int:
+    a = committed_steps(start)
+    b = committed_steps(a)
+    return committed_steps(b)
+
+
+class RoundTrips:
+    """Every command the store's connections send the server (one round
+    trip each; a multi-statement send or a CALL is one), from now on."""
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sent: list[str] = []
+        store.close()
+        opened = store._open
+
+        def traced_open() -> Any:
+            conn = opened()
+            send = conn.raw._execute_command
+
+            def traced(command: int, sql: Any) -> Any:
+                if command == COMMAND.COM_QUERY:
+                    text = sql.decode() if isinstance(sql, bytes) else str(sql)
+                    self.sent.append(" ".join(text.split()))
+                return send(command, sql)
+
+            conn.raw._execute_command = traced
+            return conn
+
+        monkeypatch.setattr(store, "_open", traced_open)
+
+    def kinds(self) -> list[str]:
+        """What each round trip began with: the procedure called, the
+        table written, or the transaction sent whole."""
+        return [match.group(0) if (match := _KIND.match(text)) else text[:40] for text in self.sent]
+
+
+_KIND = re.compile(r"CALL \w+|INSERT INTO \w+|START TRANSACTION;")
+
+
+def test_a_three_step_run_takes_four_round_trips(mariadb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a supervisor issues them: a claim for every workflow the
+    application registers with room for two runs (the parent), then the
+    run's execution (a child): the claim is one procedure call, the first
+    two steps one autocommitted record each, the last step and the run's
+    status one multi-statement transaction."""
+    store = connect(mariadb_url)
+    try:
+        run = schedule(three_steps, 0, database=store)
+        store.ping()  # connections are opened (and set up) before counting
+        trips = RoundTrips(store, monkeypatch)
+        store.ping()
+        trips.sent.clear()
+        claimed = store.claim("counting", 2, registry.workflow_names())
+        assert [each.id for each in claimed] == [run.id]
+        assert runner.execute_guarded(store, claimed[0], claimer="counting") == Outcome.COMPLETED
+        assert trips.kinds() == ["CALL everystep_claim", "INSERT INTO everystep_step", "INSERT INTO everystep_step",
+                             "START TRANSACTION;"], (
+            trips.sent)
+        assert len(trips.sent) <= 6
+        done = store.get_run(run.id)
+        assert (done.status, done.result) == (COMPLETED, 3)
+        assert [(s.step_id, s.result) for s in store.get_steps(run.id)] == [("1", 1), ("2", 2), ("3", 3)]
+    finally:
+        store.close()
+
+
+def test_schedule_interrupts_a_waiting_wake_up_connection(mariadb_url: str) -> None:
+    store, scheduler = connect(mariadb_url), connect(mariadb_url)
+    waking = store.listen()
+    assert waking is not None
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(waking.fileno(), selectors.EVENT_READ)
+            assert selector.select(0.2) == []  # asleep
+            schedule(supervised.tiny, {"dir": "/x"}, database=scheduler)
+            assert selector.select(10), "schedule() did not wake the sleeping connection"
+            assert waking.drain() == [(SCHEDULED_CHANNEL, "")]
+            assert selector.select(0.2) == []  # asleep again
+            schedule(supervised.tiny, {"dir": "/x"}, database=scheduler)
+            assert selector.select(10) and waking.drain() == [(SCHEDULED_CHANNEL, "")]
+    finally:
+        waking.close()
+        store.close()
+        scheduler.close()
+
+
+def test_wake_off_in_the_url_leaves_runners_polling(mariadb_url: str) -> None:
+    store = connect(mariadb_url + "?wake=off")
+    try:
+        assert store.listen() is None
+        assert store.schedule(supervised.tiny.name, '[{"dir": "/x"}]').status == "scheduled"
+    finally:
+        store.close()
+
+
+def test_an_idle_supervisor_is_woken_by_schedule_not_by_its_poll(mariadb_url: str, supervisors: Any,
+                                                                 tmp_path: Path) -> None:
+    """Polling every 30 s, the supervisor still starts a run scheduled while
+    it idles within seconds: the wake-up connection, not the poll."""
+    sup = supervisors(mariadb_url, procs=1, poll=30).start()
+    time.sleep(1.0)  # past its first claims: idle until woken or polled
+    store = connect(mariadb_url)
+    try:
+        run = schedule(supervised.tiny, {"dir": str(tmp_path)}, database=store)
+        deadline = time.monotonic() + 10
+        while store.get_run(run.id).status != COMPLETED:
+            assert time.monotonic() < deadline, f"not picked up within 10 s at --poll 30\n{sup.log()}"
+            time.sleep(0.05)
+    finally:
+        store.close()
