@@ -11,6 +11,7 @@ import re
 import selectors
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +31,16 @@ from tests.apps import supervised  # noqa: E402
 from tests.support.supervisor import supervisors  # noqa: E402,F401
 
 pytestmark = [pytest.mark.backends("mariadb"), pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def fresh_url(mariadb_server: Any) -> Iterator[str]:
+    """A database of its own, without everystep's tables."""
+    url = mariadb_server.create_database("everystep_fresh")
+    try:
+        yield url
+    finally:
+        mariadb_server.drop_database(url)
 
 
 @step
@@ -155,5 +166,22 @@ def test_an_idle_supervisor_is_woken_by_schedule_not_by_its_poll(mariadb_url: st
         while store.get_run(run.id).status != COMPLETED:
             assert time.monotonic() < deadline, f"not picked up within 10 s at --poll 30\n{sup.log()}"
             time.sleep(0.05)
+    finally:
+        store.close()
+
+
+def test_a_database_migrated_before_the_claim_procedure_says_to_migrate(fresh_url: str) -> None:
+    from everystep.errors import SchemaMissing
+
+    store = connect(fresh_url)
+    try:
+        store.migrate()
+        with pymysql.connect(**connect_args(fresh_url), autocommit=True) as conn, conn.cursor() as cursor:
+            cursor.execute("DROP PROCEDURE everystep_claim")
+            cursor.execute("DELETE FROM everystep_function")
+        with pytest.raises(SchemaMissing, match="everystep migrate"):
+            store.claim("r", 1, ["w"])
+        store.migrate()  # puts the procedure back
+        assert store.claim("r", 1, ["w"]) == []
     finally:
         store.close()

@@ -16,13 +16,14 @@
 -- so), cleared at each call outside the transaction.
 --
 -- Each body lies between "-- $$" marks: migrations.split_statements keeps
--- it one statement.
+-- it one statement. SQL SECURITY INVOKER: a procedure runs with the
+-- privileges of the runner calling it, never those of whoever migrated.
 
 CREATE OR REPLACE PROCEDURE everystep_claim_pick(
     IN p_queue VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, IN p_priority INT, IN p_want INT,
     IN p_per_key INT, IN p_serve_all TINYINT, IN p_claimer VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     OUT p_got INT)
-MODIFIES SQL DATA
+MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN -- $$
     -- QueueClaim._picking, due, names_at and _pick: up to p_want of the
     -- oldest due runs of the served names at one priority of a queue, runs
@@ -123,7 +124,7 @@ END -- $$
 CREATE OR REPLACE PROCEDURE everystep_claim_queue(
     IN p_queue VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, IN p_most INT, IN p_serve_all TINYINT,
     IN p_claimer VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, OUT p_got INT)
-MODIFIES SQL DATA
+MODIFIES SQL DATA SQL SECURITY INVOKER
 body: BEGIN -- $$
     -- QueueClaim.from_queue: up to p_most runs of one queue, highest
     -- priority first; a limited queue under its lock and within its limits
@@ -195,7 +196,7 @@ END -- $$
 CREATE OR REPLACE PROCEDURE everystep_claim(
     IN p_claimer VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, IN p_limit INT, IN p_names LONGTEXT,
     IN p_queues LONGTEXT, IN p_serve_all TINYINT, IN p_versions LONGTEXT)
-MODIFIES SQL DATA
+MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN -- $$
     -- QueueClaim.run, in one transaction; the result is the claimed runs
     -- (as the claim statements of mariadb.sql return them).
