@@ -432,11 +432,12 @@ class MariaDBStore(Store):
     def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
         # One round trip: the procedure (functions/mariadb/claim.sql) runs
         # the whole claim in a transaction of its own.
-        return conn.execute(self.sql["claim"], {
+        rows: list[Row] = conn.execute(self.sql["claim"], {
             **params, "names": json.dumps(list(params["names"])),
             "queues": json.dumps(list(params["queues"])) if params["queues"] is not None else None,
             "versions": json.dumps(list(params["versions"])) if params["versions"] is not None else None,
-        }).fetchall()  # type: ignore[no-any-return]
+        }).fetchall()
+        return rows
 
     def _next_due_row(self, params: dict[str, Any]) -> Row | None:
         # As PostgreSQL's everystep_next_due: one probe per served queue.

@@ -46,7 +46,7 @@ class Waking(Notifications):
         with self._raw.cursor() as cursor:
             cursor.execute("SET SESSION max_statement_time = 0")  # the sleep is not a runaway statement
             self._wait = cursor.mogrify(wait_sql, {"seconds": seconds})
-        self._fd = self._raw._sock.fileno()
+        self._fd: int = self._raw._sock.fileno()
         self._arm()
 
     def _arm(self) -> None:
