@@ -22,8 +22,7 @@ from pymysql.constants import COMMAND  # noqa: E402
 
 from everystep import registry, runner, schedule, step, workflow  # noqa: E402
 from everystep.context import current  # noqa: E402
-from everystep.models import COMPLETED  # noqa: E402
-from everystep.runner import Outcome  # noqa: E402
+from everystep.models import COMPLETED, Outcome  # noqa: E402
 from everystep.store import Store, connect  # noqa: E402
 from everystep.store.mariadb import connect_args  # noqa: E402
 from everystep.store.mariadb_wake import SCHEDULED_CHANNEL  # noqa: E402
@@ -52,7 +51,8 @@ def committed_steps(value: int) -> int:
     store = ctx.execution.store
     with pymysql.connect(**connect_args(store.url), autocommit=True) as conn, conn.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM everystep_step WHERE workflow_id = %s", (ctx.workflow_id,))
-        (seen,) = cursor.fetchone()
+        row = cursor.fetchone()
+    seen = int(row[0]) if row else -1
     assert seen == value, f"step {value + 1} started with {seen} earlier step records committed, not {value}"
     return value + 1
 
