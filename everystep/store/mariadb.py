@@ -172,7 +172,11 @@ def _locks(statements: tuple[str, ...]) -> bool:
 
 @functools.cache
 def _whole(statements: tuple[str, ...]) -> bool:
-    """Whether a script carries its own transaction, to be sent whole."""
+    """Whether a named statement carries its own transaction: a procedure's
+    ``CALL``, or a script from ``START TRANSACTION`` to ``COMMIT`` (sent
+    whole). Neither may run inside another transaction."""
+    if len(statements) == 1:
+        return statements[0].upper().startswith("CALL ")
     return statements[0].upper() == "START TRANSACTION" and statements[-1].upper() == "COMMIT"
 
 
@@ -227,14 +231,14 @@ class _Connection:
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> _Result:
         statements = _script(sql)
         try:
-            if len(statements) == 1:
-                if statements[0].startswith("CALL "):  # a procedure with its own transaction
-                    return self._own_transaction(lambda: self._single(statements[0], params))
-                return self._single(statements[0], params)
-            if _whole(statements):
+            if _whole(statements):  # a procedure's call, or a script sent whole
                 if self.in_transaction:  # its START TRANSACTION would commit the caller's
-                    raise EverystepError("a script with its own transaction cannot run inside another")
+                    raise EverystepError("a statement with its own transaction cannot run inside another")
+                if len(statements) == 1:
+                    return self._own_transaction(lambda: self._single(statements[0], params))
                 return self._own_transaction(lambda: self._send_whole(sql, params))
+            if len(statements) == 1:
+                return self._single(statements[0], params)
             if self.in_transaction or not _locks(statements):
                 return self._run_script(statements, dict(params or {}))
             return self._run_own_transaction(statements, dict(params or {}))
