@@ -7,6 +7,7 @@ benchmarks, never asserted here."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import selectors
 import time
@@ -183,5 +184,22 @@ def test_a_database_migrated_before_the_claim_procedure_says_to_migrate(fresh_ur
             store.claim("r", 1, ["w"])
         store.migrate()  # puts the procedure back
         assert store.claim("r", 1, ["w"]) == []
+    finally:
+        store.close()
+
+
+def test_the_claim_procedure_holds_the_longest_keys_the_schema_does(mariadb_url: str) -> None:
+    """Its lists are temporary tables of its own: a 300-character
+    concurrency key (the column's width) is claimed and counted whole."""
+    from everystep.queues import Placement
+
+    store = connect(mariadb_url)
+    try:
+        store.update_queue("long-keys", lambda current: dataclasses.replace(current, key_concurrency=1))
+        key = "k" * 300
+        for keyed in (key, key, None):
+            store.schedule("w.long", "[]", placement=Placement(queue="long-keys", concurrency_key=keyed))
+        claimed = store.claim("r", 10, ["w.long"])
+        assert sorted(run.concurrency_key or "" for run in claimed) == ["", key]
     finally:
         store.close()

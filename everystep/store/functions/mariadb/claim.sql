@@ -12,8 +12,9 @@
 -- include every claim committed before; runs are locked FOR UPDATE SKIP
 -- LOCKED, so claimers never wait on each other. Lists arrive as JSON
 -- arrays. The session's temporary tables (es_claim_*) hold the steps'
--- lists: MEMORY tables, created once per session (a session variable says
--- so), cleared at each call outside the transaction.
+-- lists: created once per session (a session variable says so), cleared
+-- at each call; MEMORY tables, save the candidates' (InnoDB: a window of a
+-- key-limited queue is up to eight times the batch per served name).
 --
 -- Each body lies between "-- $$" marks: migrations.split_statements keeps
 -- it one statement. SQL SECURITY INVOKER: a procedure runs with the
@@ -225,11 +226,12 @@ BEGIN -- $$
         CREATE TEMPORARY TABLE IF NOT EXISTS es_claim_here (
             name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY) ENGINE = MEMORY;
         CREATE TEMPORARY TABLE IF NOT EXISTS es_claim_busy (
-            ckey VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY, n INT NOT NULL)
+            ckey VARCHAR(300) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY, n INT NOT NULL)
             ENGINE = MEMORY;
         CREATE TEMPORARY TABLE IF NOT EXISTS es_claim_due (
             id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
-            ckey VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, due DATETIME(6) NOT NULL) ENGINE = MEMORY;
+            ckey VARCHAR(300) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, due DATETIME(6) NOT NULL)
+            ENGINE = InnoDB;  -- a key-limited window may outgrow a MEMORY table
         CREATE TEMPORARY TABLE IF NOT EXISTS es_claim_picked (
             id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY) ENGINE = MEMORY;
         CREATE TEMPORARY TABLE IF NOT EXISTS es_claim_locked (
