@@ -25,7 +25,7 @@ from everystep import registry, runner, schedule, step, workflow  # noqa: E402
 from everystep.context import current  # noqa: E402
 from everystep.models import COMPLETED, Outcome  # noqa: E402
 from everystep.store import Store, connect  # noqa: E402
-from everystep.store.mariadb import connect_args  # noqa: E402
+from everystep.store.mariadb import MariaDBStore, connect_args  # noqa: E402
 from everystep.store.mariadb_wake import SCHEDULED_CHANNEL  # noqa: E402
 from tests.apps import supervised  # noqa: E402
 from tests.support.supervisor import supervisors  # noqa: E402,F401
@@ -203,3 +203,30 @@ def test_the_claim_procedure_holds_the_longest_keys_the_schema_does(mariadb_url:
         assert sorted(run.concurrency_key or "" for run in claimed) == ["", key]
     finally:
         store.close()
+
+
+def test_the_claim_procedure_never_waits_on_rows_others_hold(mariadb_url: str) -> None:
+    """Scheduled runs an operator holds, a running run a step writer holds
+    (counted by the queue's limits), in a limited queue, with more served
+    names than the claim reads one by one: with a one-second statement
+    timeout, a claim that waited on any of them would fail. It takes the
+    free runs, and the held ones once they are released."""
+    from everystep.queues import Placement
+
+    store = connect(mariadb_url)
+    impatient = MariaDBStore(mariadb_url, statement_timeout=1)
+    try:
+        store.update_queue("held", lambda current: dataclasses.replace(current, concurrency=20, key_concurrency=2))
+        names = [f"w.held{i}" for i in range(6)]
+        runs = [store.schedule(names[i % 6], "[]", placement=Placement(queue="held", concurrency_key=f"k{i % 4}"))
+                for i in range(8)]
+        writing = store.claim("writer", 1, names)[0]  # running: its row held below, as a step writer holds it
+        held = [run for run in runs if run.id != writing.id][:2]
+        with store.locked_run(held[0].id), store.locked_run(held[1].id), store.locked_run(writing.id):
+            taken = {run.id for run in impatient.claim("impatient", 10, names)}
+        free = {run.id for run in runs} - {writing.id} - {run.id for run in held}
+        assert taken == free
+        assert {run.id for run in impatient.claim("later", 10, names)} == {run.id for run in held}
+    finally:
+        store.close()
+        impatient.close()

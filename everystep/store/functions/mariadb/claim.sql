@@ -10,7 +10,11 @@
 -- COMMITTED: a limited queue is claimed from under its row's lock (FOR
 -- UPDATE SKIP LOCKED, held to the commit), so the counts read after it
 -- include every claim committed before; runs are locked FOR UPDATE SKIP
--- LOCKED, so claimers never wait on each other. Lists arrive as JSON
+-- LOCKED, so claimers never wait on each other. Every other read of a
+-- table is a plain SELECT (... INTO a variable) or the SELECT of an INSERT
+-- ... SELECT, which read without locks at READ COMMITTED: in MariaDB a
+-- subquery in SET, IF or an UPDATE takes shared locks, and would wait on
+-- a run an operator or another claimer holds. Lists arrive as JSON
 -- arrays. The session's temporary tables (es_claim_*) hold the steps'
 -- lists: created once per session (a session variable says so), cleared
 -- at each call; MEMORY tables, save the candidates' (InnoDB: a window of a
@@ -35,6 +39,9 @@ BEGIN -- $$
     DECLARE v_picked INT;
     DECLARE v_locked INT;
     DECLARE v_name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    DECLARE v_next VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    DECLARE v_id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;  -- a SELECT ... INTO that found nothing
     SET p_got = 0;
     DELETE FROM es_claim_skipped;
     -- names_at: every served name when they are few, else the names holding
@@ -43,15 +50,16 @@ BEGIN -- $$
     IF (SELECT count(*) FROM es_claim_names) <= 4 THEN
         INSERT INTO es_claim_here (name) SELECT name FROM es_claim_names;
     ELSE
-        SET v_name = '';
+        SET v_next = '';
         probe: LOOP
-            SET v_name = (SELECT name FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-                          WHERE status = 'scheduled' AND queue = p_queue AND priority = p_priority AND name > v_name
-                          ORDER BY name LIMIT 1);
-            IF v_name IS NULL THEN
+            SET v_name = v_next, v_next = NULL;
+            SELECT name INTO v_next FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+            WHERE status = 'scheduled' AND queue = p_queue AND priority = p_priority AND name > v_name
+            ORDER BY name LIMIT 1;
+            IF v_next IS NULL THEN
                 LEAVE probe;
             END IF;
-            INSERT INTO es_claim_here (name) SELECT name FROM es_claim_names WHERE name = v_name;
+            INSERT INTO es_claim_here (name) SELECT name FROM es_claim_names WHERE name = v_next;
         END LOOP;
     END IF;
     picking: WHILE p_got < p_want DO
@@ -106,10 +114,16 @@ BEGIN -- $$
         FOR UPDATE SKIP LOCKED;
         SET v_locked = ROW_COUNT();
         IF v_locked > 0 THEN
-            UPDATE everystep_workflow AS w JOIN es_claim_locked AS l ON l.id = w.id
-            SET w.status = 'running', w.claimed_by = p_claimer, w.claimed_at = UTC_TIMESTAMP(6),
-                w.claim_epoch = w.claim_epoch + 1,
-                w.first_claimed_at = coalesce(w.first_claimed_at, UTC_TIMESTAMP(6));
+            -- Each by its key: an UPDATE joined to the list may scan the table
+            -- instead, and wait on the rows others hold.
+            SET v_id = (SELECT min(id) FROM es_claim_locked);
+            WHILE v_id IS NOT NULL DO
+                UPDATE everystep_workflow
+                SET status = 'running', claimed_by = p_claimer, claimed_at = UTC_TIMESTAMP(6),
+                    claim_epoch = claim_epoch + 1, first_claimed_at = coalesce(first_claimed_at, UTC_TIMESTAMP(6))
+                WHERE id = v_id;
+                SET v_id = (SELECT min(id) FROM es_claim_locked WHERE id > v_id);
+            END WHILE;
             INSERT INTO es_claim_batch (id) SELECT id FROM es_claim_locked;
             SET p_got = p_got + v_locked;
         END IF;
@@ -140,6 +154,9 @@ body: BEGIN -- $$
     DECLARE v_below BIGINT DEFAULT 1099511627776;
     DECLARE v_priority BIGINT;
     DECLARE v_taken INT;
+    DECLARE v_running INT;
+    DECLARE v_used INT;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;  -- a SELECT ... INTO that found nothing
     SET p_got = 0;
     DELETE FROM es_claim_batch;
     SELECT concurrency, key_concurrency, rate_limit, rate_period
@@ -147,9 +164,9 @@ body: BEGIN -- $$
     FROM es_claim_served WHERE queue = p_queue;
     IF v_concurrency IS NOT NULL OR v_per_key IS NOT NULL OR v_rate IS NOT NULL THEN
         -- lock: a queue visibly at its concurrency is skipped before locking.
-        IF v_concurrency IS NOT NULL AND v_concurrency <= (
-                SELECT count(*) FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
-                WHERE status = 'running' AND queue = p_queue) THEN
+        SELECT count(*) INTO v_running FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
+        WHERE status = 'running' AND queue = p_queue;
+        IF v_concurrency IS NOT NULL AND v_concurrency <= v_running THEN
             LEAVE body;
         END IF;
         BEGIN
@@ -164,21 +181,23 @@ body: BEGIN -- $$
         END IF;
         -- allowed
         IF v_concurrency IS NOT NULL THEN
-            SET v_most = LEAST(v_most, v_concurrency - (
-                SELECT count(*) FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
-                WHERE status = 'running' AND queue = p_queue));
+            SELECT count(*) INTO v_running FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
+            WHERE status = 'running' AND queue = p_queue;
+            SET v_most = LEAST(v_most, v_concurrency - v_running);
         END IF;
         IF v_rate IS NOT NULL AND v_period IS NOT NULL THEN
             DELETE FROM everystep_queue_claim
             WHERE queue = p_queue
               AND claimed_at < UTC_TIMESTAMP(6) - INTERVAL ROUND(v_period * 1000000) MICROSECOND;
-            SET v_most = LEAST(v_most, v_rate - (SELECT count(*) FROM everystep_queue_claim WHERE queue = p_queue));
+            SELECT count(*) INTO v_used FROM everystep_queue_claim WHERE queue = p_queue;
+            SET v_most = LEAST(v_most, v_rate - v_used);
         END IF;
     END IF;
     priorities: WHILE p_got < v_most DO
-        SET v_priority = (SELECT priority FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-                          WHERE status = 'scheduled' AND queue = p_queue AND priority < v_below
-                          ORDER BY priority DESC LIMIT 1);
+        SET v_priority = NULL;
+        SELECT priority INTO v_priority FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+        WHERE status = 'scheduled' AND queue = p_queue AND priority < v_below
+        ORDER BY priority DESC LIMIT 1;
         IF v_priority IS NULL THEN
             LEAVE priorities;
         END IF;
@@ -209,6 +228,8 @@ BEGIN -- $$
     DECLARE v_first TINYINT DEFAULT 1;
     DECLARE v_order DOUBLE;
     DECLARE v_queue VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    DECLARE v_found VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;  -- a SELECT ... INTO that found nothing
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         ROLLBACK;
@@ -219,6 +240,8 @@ BEGIN -- $$
             name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY) ENGINE = MEMORY;
         CREATE TEMPORARY TABLE IF NOT EXISTS es_claim_versions (
             version VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY) ENGINE = MEMORY;
+        CREATE TEMPORARY TABLE IF NOT EXISTS es_claim_found (
+            queue VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY) ENGINE = MEMORY;
         CREATE TEMPORARY TABLE IF NOT EXISTS es_claim_served (
             queue VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
             concurrency INT, key_concurrency INT, rate_limit INT, rate_period DOUBLE,
@@ -246,6 +269,7 @@ BEGIN -- $$
     END IF;
     DELETE FROM es_claim_names;
     DELETE FROM es_claim_versions;
+    DELETE FROM es_claim_found;
     DELETE FROM es_claim_served;
     DELETE FROM es_claim_claimed;
     INSERT IGNORE INTO es_claim_names (name)
@@ -260,22 +284,24 @@ BEGIN -- $$
     IF p_queues IS NULL THEN
         SET v_queue = '';
         probe: LOOP
-            SET v_queue = (SELECT queue FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-                           WHERE status = 'scheduled' AND queue > v_queue ORDER BY queue LIMIT 1);
-            IF v_queue IS NULL THEN
+            SET v_found = NULL;
+            SELECT queue INTO v_found FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
+            WHERE status = 'scheduled' AND queue > v_queue ORDER BY queue LIMIT 1;
+            IF v_found IS NULL THEN
                 LEAVE probe;
             END IF;
-            INSERT INTO es_claim_served (queue, rnd, in_round, full_share) VALUES (v_queue, RAND(), 1, 0);
+            SET v_queue = v_found;
+            INSERT INTO es_claim_found (queue) VALUES (v_queue);
         END LOOP;
     ELSE
-        INSERT IGNORE INTO es_claim_served (queue, rnd, in_round, full_share)
-        SELECT queue, RAND(), 1, 0
-        FROM JSON_TABLE(p_queues, '$[*]' COLUMNS (queue VARCHAR(100) PATH '$')) AS j WHERE queue <> '';
+        INSERT IGNORE INTO es_claim_found (queue)
+        SELECT queue FROM JSON_TABLE(p_queues, '$[*]' COLUMNS (queue VARCHAR(100) PATH '$')) AS j WHERE queue <> '';
     END IF;
-    UPDATE es_claim_served AS s JOIN everystep_queue AS q ON q.name = s.queue
-    SET s.concurrency = q.concurrency, s.key_concurrency = q.key_concurrency, s.rate_limit = q.rate_limit,
-        s.rate_period = q.rate_period, s.in_round = IF(q.paused OR q.concurrency = 0, 0, 1);
-    DELETE FROM es_claim_served WHERE in_round = 0;
+    INSERT INTO es_claim_served
+        (queue, concurrency, key_concurrency, rate_limit, rate_period, rnd, in_round, full_share)
+    SELECT f.queue, q.concurrency, q.key_concurrency, q.rate_limit, q.rate_period, RAND(), 1, 0
+    FROM es_claim_found AS f LEFT JOIN everystep_queue AS q ON q.name = f.queue
+    WHERE NOT coalesce(q.paused, FALSE) AND coalesce(q.concurrency, 1) <> 0;
     -- run: a fair share for each queue, then what is left for those that
     -- filled their share.
     rounds: LOOP
