@@ -26,7 +26,7 @@ from everystep.context import current  # noqa: E402
 from everystep.models import COMPLETED, Outcome  # noqa: E402
 from everystep.store import Store, connect  # noqa: E402
 from everystep.store.mariadb import MariaDBStore, connect_args  # noqa: E402
-from everystep.store.mariadb_wake import SCHEDULED_CHANNEL  # noqa: E402
+from everystep.store.mariadb_wake import SCHEDULED_CHANNEL, Waking  # noqa: E402
 from tests.apps import supervised  # noqa: E402
 from tests.support.supervisor import supervisors  # noqa: E402,F401
 
@@ -230,3 +230,32 @@ def test_the_claim_procedure_never_waits_on_rows_others_hold(mariadb_url: str) -
     finally:
         store.close()
         impatient.close()
+
+
+def test_a_closed_wake_up_connection_leaves_no_sleeping_session(mariadb_url: str) -> None:
+    """The server does not notice a client gone mid-sleep: closing ends the
+    sleep first (a supervisor closes and reopens it around every fork)."""
+    store = connect(mariadb_url)
+    waking = store.listen()
+    assert isinstance(waking, Waking)
+    session = waking._raw.thread_id()  # the server's id of its session
+
+    def sleeping() -> int:
+        with pymysql.connect(**connect_args(mariadb_url), autocommit=True) as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM information_schema.PROCESSLIST"
+                           " WHERE ID = %s AND INFO LIKE 'SELECT SLEEP(%%) AS everystep_wake'", (session,))
+            row = cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    try:
+        deadline = time.monotonic() + 10
+        while sleeping() != 1:
+            assert time.monotonic() < deadline, "the wake-up connection never slept"
+            time.sleep(0.05)
+    finally:
+        waking.close()
+        store.close()
+    deadline = time.monotonic() + 10
+    while sleeping() != 0:
+        assert time.monotonic() < deadline, "a closed wake-up connection still sleeps on the server"
+        time.sleep(0.05)

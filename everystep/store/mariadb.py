@@ -409,10 +409,20 @@ class MariaDBStore(Store):
             return None
         conn = self._open()
         try:
-            return Waking(conn, self.sql["wake_wait"])
+            return Waking(conn, self.sql["wake_wait"], self._end_sleep)
         except BaseException:
             conn.close()
             raise
+
+    def _end_sleep(self, session: int) -> None:
+        """End a closing wake-up connection's sleep, on a connection of its
+        own (never the pool's: a supervisor closes its wake-up connection
+        just before it forks)."""
+        conn = self._open()
+        try:
+            conn.execute(self.sql["wake_end"], {"session": session})
+        finally:
+            conn.close()
 
     def schedule(self, name: str, args_json: str, idempotency_key: str | None = None,
                  not_before: dt.datetime | None = None, placement: Placement | None = None,

@@ -21,6 +21,7 @@ that sends without waiting.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pymysql
@@ -39,10 +40,14 @@ _INTERRUPTED = frozenset({1317, 1969})
 
 
 class Waking(Notifications):
-    """One wake-up connection, the caller's own (never pooled)."""
+    """One wake-up connection, the caller's own (never pooled). ``end``
+    ends a session's sleep from another session: the server does not notice
+    a client gone mid-sleep, so a closed connection's sleep would hold its
+    server thread to the end (a supervisor closes it around every fork)."""
 
-    def __init__(self, conn: Any, wait_sql: str, seconds: float = SLEEP_SECONDS) -> None:
+    def __init__(self, conn: Any, wait_sql: str, end: Callable[[int], None], seconds: float = SLEEP_SECONDS) -> None:
         self._raw = conn.raw
+        self._end = end
         with self._raw.cursor() as cursor:
             cursor.execute("SET SESSION max_statement_time = 0")  # the sleep is not a runaway statement
             self._wait = cursor.mogrify(wait_sql, {"seconds": seconds})
@@ -70,5 +75,7 @@ class Waking(Notifications):
         return [(SCHEDULED_CHANNEL, "")] if woken else [("", "")]
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._end(self._raw.thread_id())
         with contextlib.suppress(Exception):
             self._raw.close()

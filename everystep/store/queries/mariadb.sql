@@ -737,6 +737,11 @@ ORDER BY queue
 -- text and interrupts it. Sent without waiting for its answer (mariadb.py).
 SELECT SLEEP(%(seconds)s) AS everystep_wake
 
+-- name: wake_end
+-- A wake-up connection closing: end its sleep (the server would hold the
+-- sleeping session to its end otherwise).
+KILL QUERY %(session)s
+
 -- name: wake_runners
 -- After a schedule() commits: interrupt the runners' wake_wait.
 CALL everystep_wake()
