@@ -9,9 +9,11 @@ measured in the same run.
 - Case 2: the same burst of ``noop3`` runs at each ``--procs``, rates over
   the database-stamped window (first ``claimed_at`` to last
   ``completed_at``). Baseline and burst repetitions interleave.
-- Case 4: MariaDB has no LISTEN/NOTIFY, so pickup is polling only: runs
-  arriving one at a time at an idle ``--procs 2`` supervisor, with
-  ``--poll 0.2`` (case 4's polling row) and with the default ``--poll 0.5``.
+- Case 4: runs arriving one at a time at an idle ``--procs 2``
+  supervisor. MariaDB has no LISTEN/NOTIFY; by default ``schedule()``
+  interrupts the supervisor's wake-up connection (``store/mariadb_wake.py``),
+  measured with the default ``--poll 0.5``; polling only (``?wake=off``)
+  with ``--poll 0.2`` (case 4's polling row) and ``--poll 0.5``.
 
 The server is the one ``EVERYSTEP_TEST_MARIADB_URL`` names, else the local
 one at 127.0.0.1:3306, else a throwaway ``mariadbd`` (see
@@ -131,13 +133,20 @@ def burst(ctx: Context, url: str, procs_: int, runs: int) -> dict[str, float]:
 # -- case 4 -------------------------------------------------------------------------------------
 
 
-def pickup(ctx: Context, url: str, runs: int, poll: float | None, gap: tuple[float, float]) -> list[float]:
+#: Pickup configurations: (label, --poll or None for the default, wake-up on).
+PICKUPS = (("wake-up (default), default --poll 0.5", None, True), ("polling only, --poll 0.2", 0.2, False),
+           ("polling only, default --poll 0.5", None, False))
+
+
+def pickup(ctx: Context, url: str, runs: int, poll: float | None, gap: tuple[float, float],
+           wake: bool = True) -> list[float]:
     """Milliseconds from schedule() returning to the first step starting."""
     _reset(url)
     socket_path = ctx.work.socket()
     extra = ["--poll", f"{poll:g}"] if poll is not None else []
+    url = url if wake else f"{url}?wake=off"
     cmd = procs.supervisor_cmd(url, LATENCY_PROCS, socket_path, app=APP, burst=False, extra=extra)
-    proc = procs.Proc(cmd, ctx.work.log(f"supervisor-mariadb-latency-{poll}"))
+    proc = procs.Proc(cmd, ctx.work.log(f"supervisor-mariadb-latency-{poll}-{'wake' if wake else 'poll'}"))
     store = connect(url)
     rng = random.Random(6)
     sent: dict[str, float] = {}
@@ -200,10 +209,10 @@ def run(ctx: Context) -> None:
                 out.setdefault(("step_ratio", clients), Series()).add(m["steps_per_s"] / tps)
                 ctx.log(f"MariaDB rep {rep + 1}: --procs {clients}: {m['runs_per_s']:,.0f} runs/s, "
                         f"{m['steps_per_s']:,.0f} step commits/s")
-        for poll in (0.2, None):
-            latencies = pickup(ctx, es_url, s.latency_poll_runs, poll, s.poll_gap)
-            out[("pickup", poll)] = latencies
-            ctx.log(f"MariaDB pickup (--poll {poll or 'default'}): p50 {percentile(latencies, 50) or 0:.1f} ms")
+        for label, poll, wake in PICKUPS:
+            latencies = pickup(ctx, es_url, s.latency_poll_runs, poll, s.poll_gap, wake)
+            out[("pickup", label)] = latencies
+            ctx.log(f"MariaDB pickup ({label}): p50 {percentile(latencies, 50) or 0:.1f} ms")
     finally:
         for url in urls:
             server.drop_database(url)
@@ -221,7 +230,7 @@ def section(ctx: Context) -> Section:
             f"(PyMySQL) for {s.pgbench_seconds:g} s, at the client counts of case 2, each repetition just before "
             f"the burst it is paired with. Case 2: {s.throughput_runs:,} `noop3` runs filled in one transaction "
             "(`schedule(conn=<PyMySQL connection>)`), worked off by `everystep-supervisor --burst`; rates over "
-            "the database-stamped window. Case 4: no LISTEN/NOTIFY on MariaDB, so polling only: "
+            "the database-stamped window. Case 4, with the wake-up and polling only: "
             f"{s.latency_poll_runs} runs of `stamp1` scheduled with `schedule()` one at a time (gaps "
             f"{s.poll_gap[0] * 1000:.0f}–{s.poll_gap[1] * 1000:.0f} ms) at an idle `--procs {LATENCY_PROCS}` "
             "supervisor."
@@ -247,9 +256,9 @@ def section(ctx: Context) -> Section:
                   fmt_ratio(ratio.median, percent=True) if ratio else "n/a",
                   out.get(("wall", clients), Series()).cell(1))
     section.tables.append(table)
-    latency = Table(["polling", "runs", "p50 ms", "p99 ms", "max ms"], caption="Case 4 on MariaDB (pickup latency):")
-    for poll, label in ((0.2, "--poll 0.2"), (None, "default --poll 0.5")):
-        values = out.get(("pickup", poll))
+    latency = Table(["pickup by", "runs", "p50 ms", "p99 ms", "max ms"], caption="Case 4 on MariaDB (pickup latency):")
+    for label, _poll, _wake in PICKUPS:
+        values = out.get(("pickup", label))
         if not values:
             latency.add(label, 0, "n/a", "n/a", "n/a")
             continue

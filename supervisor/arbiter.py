@@ -170,7 +170,8 @@ class Arbiter:
         self.remote.tick(now)
         if now >= self.fences.next_at:
             # Where no notification can say a run was cancelled, look every poll.
-            every = None if self.listener.connected else min(self.loop.lease.beat_every, self.config.poll)
+            every = (None if self.listener.connected and self.store.notifies
+                     else min(self.loop.lease.beat_every, self.config.poll))
             self.ledger.drop(self.fences.enforce(now, self.children.values(), list(self.ledger.ready), every))
         self._spawn_missing()
         if not self.stopping and self.listener.maintain(now):

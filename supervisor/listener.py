@@ -2,7 +2,10 @@
 
 ``schedule()`` NOTIFYs inside its transaction, so a committed run reaches
 the parent within milliseconds; polling stays as the fallback (and the only
-mechanism on SQLite). The connection is the parent's own, outside the pool,
+mechanism on SQLite). On MariaDB the connection is a wake-up connection
+that ``schedule()`` interrupts after its commit
+(``everystep/store/mariadb_wake.py``): it wakes the claim loop and nothing
+else. The connection is the parent's own, outside the pool,
 watched in its selector. When the server drops it, the parent logs once,
 keeps polling and reconnects every ``RETRY`` seconds. It is closed around
 every ``fork()`` so no child inherits it.
@@ -32,7 +35,7 @@ class Listener:
         self.who = who
         #: Shared with the runner's other activities: one line per outage.
         self.outage = outage or OutageLog(logger, who)
-        self.supported = store.notifies
+        self.supported = store.wakes
         self._conn: Notifications | None = None
         self._fd = -1
         self._retry_at = 0.0

@@ -274,7 +274,9 @@ class StatementTrace:
         query = raw.query
 
         def traced_query(sql: Any, *args: Any, **kwargs: Any) -> Any:
-            self.statements.append(sql.decode() if isinstance(sql, bytes) else str(sql))
+            # A multi-statement send (one round trip) is its statements.
+            text = sql.decode() if isinstance(sql, bytes) else str(sql)
+            self.statements += [part for part in re.split(r";[ \t]*\n", text) if part.strip()]
             return query(sql, *args, **kwargs)
 
         def traced(verb: str, call: Any) -> Any:
@@ -496,13 +498,12 @@ def _lock_waits(url: str) -> list[str]:
 
 @pytest.mark.backends("mariadb")
 def test_a_claim_taken_over_while_the_fold_waits_leaves_neither_write(store: Store) -> None:
-    """MariaDB folds in a transaction of two statements, each conditional on
-    the claim. Another transaction takes the run over (bumps its epoch) and
-    holds the row: the fold waits for it (InnoDB reads the run row of the
-    step write's claim check with a shared lock; a server that reads it
-    without one waits at the status update instead), then finds the claim
-    gone once the takeover commits, and writes neither the step nor the
-    status."""
+    """MariaDB folds in one transaction (one multi-statement send) that
+    first locks the run row under the claim, then writes the step and the
+    status, each conditional on the claim. Another transaction takes the
+    run over (bumps its epoch) and holds the row: the fold waits for it at
+    its lock, then finds the claim gone once the takeover commits, and
+    writes neither the step nor the status."""
     import pymysql
 
     from everystep.store.mariadb import connect_args
@@ -518,8 +519,8 @@ def test_a_claim_taken_over_while_the_fold_waits_leaves_neither_write(store: Sto
             store.finish_run_with_step(claim, entry, COMPLETED, "2")))
         folding.start()
         deadline = time.monotonic() + 60
-        fold_writes = ("INSERT INTO everystep_step", "UPDATE everystep_workflow")
-        while not any(query.startswith(fold_writes) for query in _lock_waits(store.url)):
+        fold_lock = re.compile(r"^(START TRANSACTION;\s*)?SELECT id FROM everystep_workflow\b.*FOR UPDATE", re.S)
+        while not any(fold_lock.match(query) for query in _lock_waits(store.url)):
             assert folding.is_alive() and time.monotonic() < deadline, f"the fold did not wait: {written}"
             time.sleep(0.05)
         assert store.get_steps(run.id) == []  # not committed yet

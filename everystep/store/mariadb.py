@@ -13,15 +13,21 @@ What differs from PostgreSQL, and how this module covers it:
   in one transaction; ``queries/mariadb.sql`` states the rules and
   ``_Connection.execute`` applies them, so ``base.Store`` calls every
   backend the same way.
-- No LISTEN/NOTIFY: ``listen()`` returns None and runners poll (a run
-  scheduled while a runner sleeps is picked up at its next poll; a supervisor
-  checks its fences every poll).
+- No LISTEN/NOTIFY: ``listen()`` is a wake-up connection
+  (``mariadb_wake.py``) that ``schedule()`` interrupts once its run is
+  committed, so an idle supervisor picks a new run up at once; everything
+  else (a run scheduled in a caller's transaction, a fence, an operator's
+  request) is seen at the next poll. ``?wake=off`` in the URL turns the
+  wake-up off (runners then poll only).
 - DDL commits at once: migrations are serialised by ``GET_LOCK`` and written
   to be re-run, since a migration and its version row cannot share a
   transaction.
-- No claim function: a claim with queue limits is several scripts in one
-  transaction (``mariadb_claim.py``), a limited queue claimed from under its
-  row's lock.
+- The claim is a stored procedure (``functions/mariadb/claim.sql``,
+  installed by the migrator like PostgreSQL's functions): the whole claim,
+  queue limits included, in one round trip and a transaction of its own.
+- A named statement that carries its own transaction (``START TRANSACTION``
+  … ``COMMIT``) is sent whole, in one round trip (connections allow
+  multi-statements): the last step's record and the run's terminal status.
 - No partial index: the claim index leads with the status, and ``due_at``
   is a generated column.
 
@@ -37,6 +43,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import json
+import logging
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,11 +57,15 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 
 from .. import serde
 from ..errors import EverystepError
-from ..models import Run
+from ..models import Claim, Run, StepRecord
 from ..queues import Placement
 from .base import Row, RunnerInfo, Store
+from .base.values import LOST, Marker, NewStep, Notifications, StepWrite
 from .base.step_transactions import OWN_COMMIT, CommitGuard
 from .mariadb_claim import MariaDBClaim
+from .mariadb_wake import Waking
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 3306
 #: The longest workflow or runner name the schema stores (VARCHAR(255)).
@@ -132,9 +144,20 @@ def connect_args(url: str) -> dict[str, Any]:
     return args
 
 
+def wakes(url: str) -> bool:
+    """Whether the URL leaves the wake-up on (``?wake=off`` turns it off)."""
+    values = parse_qs(urlsplit(url).query).get("wake", ["on"])
+    if values[-1] not in ("on", "off"):
+        raise EverystepError(f"bad MariaDB URL {url!r}: wake is on or off")
+    return values[-1] == "on"
+
+
 @functools.cache
 def _script(sql: str) -> tuple[str, ...]:
-    """A named statement split into the statements of its script."""
+    """A named statement split into the statements of its script (a
+    procedure's definition is one statement)."""
+    if re.match(r"CREATE\s+(OR\s+REPLACE\s+)?PROCEDURE\b", sql.lstrip(), re.IGNORECASE):
+        return (sql.strip(),)
     return tuple(part.strip() for part in re.split(r";[ \t]*\n", sql) if part.strip())
 
 
@@ -145,6 +168,16 @@ def _locks(statements: tuple[str, ...]) -> bool:
     and reads that follow it: each statement is atomic on its own, and the
     round trips of BEGIN and COMMIT are saved."""
     return any("FOR UPDATE" in statement or "LOCK IN SHARE MODE" in statement for statement in statements)
+
+
+@functools.cache
+def _whole(statements: tuple[str, ...]) -> bool:
+    """Whether a named statement carries its own transaction: a procedure's
+    ``CALL``, or a script from ``START TRANSACTION`` to ``COMMIT`` (sent
+    whole). Neither may run inside another transaction."""
+    if len(statements) == 1:
+        return statements[0].upper().startswith("CALL ")
+    return statements[0].upper() == "START TRANSACTION" and statements[-1].upper() == "COMMIT"
 
 
 def _kept(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -198,6 +231,12 @@ class _Connection:
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> _Result:
         statements = _script(sql)
         try:
+            if _whole(statements):  # a procedure's call, or a script sent whole
+                if self.in_transaction:  # its START TRANSACTION would commit the caller's
+                    raise EverystepError("a statement with its own transaction cannot run inside another")
+                if len(statements) == 1:
+                    return self._own_transaction(lambda: self._single(statements[0], params))
+                return self._own_transaction(lambda: self._send_whole(sql, params))
             if len(statements) == 1:
                 return self._single(statements[0], params)
             if self.in_transaction or not _locks(statements):
@@ -209,25 +248,47 @@ class _Connection:
             raise _translate(exc) from exc
 
     def _run_own_transaction(self, statements: Sequence[str], params: dict[str, Any]) -> _Result:
-        """A script in a transaction of its own; a deadlock victim (InnoDB
-        rolled it back whole) is run again, a few times."""
-        for attempt in range(DEADLOCK_RETRIES + 1):
+        """A script in a transaction of its own."""
+        def run() -> _Result:
             self.raw.begin()
+            result = self._run_script(statements, dict(params))
+            self.raw.commit()
+            return result
+        return self._own_transaction(run)
+
+    def _own_transaction(self, run: Callable[[], _Result]) -> _Result:
+        """``run()``, which opens a transaction and commits it; on an error
+        the transaction is rolled back, and a deadlock victim (InnoDB rolled
+        it back whole) is run again, a few times."""
+        for attempt in range(DEADLOCK_RETRIES + 1):
             try:
-                result = self._run_script(statements, dict(params))
+                return run()
             except pymysql.err.OperationalError as exc:
                 with contextlib.suppress(pymysql.err.Error):
                     self.raw.rollback()
                 if exc.args[0] != DEADLOCK or attempt == DEADLOCK_RETRIES:
                     raise
-                continue
             except BaseException:
                 with contextlib.suppress(pymysql.err.Error):
                     self.raw.rollback()
                 raise
-            self.raw.commit()
-            return result
         raise AssertionError("unreachable")
+
+    def _send_whole(self, sql: str, params: Mapping[str, Any] | None) -> _Result:
+        """A script with its own transaction, sent in one round trip: its
+        result is the rows of its last SELECT. (The server stops at the
+        first statement that fails, the transaction left open: the caller
+        rolls it back.)"""
+        selected = _NOTHING
+        with self.raw.cursor(pymysql.cursors.DictCursor) as cursor:
+            cursor.execute(sql, params)
+            while True:
+                if cursor.description is not None:
+                    rows = _kept(cursor.fetchall())
+                    selected = _Result(rows, len(rows), cursor.description) if rows else _NOTHING
+                if not cursor.nextset():
+                    break
+        return selected
 
     def _single(self, statement: str, params: Mapping[str, Any] | None) -> _Result:
         with self.raw.cursor(pymysql.cursors.DictCursor) as cursor:
@@ -271,6 +332,8 @@ class MariaDBStore(Store):
         #: Sessions the server holds read-only (``connect(read_only=True)``).
         self.read_only = read_only
         self.connect_args = connect_args(url)
+        #: Whether ``listen()`` gives a wake-up connection and ``schedule()`` wakes it.
+        self.wakes = wakes(url)
         self.connect_timeout = min(CONNECT_TIMEOUT_SECONDS, statement_timeout) if statement_timeout else (
             CONNECT_TIMEOUT_SECONDS)
 
@@ -285,7 +348,7 @@ class MariaDBStore(Store):
                 **self.connect_args,
                 charset="utf8mb4",
                 autocommit=True,
-                client_flag=CLIENT.FOUND_ROWS,
+                client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
                 connect_timeout=max(1, int(math.ceil(self.connect_timeout))),
                 # A server that stops answering mid-statement: give up a
                 # little after the statement itself would have.
@@ -324,8 +387,9 @@ class MariaDBStore(Store):
         return _Connection(raw).in_transaction
 
     def _schema_missing(self, exc: BaseException) -> bool:
-        # 1146: table doesn't exist.
-        return bool(exc.args) and exc.args[0] == 1146 and "everystep_" in str(exc)
+        # 1146: table doesn't exist; 1305: procedure doesn't exist (a schema
+        # migrated before the claim became a procedure).
+        return bool(exc.args) and exc.args[0] in (1146, 1305) and "everystep_" in str(exc)
 
     @contextlib.contextmanager
     def _transaction(self, conn: Any) -> Iterator[Any]:
@@ -339,19 +403,86 @@ class MariaDBStore(Store):
         else:
             conn.execute(self.sql["commit"])
 
-    def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
-        # The claim is several scripts (a queue's lock, then its runs by
-        # priority): one transaction holds them, and the queue locks.
-        return self._transaction(conn)
+    def listen(self) -> Notifications | None:
+        """A wake-up connection (``mariadb_wake.py``), the caller's own."""
+        if not self.wakes:
+            return None
+        conn = self._open()
+        try:
+            return Waking(conn, self.sql["wake_wait"], self._end_sleep)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _end_sleep(self, session: int) -> None:
+        """End a closing wake-up connection's sleep, on a connection of its
+        own (never the pool's: a supervisor closes its wake-up connection
+        just before it forks)."""
+        conn = self._open()
+        try:
+            conn.execute(self.sql["wake_end"], {"session": session})
+        finally:
+            conn.close()
+
+    def schedule(self, name: str, args_json: str, idempotency_key: str | None = None,
+                 not_before: dt.datetime | None = None, placement: Placement | None = None,
+                 app_version: str | None = None, *, deadline: dt.datetime | None = None) -> Run:
+        run = super().schedule(name, args_json, idempotency_key, not_before, placement, app_version,
+                               deadline=deadline)
+        if self.wakes and run.status == "scheduled" and run.not_before is None:
+            self._wake_runners()
+        return run
+
+    def _wake_runners(self) -> None:
+        """Interrupt idle runners' wake-up connections (after the commit of
+        what they should claim). Best effort: the run is committed already,
+        and a runner not woken claims it at its next poll."""
+        try:
+            with self.connection() as conn:
+                conn.execute(self.sql["wake_runners"])
+        except EverystepError as exc:
+            log.debug("could not wake the runners of %s: %s", self.describe(), exc)
 
     def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
-        return MariaDBClaim(conn, self.sql, params, self._queue_settings).run()
+        # One round trip: the procedure (functions/mariadb/claim.sql) runs
+        # the whole claim in a transaction of its own.
+        rows: list[Row] = conn.execute(self.sql["claim"], {
+            **params, "names": json.dumps(list(params["names"])),
+            "queues": json.dumps(list(params["queues"])) if params["queues"] is not None else None,
+            "versions": json.dumps(list(params["versions"])) if params["versions"] is not None else None,
+        }).fetchall()
+        return rows
 
     def _next_due_row(self, params: dict[str, Any]) -> Row | None:
         # As PostgreSQL's everystep_next_due: one probe per served queue.
         with self.connection() as conn:
             wait = MariaDBClaim(conn, self.sql, params, self._queue_settings).next_due()
         return {"wait": wait} if wait is not None else None
+
+    def finish_run_with_step(
+        self,
+        claim: Claim,
+        step: NewStep,
+        status: str,
+        result_json: str | None = None,
+        error_json: str | None = None,
+        decoded: StepRecord | None = None,
+        markers: Sequence[Marker] = (),
+    ) -> StepWrite | None:
+        if markers:
+            # Rare: the general form, one transaction holding the markers,
+            # the step and the status.
+            return super().finish_run_with_step(claim, step, status, result_json, error_json, decoded, markers)
+        # One round trip, not the five of START TRANSACTION, three writes
+        # and COMMIT: the script is sent whole (mariadb.sql).
+        params = self._step_params(claim, step)
+        params.update(step_status=params["status"], step_result=params["result"], step_error=params["error"],
+                      status=status, result=result_json, error=error_json)
+        row = self._fetchone("finish_run_with_step", params)
+        if row is None:
+            return LOST
+        self._wake_parent(claim.run_id, row["wake_parent"])
+        return StepWrite(self._written(claim, step, decoded, row), ours=True)
 
     @contextlib.contextmanager
     def _migration_transaction(self, conn: Any) -> Iterator[Any]:

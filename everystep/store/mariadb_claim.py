@@ -1,14 +1,10 @@
-"""The MariaDB claim with queue limits (``queue_claim.QueueClaim``).
+"""What the MariaDB store still asks of ``queue_claim.QueueClaim``: the
+served queues, for ``next_due`` (one probe per queue).
 
-It runs in the claim's transaction at READ COMMITTED. A limited queue is
-claimed from only under its ``everystep_queue`` row's lock, taken ``FOR
-UPDATE SKIP LOCKED`` and held to the commit: each statement after it reads
-what is committed, so the running count and the rate window include every
-claim made before, and no other claimer can claim from that queue until
-this one commits (it skips the queue and serves the others meanwhile). Runs
-are taken ``FOR UPDATE SKIP LOCKED`` too, so claimers never wait on each
-other. List parameters are tuples (``IN %(names)s``); times are the
-database's clock.
+The claim itself is one call of a procedure
+(``functions/mariadb/claim.sql``), which runs ``QueueClaim``'s steps in the
+database: one round trip where the steps run from here took one per probe,
+per queue and per priority. List parameters are tuples (``IN %(names)s``).
 """
 
 from __future__ import annotations
@@ -16,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..queues import QueueSettings
-from .queue_claim import QueueClaim, Row
+from .queue_claim import QueueClaim
 
 
 class MariaDBClaim(QueueClaim):
-    """One claim: ``run()`` returns the claimed rows."""
+    """The served queues of one runner: ``next_due()``."""
 
     def listed(self, values: Sequence[str]) -> Any:
         # An empty IN list is a syntax error; no queue, key or id is "".
@@ -34,13 +29,6 @@ class MariaDBClaim(QueueClaim):
     def given_names(self) -> list[str]:
         return [name for name in self.params["names"] if name]
 
-    def take(self, queue: QueueSettings, priority: int, want: int) -> list[Row]:
-        names = list(dict.fromkeys(self.given_names()))
-        if len(names) != 1:
-            return super().take(queue, priority, want)
-        # One served name: one round trip, its runs locked by the scan itself.
-        return self._rows("claim", queue=queue.name, priority=priority, name=names[0], limit=want)
-
     def all_queues(self) -> list[str]:
         # One index probe per queue, each a round trip: a DISTINCT is a
         # loose index scan only when the server's statistics say so, and
@@ -50,16 +38,3 @@ class MariaDBClaim(QueueClaim):
                .fetchone()) is not None:
             names.append(row["queue"])
         return names
-
-    def lock(self, queue: QueueSettings) -> QueueSettings | None:
-        row = self.conn.execute(self.sql["claim_lock_queue"], {
-            "queue": queue.name, "concurrency": queue.concurrency}).fetchone()
-        if row is None:
-            return None  # at its limit, or another claimer holds it
-        locked = self.settings_of(row)
-        return None if locked.paused or locked.concurrency == 0 else locked
-
-    def prune_rate(self, queue: QueueSettings) -> None:
-        assert queue.rate_period is not None
-        self.conn.execute(self.sql["queue_rate_prune"], {
-            "queue": queue.name, "period_us": int(round(queue.rate_period * 1_000_000))})

@@ -62,6 +62,7 @@ class PostgresStore(Store):
     driver: ClassVar[str] = "psycopg"
     backend: ClassVar[str] = "postgres"
     notifies: ClassVar[bool] = True
+    wakes = True
     # Connection loss, shutdowns, failovers (a demoted primary refuses writes)
     # and cancelled statements (statement_timeout) are transient: the run is
     # retried, never failed.

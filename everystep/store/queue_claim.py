@@ -1,10 +1,11 @@
-"""The claim: its contract, once, and its steps for the backends whose claim
-is not a stored function (SQLite, MariaDB).
+"""The claim: its contract, once, and its steps for SQLite, whose claim is
+not stored in the database (MariaDB's procedure ports them step by step).
 
 The contract
 ============
 Every backend's claim obeys it: PostgreSQL's functions
-(``store/functions/postgres/claim.sql``) and this module's steps alike, and
+(``store/functions/postgres/claim.sql``), MariaDB's procedures
+(``store/functions/mariadb/claim.sql``) and this module's steps alike, and
 ``tests/test_claim_contract.py`` holds all three to it on random queues,
 limits, pauses, priorities, served names and backlogs.
 
@@ -52,8 +53,8 @@ Which runs are taken is fixed by 1-6 when the order has no ties and either
 one served queue can give runs or all of them together give at most
 ``limit``; otherwise only each queue's count depends on the random order.
 
-The steps (SQLite, MariaDB)
-===========================
+The steps (SQLite; MariaDB's procedures follow them)
+====================================================
 PostgreSQL's claim is a function; here the same steps run in Python, inside
 the claim's transaction, each one a named statement of the backend. The
 served queues minus the paused ones (and those limited to 0), in a random

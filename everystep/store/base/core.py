@@ -51,6 +51,10 @@ class StoreCore(abc.ABC):
     #: Whether ``listen()`` delivers notifications (LISTEN/NOTIFY); where it
     #: does not, runners poll.
     notifies: ClassVar[bool] = False
+    #: Whether ``listen()`` delivers at least a wake-up when a run is
+    #: scheduled (PostgreSQL's NOTIFY; MariaDB's wake-up connection, which
+    #: delivers nothing else: fences and requests are seen by polling).
+    wakes: bool = False
     #: Exceptions of the driver that mean "the database is unreachable".
     _unavailable: ClassVar[tuple[type[BaseException], ...]] = ()
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = ()
@@ -107,8 +111,9 @@ class StoreCore(abc.ABC):
 
     def listen(self) -> Notifications | None:
         """A dedicated connection receiving notifications of newly scheduled
-        runs and of runs taken from their holder; ``None`` where the backend
-        has none (runners poll)."""
+        runs (and, where ``notifies``, of runs taken from their holder and
+        of operator requests); ``None`` where the backend has none (runners
+        poll)."""
         return None
 
     def _healthy(self, conn: Any) -> bool:

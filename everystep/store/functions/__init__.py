@@ -21,10 +21,13 @@ functions before anything calls them. Files are applied in name order; a
 PL/pgSQL body is only parsed when created, so the order matters only for a
 ``LANGUAGE sql`` body that calls another function.
 
-Only PostgreSQL has such files: SQLite and MariaDB claim in Python
-(``queue_claim.py``) and store no function. The step does nothing where the
-record table does not exist yet (a schema older than the version creating
-it, as an older release would leave it).
+PostgreSQL's files are functions; MariaDB's are procedures (``CREATE OR
+REPLACE PROCEDURE``, each body between ``-- $$`` marks so that
+``split_statements`` keeps it whole; DDL commits at once there, so the
+migrator's lock, not a transaction, keeps two migrators apart). SQLite
+claims in Python (``queue_claim.py``) and stores none. The step does
+nothing where the record table does not exist yet (a schema older than the
+version creating it, as an older release would leave it).
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@
 --   * a result column named `keep` filters rows: those where it is false
 --     are left out, and the column itself is dropped (an upsert's
 --     RETURNING says which row it wrote, not only which it saw).
+-- A script whose first statement is START TRANSACTION is different: it
+-- carries its own transaction, ending with COMMIT, and is sent whole, in
+-- one round trip (connections allow multi-statements); none of the rules
+-- above applies to it, its guards are in its SQL, and its result is the
+-- rows of its last SELECT.
 -- Connections send CLIENT_FOUND_ROWS, so "touched" means "matched" (an
 -- UPDATE that leaves a row as it was still counts), as in PostgreSQL.
 -- Every executor write is conditional on (claimed_by, claim_epoch) in the
@@ -122,28 +127,10 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT 1 AS one
 
 -- name: claim
--- A runner serving one workflow: that name's due runs at one priority of a
--- queue, earliest due first, along one range of the (status, queue,
--- priority, name, due_at) index (it stops at the first run not yet due);
--- SKIP LOCKED lets concurrent claimers take disjoint sets without waiting
--- on each other. Each claim bumps the run's epoch: the fencing token its
--- writes carry. With more names, the claim reads each one's candidates
--- (claim_name_due) and claims the oldest (claim_ids); the queue limits are
--- applied around both, in the same transaction (store/queue_claim.py).
-SELECT id FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s
-  AND name = %(name)s AND due_at <= UTC_TIMESTAMP(6)
-  AND (%(serve_all)s = 1 OR app_version IS NULL OR app_version IN %(version_list)s)
-ORDER BY due_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
-UPDATE everystep_workflow
-SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1,
-    first_claimed_at = coalesce(first_claimed_at, UTC_TIMESTAMP(6))
-WHERE id IN %(picked)s;
-SELECT {run_columns_w},
-    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
-FROM everystep_workflow AS w WHERE w.id IN %(picked)s
+-- The whole claim, queue limits included, in one round trip: the
+-- procedure (store/functions/mariadb/claim.sql) runs it in a transaction
+-- of its own and returns the runs claimed. Lists are JSON arrays.
+CALL everystep_claim(%(claimer)s, %(limit)s, %(names)s, %(queues)s, %(serve_all)s, %(versions)s)
 
 -- name: claim_own
 -- Catch-up: re-claim (bumping the epoch, which fences any stale execution)
@@ -159,6 +146,24 @@ WHERE id IN %(picked)s AND status = 'running' AND claimed_by = %(claimer)s;
 SELECT {run_columns_w},
     EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
 FROM everystep_workflow AS w WHERE w.id IN %(picked)s
+
+-- name: _step_upsert
+-- A step record meeting its row: a row still waiting for its outcome
+-- (started, retrying, sleeping) is replaced; any other is left as it is
+-- (each assignment is conditional on the old status, assigned last).
+ON DUPLICATE KEY UPDATE
+    name = IF(status IN {step_open_statuses}, VALUES(name), name),
+    args = IF(status IN {step_open_statuses}, VALUES(args), args),
+    kwargs = IF(status IN {step_open_statuses}, VALUES(kwargs), kwargs),
+    result = IF(status IN {step_open_statuses}, VALUES(result), result),
+    error = IF(status IN {step_open_statuses}, VALUES(error), error),
+    started_at = IF(status IN {step_open_statuses}, VALUES(started_at), started_at),
+    completed_at = IF(status IN {step_open_statuses}, VALUES(completed_at), completed_at),
+    attempt = IF(status IN {step_open_statuses}, VALUES(attempt), attempt),
+    wake_at = IF(status IN {step_open_statuses}, VALUES(wake_at), wake_at),
+    cpu_seconds = IF(status IN {step_open_statuses}, VALUES(cpu_seconds), cpu_seconds),
+    peak_rss_bytes = IF(status IN {step_open_statuses}, VALUES(peak_rss_bytes), peak_rss_bytes),
+    status = IF(status IN {step_open_statuses}, VALUES(status), status)
 
 -- name: record_step
 -- Record a finished step while this claim is the run's current one. A row
@@ -177,19 +182,7 @@ WHERE EXISTS (
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
 )
-ON DUPLICATE KEY UPDATE
-    name = IF(status IN {step_open_statuses}, VALUES(name), name),
-    args = IF(status IN {step_open_statuses}, VALUES(args), args),
-    kwargs = IF(status IN {step_open_statuses}, VALUES(kwargs), kwargs),
-    result = IF(status IN {step_open_statuses}, VALUES(result), result),
-    error = IF(status IN {step_open_statuses}, VALUES(error), error),
-    started_at = IF(status IN {step_open_statuses}, VALUES(started_at), started_at),
-    completed_at = IF(status IN {step_open_statuses}, VALUES(completed_at), completed_at),
-    attempt = IF(status IN {step_open_statuses}, VALUES(attempt), attempt),
-    wake_at = IF(status IN {step_open_statuses}, VALUES(wake_at), wake_at),
-    cpu_seconds = IF(status IN {step_open_statuses}, VALUES(cpu_seconds), cpu_seconds),
-    peak_rss_bytes = IF(status IN {step_open_statuses}, VALUES(peak_rss_bytes), peak_rss_bytes),
-    status = IF(status IN {step_open_statuses}, VALUES(status), status)
+{_step_upsert}
 RETURNING completed_at, completed_at = %(now)s AND status = %(status)s AS keep
 
 -- name: record_marker
@@ -286,6 +279,44 @@ SET status = %(status)s, result = %(result)s, error = %(error)s, completed_at = 
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
   AND claim_epoch = %(claim_epoch)s;
 SELECT id, parent_id AS wake_parent FROM everystep_workflow WHERE id = %(run_id)s
+
+-- name: finish_run_with_step
+-- The run's last step and its terminal status, both or neither, in one
+-- round trip (sent whole: see the header) and one durable commit. The run
+-- row is locked first, under the claim, so both writes see the same claim;
+-- the status changes only if the step row is ours now (it carries our
+-- completion time: a step that already has an outcome writes nothing). No
+-- row back means nothing was written.
+START TRANSACTION;
+SELECT id FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+FOR UPDATE;
+INSERT INTO everystep_step
+    (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
+     attempt, wake_at, cpu_seconds, peak_rss_bytes)
+SELECT %(run_id)s, %(step_id)s, %(name)s, %(args)s, %(kwargs)s, %(step_status)s, %(step_result)s,
+       %(step_error)s, %(started_at)s, %(now)s, %(attempt)s, %(wake_at)s, %(cpu_seconds)s, %(peak_rss_bytes)s
+FROM DUAL
+WHERE EXISTS (
+    SELECT 1 FROM everystep_workflow
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+)
+{_step_upsert};
+UPDATE everystep_workflow
+SET status = %(status)s, result = %(result)s, error = %(error)s, completed_at = UTC_TIMESTAMP(6)
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+  AND EXISTS (SELECT 1 FROM everystep_step
+              WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s
+                AND completed_at = %(now)s AND status = %(step_status)s);
+SELECT s.completed_at, w.parent_id AS wake_parent
+FROM everystep_workflow AS w
+JOIN everystep_step AS s ON s.workflow_id = w.id AND s.step_id = %(step_id)s
+WHERE w.id = %(run_id)s AND w.status = %(status)s AND w.claimed_by = %(claimer)s
+  AND w.claim_epoch = %(claim_epoch)s AND s.completed_at = %(now)s AND s.status = %(step_status)s;
+COMMIT
 
 -- name: requeue
 UPDATE everystep_workflow
@@ -645,7 +676,8 @@ ON DUPLICATE KEY UPDATE
     last_tick = GREATEST(last_tick, VALUES(last_tick))
 
 -- -- Queues and flow control (migration 0007) ---------------------------------
--- The claim's steps (store/queue_claim.py) run in the claim's transaction.
+-- The claim's steps run in the claim procedure (functions/mariadb/claim.sql);
+-- these two list the served queues for next_due.
 
 -- name: claim_next_queue
 -- The first queue after %(after)s holding scheduled runs: one probe of the
@@ -659,85 +691,6 @@ LIMIT 1
 -- name: claim_queue_settings
 SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
 WHERE name IN %(queues)s
-
--- name: claim_lock_queue
--- A limited queue is claimed from under its row's lock, held to the commit:
--- the running count and the rate window read after it include every claim
--- committed before, and no other claimer can claim from it meanwhile. SKIP
--- LOCKED: while another claimer holds it this one serves the other queues,
--- so a queue busy or at its limit never stalls the rest. A queue visibly at
--- its concurrency is skipped before locking (a slot freed meanwhile is
--- taken by the next claim).
-SELECT 1 AS below FROM DUAL
-WHERE %(concurrency)s IS NULL OR %(concurrency)s > (
-    SELECT count(*) FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
-    WHERE status = 'running' AND queue = %(queue)s);
-SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue
-WHERE name = %(queue)s
-FOR UPDATE SKIP LOCKED
-
--- name: next_priority
-SELECT priority FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority < %(below)s
-ORDER BY priority DESC
-LIMIT 1
-
--- name: queue_running
-SELECT count(*) AS n FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
-WHERE status = 'running' AND queue = %(queue)s
-
--- name: queue_busy_keys
-SELECT concurrency_key AS `key`, count(*) AS n
-FROM everystep_workflow FORCE INDEX (everystep_workflow_queue_running)
-WHERE status = 'running' AND queue = %(queue)s AND concurrency_key IS NOT NULL
-GROUP BY concurrency_key
-
--- name: claim_name_due
--- One served workflow's due runs at one priority of a queue, earliest due
--- first: one range of the (status, queue, priority, name, due_at) index, so
--- runs nobody serves are never read. Keys at their limit (%(busy)s) and
--- runs another claimer held (%(skipped)s) are left out. Read without a
--- lock: claim_ids locks the ones picked, SKIP LOCKED.
-SELECT id, concurrency_key AS `key`, due_at AS due FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s AND name = %(name)s
-  AND due_at <= UTC_TIMESTAMP(6)
-  AND (%(serve_all)s = 1 OR app_version IS NULL OR app_version IN %(version_list)s)
-  AND (concurrency_key IS NULL OR concurrency_key NOT IN %(busy)s)
-  AND id NOT IN %(skipped)s
-ORDER BY due_at
-LIMIT %(limit)s
-
--- name: claim_next_name
--- The first workflow name after %(after)s holding scheduled runs at one
--- priority of a queue: one probe of the claimable index.
-SELECT name FROM everystep_workflow FORCE INDEX (everystep_workflow_claimable)
-WHERE status = 'scheduled' AND queue = %(queue)s AND priority = %(priority)s AND name > %(after)s
-ORDER BY name
-LIMIT 1
-
--- name: claim_ids
--- The runs picked from the candidates, those still scheduled and not
--- locked by anyone else (an operator's cancel).
-SELECT id FROM everystep_workflow WHERE id IN %(ids)s AND status = 'scheduled' FOR UPDATE SKIP LOCKED;
-UPDATE everystep_workflow
-SET status = 'running', claimed_by = %(claimer)s, claimed_at = UTC_TIMESTAMP(6), claim_epoch = claim_epoch + 1,
-    first_claimed_at = coalesce(first_claimed_at, UTC_TIMESTAMP(6))
-WHERE id IN %(picked)s;
-SELECT {run_columns_w},
-    EXISTS (SELECT 1 FROM everystep_step AS s WHERE s.workflow_id = w.id) AS has_steps
-FROM everystep_workflow AS w WHERE w.id IN %(picked)s
-
--- name: queue_rate_prune
-DELETE FROM everystep_queue_claim
-WHERE queue = %(queue)s AND claimed_at < UTC_TIMESTAMP(6) - INTERVAL %(period_us)s MICROSECOND
-
--- name: queue_rate_used
-SELECT count(*) AS n FROM everystep_queue_claim WHERE queue = %(queue)s
-
--- name: queue_rate_log
--- One row per run just claimed, stamped with the claim time they carry.
-INSERT INTO everystep_queue_claim (queue, claimed_at)
-SELECT %(queue)s, claimed_at FROM everystep_workflow WHERE id IN %(ids)s
 
 -- name: lock_queue
 -- An operator's change to a queue, under its row lock (claims from a
@@ -777,6 +730,21 @@ FROM everystep_workflow
 WHERE status IN {active_statuses}
 GROUP BY queue
 ORDER BY queue
+
+-- name: wake_wait
+-- An idle runner's wake-up connection waits here, up to %(seconds)s; the
+-- everystep_wake procedure (functions/mariadb/wake.sql) finds it by this
+-- text and interrupts it. Sent without waiting for its answer (mariadb.py).
+SELECT SLEEP(%(seconds)s) AS everystep_wake
+
+-- name: wake_end
+-- A wake-up connection closing: end its sleep (the server would hold the
+-- sleeping session to its end otherwise).
+KILL QUERY %(session)s
+
+-- name: wake_runners
+-- After a schedule() commits: interrupt the runners' wake_wait.
+CALL everystep_wake()
 
 -- name: read_only_session
 -- A session that cannot write (connect(read_only=True): everystep replay).
