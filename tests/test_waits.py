@@ -185,6 +185,17 @@ def test_call_is_start_then_result(store: Store) -> None:
     assert store.get_run(parent.id).result == 42
 
 
+def test_a_child_whose_last_write_carries_a_patch_marker_wakes_its_parent(store: Store) -> None:
+    parent = schedule(apps.parent_calls_patched, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    [child] = store.children(parent.id)
+    assert execute_run(store, child.id) == Outcome.COMPLETED
+    assert sorted(step.name for step in store.get_steps(child.id)) == ["everystep.patch", "tests.apps.waits.double"]
+    assert _due_now(store, parent.id) and store.links(parent.id).wait_key is None
+    assert execute_run(store, parent.id) == Outcome.COMPLETED
+    assert store.get_run(parent.id).result == 42
+
+
 def test_cancelling_a_parent_cancels_its_unfinished_children_recursively(store: Store) -> None:
     top = schedule(apps.parent_of_waiters, 2, database=store)
     assert execute_run(store, top.id) == Outcome.RELEASED

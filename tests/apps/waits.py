@@ -119,6 +119,20 @@ def parent_calls() -> Any:
 
 
 @workflow
+def child_patched_last(x: int) -> int:
+    """A child whose last step carries a patch marker: its end, the marker
+    and the last record are one write."""
+    if everystep.patched("double-it"):
+        return double(x)
+    return x
+
+
+@workflow
+def parent_calls_patched() -> Any:
+    return note(everystep.call(child_patched_last, 21))
+
+
+@workflow
 def parent_of_waiters(children: int) -> Any:
     handles = [everystep.start(child_waits) for _ in range(children)]
     return note([handle.result() for handle in handles])

@@ -282,19 +282,21 @@ WITH async_commit AS (
 SELECT finished.id, NULL::uuid AS wake_parent FROM finished
 WHERE (SELECT count(pg_notify('everystep_scheduled', woke.name)) FROM woke WHERE woke.woken) >= 0
 
--- name: finish_run_with_step
--- The run's last step and its terminal status in one statement: one round
--- trip and one durable commit (the step record needs it) where record_step
--- and finish_run take two. The run row is locked first, under the claim,
--- so both writes see the same claim; the status changes only if the step
--- row was written (a step that already has an outcome writes nothing). No
--- row back means nothing was written.
-WITH owned AS (
+-- name: _owned_locked
+-- Fragment: the CTE locking the run's row under this claim, first, so every
+-- write of the statement sees the same claim (the last write's forms).
+owned AS (
     SELECT id FROM everystep_workflow
     WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
       AND claim_epoch = %(claim_epoch)s
     FOR UPDATE
-), step AS (
+)
+
+-- name: _last_step_and_status
+-- Fragment: after `owned`, the last step's record (`step`), the run's
+-- terminal status only if that row was written (`finished`), its parent
+-- woken if it waits for this run (`woke`), and the statement's one row.
+step AS (
     INSERT INTO everystep_step
         (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
          attempt, wake_at, cpu_seconds, peak_rss_bytes)
@@ -314,39 +316,26 @@ WITH owned AS (
 SELECT step.completed_at FROM step, finished
 WHERE (SELECT count(pg_notify('everystep_scheduled', woke.name)) FROM woke WHERE woke.woken) >= 0
 
+-- name: finish_run_with_step
+-- The run's last step and its terminal status in one statement: one round
+-- trip and one durable commit (the step record needs it) where record_step
+-- and finish_run take two. The run row is locked first, under the claim,
+-- so both writes see the same claim; the status changes only if the step
+-- row was written (a step that already has an outcome writes nothing). No
+-- row back means nothing was written.
+WITH {_owned_locked}, {_last_step_and_status}
+
 -- name: finish_run_with_step_marked
 -- finish_run_with_step and one patch marker (everystep.patches), in one
 -- statement: the marker is written under the same lock of the run row.
-WITH owned AS (
-    SELECT id FROM everystep_workflow
-    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
-      AND claim_epoch = %(claim_epoch)s
-    FOR UPDATE
-), marker AS (
+WITH {_owned_locked}, marker AS (
     INSERT INTO everystep_step
         (workflow_id, step_id, name, args, kwargs, status, result, started_at, completed_at, attempt)
     SELECT owned.id, %(marker_id)s, %(marker_name)s, %(marker_args)s::json, '{{}}'::json, 'done',
            %(marker_result)s::json, clock_timestamp(), clock_timestamp(), 1
     FROM owned
     ON CONFLICT (workflow_id, step_id) DO NOTHING
-), step AS (
-    INSERT INTO everystep_step
-        (workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at,
-         attempt, wake_at, cpu_seconds, peak_rss_bytes)
-    SELECT owned.id, %(step_id)s, %(name)s, %(args)s::json, %(kwargs)s::json, %(step_status)s,
-           %(step_result)s::json, %(step_error)s::json, %(started_at)s, clock_timestamp(), %(attempt)s,
-           %(wake_at)s::timestamptz, %(cpu_seconds)s::float8, %(peak_rss_bytes)s::bigint
-    FROM owned
-    {_step_upsert}
-    RETURNING completed_at
-), run AS (
-    UPDATE everystep_workflow
-    SET status = %(status)s, result = %(result)s::json, error = %(error)s::json,
-        completed_at = clock_timestamp()
-    WHERE id = (SELECT id FROM owned) AND EXISTS (SELECT 1 FROM step)
-    RETURNING id
-)
-SELECT step.completed_at FROM step, run
+), {_last_step_and_status}
 
 -- name: requeue
 UPDATE everystep_workflow
