@@ -145,9 +145,7 @@ def section(ctx: Context) -> Section:
             f"In process, `runner.execute` of claimed 3-step runs whose steps each insert one row: "
             f"`@step(transactional=True)` inserting on `step_connection()` (the insert and the record in one "
             f"transaction) against `@step` inserting on an application connection in autocommit (its own "
-            f"commit, then the record). {out.get('runs', '?')} runs of each form per repetition, "
-            f"{out.get('reps', '?')} repetitions alternating which form goes first; the ratio is taken within "
-            "each repetition."
+            "commit, then the record). " + paired_forms.how(out)
         ),
     )
     table = paired_forms.table(out, ["database", "transactional, ms per run", "plain, ms per run",

@@ -120,9 +120,7 @@ def section(ctx: Context) -> Section:
             f"In process, `runner.execute` of claimed runs that each make {CALLS} requests to a local TCP "
             f"server answering after {DELAY * 1000:.0f} ms, as {CALLS} steps in one fork: an async workflow "
             f"awaiting `gather` of async steps (tasks on the run's loop) against the same workflow written "
-            f"sync with `parallel` of sync steps (a thread per branch). {out.get('runs', '?')} runs of each "
-            f"form per repetition, {out.get('reps', '?')} repetitions alternating which form goes first; the "
-            "ratio is taken within each repetition."
+            "sync with `parallel` of sync steps (a thread per branch). " + paired_forms.how(out)
         ),
     )
     table = paired_forms.table(out, ["database", "async, ms per run", "sync, ms per run", "sync ÷ async (paired)"],

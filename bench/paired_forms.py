@@ -74,6 +74,12 @@ def run_both(ctx: Context, key: str, measure: Measure, forms: tuple[str, str], s
                 f"{second} {out[database][second].median:.2f} ms")
 
 
+def how(out: dict[str, object]) -> str:
+    """The method's last sentence: how ``alternate`` paired the forms."""
+    return (f"{out.get('runs', '?')} runs of each form per repetition, {out.get('reps', '?')} repetitions "
+            "alternating which form goes first; the ratio is taken within each repetition.")
+
+
 def table(out: dict[str, object], headers: list[str], forms: tuple[str, str]) -> Table:
     """One row per database: each form's ms per run and the paired ratio."""
     rows = Table(headers)
