@@ -22,7 +22,7 @@ from everystep.models import COMPLETED, STEP_DONE, STEP_FAILED, STEP_SLEEPING, S
 from everystep.runner import Outcome
 from everystep.store import Store
 from tests.apps import async_steps as app
-from tests.support.runs import crash_at, execute_run, resume, run_until_settled
+from tests.support.runs import crash_at, execute_run, resume, run_until_settled, worker_running
 from tests.test_durable_sleep import _age_sleep
 
 pytestmark = pytest.mark.timeout(120)
@@ -212,14 +212,9 @@ def test_the_threaded_worker_runs_async_runs_beside_sync_ones(store: Store, coun
     runs = [schedule(app.mixed_async, 5, database=store), schedule(app.mixed_sync, 5, database=store),
             schedule(app.fetch_many, counting_server.server_address[1], 20, database=store)]
     worker = Worker(pool_size=2, poll=0.05, name=f"async-{store.backend}", database=store, drain=30)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with worker_running(worker):
         wait_until(lambda: all(store.get_run(run.id).status == COMPLETED for run in runs),
                    "the worker to complete every run", timeout=90)
-    finally:
-        worker.stop()
-        thread.join(60)
     assert store.get_run(runs[0].id).result == store.get_run(runs[1].id).result
     assert _rows(store, runs[0].id) == _rows(store, runs[1].id)
     assert counting_server.most >= 10
@@ -235,14 +230,9 @@ def test_a_worker_with_one_thread_holds_many_async_runs_on_one_loop(store: Store
         port = server.server_address[1]
         runs = [schedule(app.one_request, port, f"/{index}", database=store) for index in range(6)]
         worker = Worker(pool_size=1, poll=0.05, name=f"shared-{store.backend}", database=store, drain=30)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
+        with worker_running(worker):
             wait_until(lambda: all(store.get_run(run.id).status == COMPLETED for run in runs),
                        "the worker to complete every run", timeout=90)
-        finally:
-            worker.stop()
-            thread.join(60)
         assert server.most >= 6
     assert [store.get_run(run.id).result for run in runs] == [f"/{index}" for index in range(6)]
 

@@ -6,7 +6,6 @@ cancelled run at the next step boundary.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from everystep.runner import Outcome
 from everystep.store import Store
 from everystep.worker import Worker
 from tests.apps.lifecycle_in_process import gated_then_last, plain, sleeps
-from tests.support.runs import execute_run
+from tests.support.runs import execute_run, worker_running
 from tests.support.waiting import wait_until
 
 def test_cancel_of_scheduled_and_blocked_runs_is_final(store: Store) -> None:
@@ -69,17 +68,15 @@ def test_a_threaded_worker_stops_a_cancelled_run_at_the_next_step_boundary(store
     gate = tmp_path / "gate"
     run = schedule(gated_then_last, str(gate), database=store)
     worker = Worker(pool_size=1, poll=0.05, name=f"cancel-{store.backend}", database=store, drain=30)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: store.get_run(run.id).status == RUNNING, "the worker to claim the run")
-        admin.cancel(store, run.id)
-        gate.touch()
-        wait_until(lambda: store.get_steps(run.id), "the gated step's record")
-        wait_until(lambda: not worker._active or all(f.done() for f in worker._active), "the run's thread to end")
-    finally:
-        gate.touch()
-        worker.stop()
-        thread.join(60)
+    with worker_running(worker):
+        try:
+            wait_until(lambda: store.get_run(run.id).status == RUNNING, "the worker to claim the run")
+            admin.cancel(store, run.id)
+            gate.touch()
+            wait_until(lambda: store.get_steps(run.id), "the gated step's record")
+            wait_until(lambda: not worker._active or all(f.done() for f in worker._active),
+                       "the run's thread to end")
+        finally:
+            gate.touch()
     assert [(s.step_id, s.status, s.result) for s in store.get_steps(run.id)] == [("1", STEP_DONE, "through")]
     assert store.get_run(run.id).status == CANCELLED

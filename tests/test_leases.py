@@ -15,7 +15,7 @@ from everystep.lease import Lease
 from everystep.models import COMPLETED, RUNNING, SCHEDULED
 from everystep.store import connect
 from tests.support.cli import run_in_process
-from tests.support.runs import execute_run
+from tests.support.runs import execute_run, worker_running
 
 
 @step
@@ -145,15 +145,10 @@ def test_worker_recovers_runs_of_a_dead_runner(store):
     Lease(store, "crashed", "worker", lease=1).register()
     _claim_as(store, "crashed", run.id)
     worker = Worker(pool_size=1, poll=0.05, name="survivor", database=store, lease=2)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
+    with worker_running(worker, join=30):
         deadline = time.monotonic() + 30
         while store.get_run(run.id).status != COMPLETED and time.monotonic() < deadline:
             time.sleep(0.05)
-    finally:
-        worker.stop()
-        thread.join(30)
     done = store.get_run(run.id)
     assert (done.status, done.claimed_by, done.result) == (COMPLETED, "survivor", 7)
 

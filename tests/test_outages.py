@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from everystep.worker import Worker
 from tests.apps import supervised
 from tests.apps.outages import outage_flow
 from tests.support.pgserver import PgServer, start_server
+from tests.support.runs import worker_running
 from tests.support.supervisor import supervisors  # noqa: F401
 from tests.support.waiting import wait_until
 
@@ -83,9 +83,7 @@ def test_threaded_worker_rides_out_a_restart(private_pg, outage_url, caplog, mod
     store = connect(outage_url)
     runs = [schedule(outage_flow, index, database=store).id for index in range(8)]
     worker = Worker(pool_size=4, poll=0.05, name="outage-worker", database=connect(outage_url), lease=30)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
+    with worker_running(worker) as thread:
         deadline = time.monotonic() + 30
         while not any(store.get_steps(run_id) for run_id in runs) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -94,9 +92,6 @@ def test_threaded_worker_rides_out_a_restart(private_pg, outage_url, caplog, mod
         assert thread.is_alive()
         private_pg.start()
         statuses = _wait_all(store, runs, 90)
-    finally:
-        worker.stop()
-        thread.join(60)
     assert not thread.is_alive()
     assert statuses == {run_id: COMPLETED for run_id in runs}
     assert [store.get_run(run_id).result for run_id in runs] == [index + 4 for index in range(8)]
@@ -177,17 +172,12 @@ def test_supervisor_resumes_a_run_rolled_back_to_running_under_its_name(db_url, 
 def test_worker_resumes_a_run_rolled_back_to_running_under_its_name(db_url):
     store = connect(db_url)
     worker = Worker(pool_size=1, poll=0.05, name="reconciler", database=connect(db_url))
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
+    with worker_running(worker):
         run = schedule(outage_flow, 2, database=store)
         assert _wait_all(store, [run.id], 60) == {run.id: COMPLETED}
         _roll_back_to_running(store, run.id, "reconciler")
         assert _wait_all(store, [run.id], 60) == {run.id: COMPLETED}
         assert store.get_run(run.id).result == 6
-    finally:
-        worker.stop()
-        thread.join(60)
 
 
 def test_supervisor_logs_one_line_per_outage_with_a_periodic_workflow(private_pg, outage_url, supervisors):

@@ -1,13 +1,20 @@
-"""Helpers to drive runs in-process: claim one specific run and execute it."""
+"""Helpers to drive runs in-process: claim one specific run and execute it,
+or let a threaded worker work them off."""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from everystep import runner
 from everystep.errors import SimulatedCrash
 from everystep.models import SCHEDULED, Run
 from everystep.store import Store
+
+if TYPE_CHECKING:
+    from everystep.worker import Worker
 
 
 def claim_run(store: Store, run_id: str, claimer: str = "tester") -> Run:
@@ -62,3 +69,16 @@ def run_until_settled(store: Store, run_id: str, limit: int = 10) -> list[str]:
         if store.get_run(run_id).status != SCHEDULED:
             return outcomes
     raise AssertionError(f"run {run_id} still scheduled after {limit} executions: {outcomes}")
+
+
+@contextlib.contextmanager
+def worker_running(worker: Worker, join: float = 60.0) -> Iterator[threading.Thread]:
+    """``worker`` on a thread of its own for the block (the thread is
+    yielded); stopped and joined after it, whatever the block raised."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.stop()
+        thread.join(join)
