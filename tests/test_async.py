@@ -145,6 +145,11 @@ class _Counting(http.server.ThreadingHTTPServer):
     made concurrently are seen together whatever the machine's load."""
 
     daemon_threads = True
+    #: The listen backlog. socketserver's default of 5 cannot queue fifty
+    #: connects made at once: on a loaded machine the kernel then drops some
+    #: handshakes and their retransmits (seconds apart, growing) outlast the
+    #: test's timeout while the client waits on a read.
+    request_queue_size = 128
 
     def __init__(self, hold: int) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
