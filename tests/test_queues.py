@@ -25,6 +25,7 @@ from everystep.models import COMPLETED, RUNNING, SCHEDULED
 from everystep.queues import Placement, QueueSettings, parse_queue_list, parse_rate
 from everystep.store import Store, connect, migrations, utcnow
 from tests.apps import queued
+from tests.support.pgserver import PgServer
 
 
 @workflow(name="queues.job")
@@ -736,6 +737,40 @@ def test_runs_nobody_serves_ahead_in_a_served_queue_cost_a_postgres_claim_a_few_
                 assert sum(read.values()) <= 8 * READ_PER_CLAIM, (limited, len(names), queues, batch, mode, read)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["fast-path", "limited-queue"])
+def test_claim_plans_made_on_a_new_database_still_read_a_few_index_entries_of_a_backlog(
+        pg_server: PgServer, limited: bool) -> None:
+    """A runner's session plans the claim once, generically, and keeps the
+    plan. Made on a new database (no statistics yet, a few runs), the plan
+    must still walk the claim index: one through the status index reads
+    every scheduled run on every claim, so a backlog that arrives later is
+    drained in quadratic time, until an ANALYZE happens to re-plan it."""
+    pg_url = pg_server.create_database()
+    store = connect(pg_url)
+    try:
+        store.migrate()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE everystep_workflow SET (autovacuum_enabled = false)")  # nothing re-plans it
+        if limited:
+            limit(store, "default", concurrency=1000)
+        first = [schedule(job, database=store).id for _ in range(200)]
+        assert [run.id for run in store.claim("tester", 1, NAMES)] == first[:1]  # the session's plans are made
+
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO everystep_workflow (id, name, args, status, created_at) "
+                "SELECT gen_random_uuid(), %s, '[0]', 'scheduled', clock_timestamp() - interval '1 hour' "
+                "FROM generate_series(1, %s)", (job.name, BACKLOG))
+        before = index_reads(store)
+        for _ in range(8):  # on the same session, as a runner's claims
+            assert len(store.claim("tester", 1, NAMES)) == 1
+        read = reads_since(store, before)
+        assert sum(read.values()) <= 8 * READ_PER_CLAIM, read
+    finally:
+        store.close()
+        pg_server.drop_database(pg_url)
 
 
 @pytest.mark.parametrize("limited", [False, True], ids=["fast-path", "limited-queue"])

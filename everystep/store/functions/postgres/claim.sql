@@ -64,6 +64,18 @@
 -- which cost a claim serving a limited or paused queue twice what the fast
 -- path costs (case 11: 1.5 ms against 0.7 ms per claim).
 --
+-- A generic plan is made once and kept for the session, so it must be
+-- right for any backlog, whatever the statistics said when it was made.
+-- A runner that starts on a new database (no statistics, a few runs) would
+-- otherwise plan each probe through the status index, which serves
+-- "status = 'scheduled'" too, and sort what it reads: that reads every
+-- scheduled run on every claim (100,000 index entries per claim of a
+-- 20,000-run backlog, in the test that pins this), until an ANALYZE happens
+-- to re-plan it. enable_sort = off leaves the claim index, whose order is
+-- the one each probe asks for, as the only plan without a sort; jit = off
+-- because the cost a disabled sort adds would otherwise reach the JIT
+-- thresholds and compile every call.
+--
 -- The SET clauses also rule out bitmap and sequential scans: with
 -- statistics from a moment when few runs were scheduled, the planner may
 -- otherwise read every scheduled run and sort them, a collapse for a
@@ -92,6 +104,8 @@ RETURNS TABLE (id uuid, name text, args json, status text, idempotency_key text,
 LANGUAGE plpgsql
 SET enable_bitmapscan = off
 SET enable_seqscan = off
+SET enable_sort = off
+SET jit = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan
@@ -303,6 +317,8 @@ RETURNS TABLE (id uuid, name text, args json, status text, idempotency_key text,
 LANGUAGE plpgsql
 SET enable_bitmapscan = off
 SET enable_seqscan = off
+SET enable_sort = off
+SET jit = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan

@@ -3,12 +3,15 @@
 -- queues are left out. One probe of the waiting index per queue: runners
 -- call it after a claim that came back short and set a timer, which is how
 -- a delayed or sleeping run starts on time without anyone polling faster.
+-- Its plan settings are the claim's, for the same reasons (claim.sql).
 
 CREATE OR REPLACE FUNCTION everystep_next_due(p_queues text[])
 RETURNS double precision
 LANGUAGE plpgsql
 SET enable_bitmapscan = off
 SET enable_seqscan = off
+SET enable_sort = off
+SET jit = off
 AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
