@@ -222,8 +222,9 @@ def section(ctx: Context) -> Section:
 
 
 TIMELINE_LABELS = (
-    ("claim_gap", "a freed child waits for its next claim (latest completion → next claimed_at)"),
-    ("claim_to_first", "claimed → first step starts (dispatch, outcomes read)"),
+    ("claim_gap", "latest completion → next claimed_at (a freed child's wait for a claim; claimed ahead, "
+                  "the claim follows the previous hand-off instead)"),
+    ("claim_to_first", "claimed → first step starts (dispatch, outcomes read; claimed ahead, the wait for a child)"),
     ("in_step", "inside a step (call → its record statement), mean of 3"),
     ("between_steps", "between steps (record commit → next step call), mean of 2"),
     ("last_to_done", "last step recorded → run completed (commit, status write)"),

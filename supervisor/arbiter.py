@@ -40,7 +40,7 @@ import time
 
 from everystep import metrics, traces, versions
 from everystep.claimloop import ClaimLoop
-from everystep.models import TERMINAL_STATUSES, Run
+from everystep.models import TERMINAL_STATUSES, Outcome, Run
 from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
 
@@ -49,6 +49,7 @@ from . import commands, reporting, titles
 from .budgets import Budgets
 from .channels import ChildChannels
 from .children import Child, describe_exit
+from .claim_ahead import ClaimAhead
 from .config import MAX_PROCS, Config
 from .control import ControlServer
 from .deadlines import Deadlines
@@ -101,7 +102,8 @@ class Arbiter:
                                     outage=self.loop.outage, queues=config.queues)
         self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
         self.deadlines = Deadlines(self.who, config.name, config.stall_timeout, self.budgets)
-        self.channels = ChildChannels(self.selector, self._on_ready, self.ledger.ended)
+        self.ahead = ClaimAhead(config.claim_ahead)
+        self.channels = ChildChannels(self.selector, self._on_ready, self._on_done)
         self.http: LoopHTTPServer | None = None
         self._boot_failures = 0
         self._reload_requested = False
@@ -183,7 +185,8 @@ class Arbiter:
     def _timeout(self, now: float) -> float:
         candidates = [1.0, max(self.fences.next_at - now, 0.0)]
         if not self.stopping:
-            due = self.loop.next_due(now) if self._available() else self.loop.housekeeping_due(now)
+            claiming = self._available() or self.ahead.wanted(len(self.ledger.ready))
+            due = self.loop.next_due(now) if claiming else self.loop.housekeeping_due(now)
             candidates.append(max(due - now, 0.0))
             if self.ledger.ready and self._available():
                 candidates.append(0.0)
@@ -417,6 +420,15 @@ class Arbiter:
         if available:
             for run in self.loop.take(now, len(available), self.ledger.held(self.children.values())):
                 self._give(available.pop(), run)
+        if self.procs == 0 and self.ledger.ready:
+            self.ledger.requeue_ready()  # scaled to none: nobody here will start them
+        elif not available and self.ahead.wanted(len(self.ledger.ready)):
+            # Every child busy with short runs: one ready for the next to free.
+            self.ledger.ready.extend(self.loop.take(now, 1, self.ledger.held(self.children.values())))
+
+    def _on_done(self, kid: Child, run: Run, outcome: Outcome) -> None:
+        self.ahead.ended(kid.last_run_seconds)
+        self.ledger.ended(kid, run, outcome)
 
     def _give(self, kid: Child, run: Run) -> None:
         self.fences.fence_older(self.children.values(), run)

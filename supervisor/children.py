@@ -105,6 +105,9 @@ class Child:
     oom_baseline: int | None = None
     #: When it was handed the run it executes (``time.monotonic()``).
     run_started: float | None = None
+    #: Seconds its last run took, from being handed to it to its body's end
+    #: (``Finishing``) or, without one, to ``Done`` (``claim_ahead.py``).
+    last_run_seconds: float | None = None
     _state: ChildState = field(default=ChildState.BOOTING, init=False)
     _run: Run | None = field(default=None, init=False)
     _finishing_run: Run | None = field(default=None, init=False)
@@ -224,6 +227,7 @@ class Child:
             return False
         self._state = ChildState.FINISHING
         self.timed_steps.clear()
+        self._timed_run()
         return True
 
     def done(self, run_id: str, rss: int) -> Run | None:
@@ -239,12 +243,18 @@ class Child:
         if finished_early:
             self._finishing_run = None  # ``run`` is its next run, already handed over
             return run
+        if self._state == ChildState.BUSY:  # it ended without Finishing (a failure, a release)
+            self._timed_run()
         self._run = None
         self.run_started = None
         self.timed_steps.clear()
         if self._state in (ChildState.BUSY, ChildState.FINISHING):
             self._state = ChildState.IDLE
         return run
+
+    def _timed_run(self) -> None:
+        if self.run_started is not None:
+            self.last_run_seconds = time.monotonic() - self.run_started
 
     def said_bye(self, reason: ByeReason) -> None:
         """It is leaving on its own (``Bye``), after its run if it has one."""

@@ -102,6 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll", type=seconds(0.01, 3600), default=defaults.poll, metavar="S",
                         help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL "
                              f"(default {defaults.poll:g})")
+    parser.add_argument("--claim-ahead", type=count(0, 64), default=defaults.claim_ahead, metavar="N",
+                        help="while every child is busy with short runs (under 0.25 s on average), hold up to N "
+                             "runs claimed for the next child to free, so it starts one without waiting for a "
+                             f"claim (default {defaults.claim_ahead}; 0: never)")
     parser.add_argument("--drain", type=seconds(0), default=defaults.drain, metavar="S",
                         help="seconds a stop waits for steps in flight before killing and requeueing "
                              f"(default {defaults.drain:g}; 0 waits forever)")
@@ -210,6 +214,7 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         database=database,
         name=args.name,
         poll=args.poll,
+        claim_ahead=args.claim_ahead,
         drain=args.drain,
         step_timeout=args.step_timeout or None,
         max_runs_per_child=args.max_runs_per_child,
