@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 import psycopg  # noqa: E402
 
-from bench import pg  # noqa: E402
+from bench import esdb, pg  # noqa: E402
 from bench.stats import Series  # noqa: E402
 
 #: The code before the round that added waits, versions, transactional and
@@ -87,13 +87,11 @@ def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str) -> floa
     subprocess.run([sys.executable, "-m", "supervisor.cli", "--app", "bench.workloads", "--procs", str(procs),
                     "--database", url, "--socket", socket_path, "--log-level", "warning", "--no-progress",
                     "--burst"], env=env, cwd=tree, check=True, timeout=60 + runs)
-    with psycopg.connect(url, autocommit=True) as conn:
-        done, seconds = conn.execute(
-            "SELECT count(*) FILTER (WHERE status = 'completed'),"
-            " extract(epoch FROM max(completed_at) - min(claimed_at)) FROM everystep_workflow").fetchone()
-    if done != runs or not seconds:
-        raise RuntimeError(f"{tree}: {done} of {runs} runs completed")
-    return runs / float(seconds)
+    window = esdb.span(url)
+    esdb.expect_all_completed(window, runs, str(tree))
+    if not window.seconds:
+        raise RuntimeError(f"{tree}: the runs' window measured no time")
+    return window.runs_per_second
 
 
 def measure(base: Path, url_base: str, url_here: str, runs: int, reps: int, procs: int,

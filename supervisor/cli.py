@@ -35,6 +35,7 @@ from everystep.resources import parse_size
 from everystep.store import Store, connect
 
 from . import ctl
+from .claim_ahead import SHORT_RUN
 from .config import MAX_PROCS, Config, default_socket_path
 from .states import Command
 
@@ -103,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL "
                              f"(default {defaults.poll:g})")
     parser.add_argument("--claim-ahead", type=count(0, 64), default=defaults.claim_ahead, metavar="N",
-                        help="while every child is busy with short runs (under 0.25 s on average), hold up to N "
+                        help=f"while every child is busy with short runs (under {SHORT_RUN:g} s on average), hold up to N "
                              "runs claimed for the next child to free, so it starts one without waiting for a "
                              f"claim (default {defaults.claim_ahead}; 0: never)")
     parser.add_argument("--drain", type=seconds(0), default=defaults.drain, metavar="S",
