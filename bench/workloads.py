@@ -43,6 +43,15 @@ def noop3(args: dict) -> dict:
 
 
 @workflow
+def noop3_twin(args: dict) -> dict:
+    """``noop3`` under another name: ``bench.patch_cost``'s control, whose
+    ratio to ``noop3`` is the noise of the measurement."""
+    a = noop(args)
+    b = noop(a)
+    return noop(b)
+
+
+@workflow
 def noop3_patched(args: dict) -> dict:
     """``noop3`` with two patch points, both on the new path (``bench.patch_cost``)."""
     a = noop(args)

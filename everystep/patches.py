@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from .context import Context, Execution, recording_context, validate_name
 from .errors import WorkflowCodeError
 from .models import STEP_DONE, StepRecord
-from .store import Marker, utcnow
+from .store import Marker
 
 #: The function name recorded for a patch marker's row.
 PATCH_STEP = "everystep.patch"
@@ -90,10 +90,10 @@ def patched(patch_id: str) -> bool:
         if ex.replay_log is not None:
             ex.replay_log.matched(step_id, PATCH_STEP, recorded)
         return _answer(ex, step_id, recorded)
-    answer = not went_past(ctx)
+    answer = not (ex.replaying and went_past(ctx))
     marker, template = _decided(patch_id, answer)
     record = template.completed(None)
-    record.__dict__.update(workflow_id=ex.run.id, started_at=utcnow())
+    record.__dict__["workflow_id"] = ex.run.id
     decided = ex.decide_marker(record, marker)
     return answer if decided is record else _answer(ex, step_id, decided)
 

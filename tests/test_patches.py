@@ -18,9 +18,9 @@ import pytest
 
 from everystep import dryrun, patched, schedule
 from everystep.errors import SimulatedCrash, WorkflowCodeError
-from everystep.models import COMPLETED, FAILED
+from everystep.models import COMPLETED, FAILED, STEP_DONE, Claim
 from everystep.patches import PATCH_STEP, marker_id
-from everystep.store import Store
+from everystep.store import Marker, NewStep, Store, utcnow
 from tests.apps import patch_v1, patch_v2, patch_v3
 from tests.support.cli import run_in_process
 from tests.support.deploys import deploy
@@ -218,3 +218,36 @@ def test_branches_asking_about_one_patch_get_one_answer(store: Store) -> None:
     assert store.get_run(run.id).result == [[True, "A-1"], [True, 30]]
     markers = [r for r in store.get_steps(run.id) if r.name == PATCH_STEP]
     assert [(r.step_id, r.result) for r in markers] == [(marker_id("fan"), True)]
+
+
+def _marker(patch_id: str) -> Marker:
+    return Marker(marker_id(patch_id), PATCH_STEP, json.dumps([patch_id]), "true")
+
+
+def _done(step_id: str, result: object) -> NewStep:
+    return NewStep(step_id, "x.y", "[]", "{}", utcnow(), STEP_DONE, json.dumps(result))
+
+
+def test_a_step_written_with_its_marker_says_what_was_written(store: Store) -> None:
+    """Every outcome of a step record carrying a marker in its own
+    statement: both rows new; the marker recorded already; the step
+    recorded already; a claim no longer current (nothing written)."""
+    run_id = store.schedule(patch_v1.order.name, "[]").id
+    (run,) = store.claim("tester", 1, [patch_v1.order.name])
+    assert run.id == run_id
+
+    first = store.record_step(run.claim, _done("1", 1), markers=(_marker("a"),))
+    assert first is not None and first.ours and first.record.result == 1
+    assert steps(store, run_id) == {"1": ("x.y", 1), marker_id("a"): (PATCH_STEP, True)}
+
+    again = store.record_step(run.claim, _done("2", 2), markers=(_marker("a"),))  # the marker is there already
+    assert again is not None and again.record.result == 2
+    assert steps(store, run_id)["2"] == ("x.y", 2)
+
+    taken = store.record_step(run.claim, _done("1", 99), markers=(_marker("b"),))  # the step is there already
+    assert taken is not None and not taken.ours and taken.record.result == 1
+    assert steps(store, run_id)["1"] == ("x.y", 1)
+
+    stale = Claim(run_id, "tester", run.claim_epoch - 1)
+    assert store.record_step(stale, _done("3", 3), markers=(_marker("c"),)) is None
+    assert {"3", marker_id("c")}.isdisjoint(steps(store, run_id))

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from .. import serde
 from ..errors import EverystepError
-from .base import Row, Store, utcnow
+from .base import Marker, NewStep, Row, Store, utcnow
 from .base.step_transactions import CommitGuard
 from .sqlite_claim import SQLiteClaim
 
@@ -131,6 +131,16 @@ class SQLiteStore(Store):
             raise
         else:
             conn.execute(self.sql["commit"])
+
+    def _record_step_marked(self, conn: Any, params: dict[str, Any], step: NewStep, marker: Marker) -> Row | None:
+        """The step's row and the marker's in one statement without RETURNING
+        (see ``record_step_marked``): two changes, the usual case, mean both
+        were written, the step's ``completed_at`` being ``now``. Anything
+        else is None, and the caller reads the step back (``_conflict``); in
+        the rare case of a marker already recorded beside this step's own new
+        row, that row comes back as a record with the same outcome."""
+        cursor = conn.execute(self.sql["record_step_marked"], self._with_marker(params, marker))
+        return {"completed_at": params["now"]} if cursor.rowcount == 2 else None
 
     def _claim_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         return self._transaction(conn)  # BEGIN IMMEDIATE: the write lock first

@@ -137,9 +137,14 @@ class Execution(StoreCore):
                 if row is None:
                     return self._conflict(conn, params)
             return StepWrite(self._written(claim, step, decoded, row), ours=True)
-        single = len(markers) == 1 and "record_step_marked" in self.sql
-        with self._marked(params, () if single else markers) as conn:
-            row = self._record_step_with(conn, params, step, markers if single else ())
+        if len(markers) == 1 and "record_step_marked" in self.sql:  # a patch point's: still one statement
+            with self.connection() as conn:
+                row = self._record_step_marked(conn, params, step, markers[0])
+                if row is None:
+                    return self._conflict(conn, params)
+            return StepWrite(self._written(claim, step, decoded, row), ours=True)
+        with self._marked(params, markers) as conn:
+            row = self._fetchone("record_step", params, conn)
             if row is None:
                 return self._conflict(conn, params)
         return StepWrite(self._written(claim, step, decoded, row), ours=True)
@@ -147,19 +152,26 @@ class Execution(StoreCore):
     def _record_step_with(self, conn: Any, params: dict[str, Any], step: NewStep,
                           markers: Sequence[Marker]) -> Row | None:
         """``record_step`` on ``conn``; one marker goes in the same statement
-        where the backend has it (``record_step_marked``: the usual case,
-        which then takes no transaction of its own), more before it."""
+        where the backend has it (``record_step_marked``), more before it."""
         if len(markers) == 1 and "record_step_marked" in self.sql:
-            rows = self._fetchall("record_step_marked", self._with_marker(params, markers[0]), conn)
-            return next((row for row in rows if row["step_id"] == step.step_id), None)
+            return self._record_step_marked(conn, params, step, markers[0])
         self._record_markers(conn, params, markers)
         return self._fetchone("record_step", params, conn)
 
+    def _record_step_marked(self, conn: Any, params: dict[str, Any], step: NewStep, marker: Marker) -> Row | None:
+        """``record_step`` and ``marker`` in one statement: the step's row,
+        or None (the marker's row may come back beside it)."""
+        for row in self._fetchall("record_step_marked", self._with_marker(params, marker), conn):
+            if row["step_id"] == step.step_id:
+                return row
+        return None
+
     @staticmethod
     def _with_marker(params: dict[str, Any], marker: Marker) -> dict[str, Any]:
-        """``params`` of a write, with those of the one marker it carries."""
-        return {**params, "marker_id": marker.step_id, "marker_name": marker.name, "marker_args": marker.args_json,
-                "marker_result": marker.result_json}
+        """``params`` of a write (the caller's own: added to, not copied),
+        with those of the one marker it carries."""
+        params["marker_id"], params["marker_name"], params["marker_args"], params["marker_result"] = marker
+        return params
 
     @contextlib.contextmanager
     def _marked(self, params: Mapping[str, Any], markers: Sequence[Marker]) -> Iterator[Any]:
