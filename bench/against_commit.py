@@ -12,7 +12,12 @@ database-stamped window (first ``claimed_at`` to last ``completed_at``), as
 in case 2, and the ratio is taken within each repetition, so drift on a
 shared machine hits both sides alike.
 
-``python -m bench.against_commit [--base REV] [--runs N] [--reps R] [--procs P] [--database URL]``
+The same commit with other supervisor options is a paired A/B of an option:
+``--base HEAD --base-args="--claim-ahead 1"`` measures this tree's default
+against ``--claim-ahead 1`` (``--here-args`` adds options to this side).
+
+``python -m bench.against_commit [--base REV] [--runs N] [--reps R] [--procs P]
+[--base-args A] [--here-args A] [--database URL]``
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,8 +83,9 @@ def _env(tree: Path) -> dict[str, str]:
     return environment
 
 
-def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str) -> float:
-    """One side's repetition: runs per second over the database's window."""
+def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str, options: Sequence[str] = ()) -> float:
+    """One side's repetition: runs per second over the database's window;
+    ``options``: more of the supervisor's command-line options."""
     with psycopg.connect(url, autocommit=True) as conn:
         with contextlib.suppress(psycopg.errors.UndefinedTable):
             conn.execute("TRUNCATE everystep_workflow CASCADE")
@@ -86,7 +93,7 @@ def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str) -> floa
     subprocess.run([sys.executable, "-c", _SCHEDULE, url, str(runs)], env=env, cwd=tree, check=True, timeout=600)
     subprocess.run([sys.executable, "-m", "supervisor.cli", "--app", "bench.workloads", "--procs", str(procs),
                     "--database", url, "--socket", socket_path, "--log-level", "warning", "--no-progress",
-                    "--burst"], env=env, cwd=tree, check=True, timeout=60 + runs)
+                    "--burst", *options], env=env, cwd=tree, check=True, timeout=60 + runs)
     window = esdb.span(url)
     esdb.expect_all_completed(window, runs, str(tree))
     if not window.seconds:
@@ -95,17 +102,20 @@ def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str) -> floa
 
 
 def measure(base: Path, url_base: str, url_here: str, runs: int, reps: int, procs: int,
-            sockets: Path, log: Callable[[str], None] = print) -> dict[str, Series]:
+            sockets: Path, log: Callable[[str], None] = print,
+            options: Mapping[str, Sequence[str]] | None = None) -> dict[str, Series]:
     """``reps`` paired repetitions (the order alternating), after one small
-    warm-up burst per side: runs/s of each side and their ratio."""
+    warm-up burst per side: runs/s of each side and their ratio.
+    ``options``: more supervisor options per side (``base``, ``here``)."""
     out = {key: Series() for key in ("base", "here", "ratio")}
     sides = [("base", base, url_base), ("here", ROOT, url_here)]
+    extra = options or {}
     for side, tree, url in sides:  # warm up: each side's code and database once
-        burst(tree, url, max(runs // 5, 50), procs, str(sockets / f"{side}.sock"))
+        burst(tree, url, max(runs // 5, 50), procs, str(sockets / f"{side}.sock"), extra.get(side, ()))
     for rep in range(reps):
         rates: dict[str, float] = {}
         for side, tree, url in sides if rep % 2 == 0 else list(reversed(sides)):
-            rates[side] = burst(tree, url, runs, procs, str(sockets / f"{side}.sock"))
+            rates[side] = burst(tree, url, runs, procs, str(sockets / f"{side}.sock"), extra.get(side, ()))
         out["base"].add(rates["base"])
         out["here"].add(rates["here"])
         out["ratio"].add(rates["here"] / rates["base"])
@@ -120,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2000, help="runs per side and repetition")
     parser.add_argument("--reps", type=int, default=6, help="paired repetitions")
     parser.add_argument("--procs", type=int, default=2, help="the supervisor's --procs")
+    parser.add_argument("--base-args", default="", metavar="A",
+                        help="more supervisor options for the earlier commit's side, "
+                             "e.g. --base-args=\"--claim-ahead 1\"")
+    parser.add_argument("--here-args", default="", metavar="A", help="more supervisor options for this tree's side")
     parser.add_argument("--database", default=None, help="an existing PostgreSQL server's URL "
                         "(default: $EVERYSTEP_BENCH_DATABASE_URL, else a durable throwaway cluster)")
     args = parser.parse_args(argv)
@@ -128,14 +142,17 @@ def main(argv: list[str] | None = None) -> int:
         url_base, url_here = server.create_database("against_base"), server.create_database("against_here")
         print(f"load average at start: {pg.load_average()}", flush=True)
         with checked_out(args.base) as base, tempfile.TemporaryDirectory(prefix="everystep-sock-") as sockets:
-            out = measure(base, url_base, url_here, args.runs, args.reps, args.procs, Path(sockets))
+            out = measure(base, url_base, url_here, args.runs, args.reps, args.procs, Path(sockets),
+                          options={"base": shlex.split(args.base_args), "here": shlex.split(args.here_args)})
         print(f"load average at end: {pg.load_average()}")
     finally:
         server.close()
+    base_label = " ".join([args.base, args.base_args]).strip()
+    here_label = " ".join(["this tree", args.here_args]).strip()
     print(f"case 2 shape, --procs {args.procs}, {args.runs} runs per side, {args.reps} paired repetitions")
-    print(f"{args.base}: {out['base'].cell(0)} runs/s")
-    print(f"this tree: {out['here'].cell(0)} runs/s")
-    print(f"ratio this tree / {args.base}: {out['ratio'].cell(3)}")
+    print(f"{base_label}: {out['base'].cell(0)} runs/s")
+    print(f"{here_label}: {out['here'].cell(0)} runs/s")
+    print(f"ratio {here_label} / {base_label}: {out['ratio'].cell(3)}")
     return 0
 
 

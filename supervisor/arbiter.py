@@ -185,7 +185,7 @@ class Arbiter:
     def _timeout(self, now: float) -> float:
         candidates = [1.0, max(self.fences.next_at - now, 0.0)]
         if not self.stopping:
-            claiming = self._available() or self.ahead.wanted(len(self.ledger.ready))
+            claiming = self._available() or self.ahead.wanted(len(self.ledger.ready), self.procs)
             due = self.loop.next_due(now) if claiming else self.loop.housekeeping_due(now)
             candidates.append(max(due - now, 0.0))
             if self.ledger.ready and self._available():
@@ -422,9 +422,9 @@ class Arbiter:
                 self._give(available.pop(), run)
         if self.procs == 0 and self.ledger.ready:
             self.ledger.requeue_ready()  # scaled to none: nobody here will start them
-        elif not available and self.ahead.wanted(len(self.ledger.ready)):
-            # Every child busy with short runs: one ready for the next to free.
-            self.ledger.ready.extend(self.loop.take(now, 1, self.ledger.held(self.children.values())))
+        elif not available and (ahead := self.ahead.wanted(len(self.ledger.ready), self.procs)):
+            # Every child busy with short runs: a batch ready for the next to free.
+            self.ledger.ready.extend(self.loop.take(now, ahead, self.ledger.held(self.children.values())))
 
     def _on_done(self, kid: Child, run: Run, outcome: Outcome) -> None:
         self.ahead.ended(kid.last_run_seconds)

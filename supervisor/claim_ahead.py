@@ -1,19 +1,28 @@
-"""Claiming ahead: a run ready for the next child to free.
+"""Claiming ahead: runs ready for the next children to free.
 
 With every child busy, a child that frees waits for the parent's next claim:
 a round trip and the claim's own work, in case 2 at ``--procs 2`` about
 0.4 ms of a 3 ms run, while the parent's loop does nothing else. So while
-every child is busy with short runs, the parent claims up to ``limit`` runs
-ahead and holds them in the ledger (``Ledger.ready``): the next child to
-free starts one at once, and the claim that refills it overlaps that
-child's work instead of delaying it.
+every child is busy with short runs, the parent claims runs ahead and holds
+them in the ledger (``Ledger.ready``): the next child to free starts one at
+once, and the claim that refills the queue overlaps the children's work
+instead of delaying it.
+
+In batches. Once the held runs are all handed out, the parent claims up to
+``limit`` at once, two per child: one claim's round trip and server work
+then serve several runs, which on a machine whose cores the runs keep busy
+is CPU every run saves (a claim costs the server more than a step record
+does). Refilling only an empty queue keeps the batches whole; refilling one
+run at a time would make them single claims again. Two per child, so a
+held run waits for about two runs of the children before it.
 
 Only for short runs. A run held ahead waits for a child of this supervisor
-while another supervisor may have one idle. Held for about one run's time,
-that is nothing next to the pickup of a short run and too long for a long
-one (whose pickup the claim's round trip hardly delays anyway), so the
-parent claims ahead only while the runs ending here took less than
-``SHORT_RUN`` seconds on a moving average, and not before one has ended.
+while another supervisor may have one idle. So the runs held are bounded by
+time as well as by number: about ``SHORT_RUN`` seconds of runs at the
+moving average of the runs ending here, and none before one has ended or
+while that average is ``SHORT_RUN`` or more. Held for that long, a run
+loses nothing next to the pickup of a short run, and a long one (whose
+pickup the claim's round trip hardly delays) is never held.
 
 A run held ahead is claimed like any other: it counts against its queue's
 limits, a cancel or a lost claim drops it (``FenceWatch`` checks the ready
@@ -46,8 +55,12 @@ class ClaimAhead:
         mean = self.mean_run_seconds
         self.mean_run_seconds = seconds if mean is None else mean + WEIGHT * (seconds - mean)
 
-    def wanted(self, ready: int) -> bool:
-        """Whether to claim one more run while every child is busy and
-        ``ready`` runs are held already."""
+    def wanted(self, ready: int, children: int) -> int:
+        """How many runs to claim now, while every one of ``children`` is
+        busy and ``ready`` runs are held already: none until those are
+        handed out, then a batch of at most ``limit``, two per child and
+        about ``SHORT_RUN`` seconds of runs."""
         mean = self.mean_run_seconds
-        return ready < self.limit and mean is not None and mean < SHORT_RUN
+        if ready or self.limit <= 0 or mean is None or mean >= SHORT_RUN:
+            return 0
+        return max(1, min(self.limit, 2 * children, int(SHORT_RUN / mean)))

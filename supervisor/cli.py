@@ -104,9 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL "
                              f"(default {defaults.poll:g})")
     parser.add_argument("--claim-ahead", type=count(0, 64), default=defaults.claim_ahead, metavar="N",
-                        help=f"while every child is busy with short runs (under {SHORT_RUN:g} s on average), hold up to N "
-                             "runs claimed for the next child to free, so it starts one without waiting for a "
-                             f"claim (default {defaults.claim_ahead}; 0: never)")
+                        help=f"while every child is busy with short runs (under {SHORT_RUN:g} s on average), claim "
+                             "up to N runs at once (two per child at most) and hold them for the next children to "
+                             "free, so they start without waiting for a claim "
+                             f"(default {defaults.claim_ahead}; 0: never)")
     parser.add_argument("--drain", type=seconds(0), default=defaults.drain, metavar="S",
                         help="seconds a stop waits for steps in flight before killing and requeueing "
                              f"(default {defaults.drain:g}; 0 waits forever)")

@@ -24,9 +24,10 @@ class Config:
     database: str | None = None
     name: str = field(default_factory=socket.gethostname)
     poll: float = 0.5
-    #: Runs claimed ahead while every child is busy with short runs, for the
-    #: next child to free (``claim_ahead.py``; 0: never).
-    claim_ahead: int = 1
+    #: Runs claimed ahead, in one claim and at most two per child, while every
+    #: child is busy with short runs, for the next children to free
+    #: (``claim_ahead.py``; 0: never).
+    claim_ahead: int = 4
     drain: float = 30.0
     step_timeout: float | None = None
     max_runs_per_child: int = 0

@@ -1,10 +1,12 @@
 """Claiming ahead (``supervisor/claim_ahead.py``): while every child is busy
-with short runs, the supervisor holds one run claimed for the next child to
-free. Held, it is a claimed run like any other: a drain gives it back, a
-cancel drops it, and it is executed exactly once."""
+with short runs, the supervisor holds runs claimed for the next children to
+free, claimed in one batch once those held are handed out. Held, a run is a
+claimed run like any other: a drain gives it back, a cancel drops it, and it
+is executed exactly once."""
 
 from __future__ import annotations
 
+import datetime as dt
 import signal
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 
 from everystep import admin, schedule
 from everystep.models import CANCELLED, COMPLETED, RUNNING, SCHEDULED
+from everystep.store.base.values import utcnow
 from supervisor.claim_ahead import SHORT_RUN, ClaimAhead
 from tests.apps import supervised
 from tests.support.supervisor import Supervisor, supervisors, wait_run  # noqa: F401
@@ -27,31 +30,46 @@ QUIET_SECONDS = 1.5
 
 def test_claims_ahead_only_while_runs_are_short_and_up_to_its_limit() -> None:
     ahead = ClaimAhead(limit=1)
-    assert not ahead.wanted(0)  # no run has ended: how long runs take is unknown
+    assert ahead.wanted(0, 1) == 0  # no run has ended: how long runs take is unknown
     ahead.ended(None)
-    assert not ahead.wanted(0)
+    assert ahead.wanted(0, 1) == 0
     ahead.ended(SHORT_RUN / 10)
-    assert ahead.wanted(0) and not ahead.wanted(1)
+    assert (ahead.wanted(0, 1), ahead.wanted(1, 1), ahead.wanted(0, 8)) == (1, 0, 1)
     for _ in range(20):  # the runs grow long: the average follows
         ahead.ended(SHORT_RUN * 4)
-    assert not ahead.wanted(0)
+    assert ahead.wanted(0, 1) == 0
     never = ClaimAhead(limit=0)
     never.ended(0.001)
-    assert not never.wanted(0)
+    assert never.wanted(0, 1) == 0
 
 
-def hold_one_ahead(store: Any, sup: Supervisor, tmp_path: Path) -> tuple[Any, list[Any]]:
+def test_claims_a_batch_once_the_held_runs_are_handed_out_two_per_child_bounded_by_time() -> None:
+    ahead = ClaimAhead(limit=4)
+    ahead.ended(0.003)
+    assert [ahead.wanted(ready, 2) for ready in (0, 1, 3)] == [4, 0, 0]  # refilled only when empty
+    assert [ahead.wanted(0, children) for children in (1, 2, 8)] == [2, 4, 4]
+    for _ in range(40):  # runs of a third of SHORT_RUN: about SHORT_RUN of them, not four
+        ahead.ended(SHORT_RUN / 3)
+    assert ahead.wanted(0, 8) == 3
+    for _ in range(40):  # just under SHORT_RUN: still one, never none while runs are short
+        ahead.ended(SHORT_RUN * 0.9)
+    assert ahead.wanted(0, 8) == 1
+
+
+def hold_ahead(store: Any, sup: Supervisor, tmp_path: Path, quick: int = 2, held: int = 1) -> tuple[Any, list[Any]]:
     """Quick runs first (the supervisor learns its runs are short), then a
-    run held at a gate in the only child, then two quick runs: one of them
-    is claimed ahead and held ready, the other waits."""
+    run held at a gate in the only child, then ``quick`` quick runs, all due
+    at one moment: ``held`` of them are claimed ahead and held ready, the
+    others wait."""
     spec = {"dir": str(tmp_path)}
     for run in [schedule(supervised.tiny, spec, database=store) for _ in range(3)]:
         wait_run(store, run.id, (COMPLETED,), supervisor=sup)
     gated = schedule(supervised.gated_flow, {**spec, "gate": "open"}, database=store)
     sup.busy_child(gated.id, "2")
-    quick = [schedule(supervised.tiny, spec, database=store) for _ in range(2)]
-    sup.wait_status(lambda status: status["ready"] == 1, "one run claimed ahead")
-    return gated, quick
+    due = utcnow() + dt.timedelta(seconds=3)  # every one scheduled by then, even on a loaded machine
+    runs = [schedule(supervised.tiny, spec, database=store, run_at=due) for _ in range(quick)]
+    sup.wait_status(lambda status: status["ready"] == held, f"{held} run(s) claimed ahead")
+    return gated, runs
 
 
 def statuses(store: Any, runs: list[Any]) -> list[str]:
@@ -60,8 +78,8 @@ def statuses(store: Any, runs: list[Any]) -> list[str]:
 
 def test_a_busy_supervisor_holds_one_short_run_ready_and_runs_every_run_once(db_url, store, supervisors,
                                                                                 tmp_path):
-    sup = supervisors(db_url, procs=1).start()
-    gated, quick = hold_one_ahead(store, sup, tmp_path)
+    sup = supervisors(db_url, procs=1, args=["--claim-ahead", "1"]).start()
+    gated, quick = hold_ahead(store, sup, tmp_path)
 
     # One claimed ahead (no child runs it yet, no step recorded), the other
     # left to the queue: the limit is one.
@@ -78,8 +96,8 @@ def test_a_busy_supervisor_holds_one_short_run_ready_and_runs_every_run_once(db_
 
 
 def test_a_drain_gives_back_the_run_held_ahead(db_url, store, supervisors, tmp_path):
-    sup = supervisors(db_url, procs=1, args=["--drain", "60"]).start()
-    gated, quick = hold_one_ahead(store, sup, tmp_path)
+    sup = supervisors(db_url, procs=1, args=["--drain", "60", "--claim-ahead", "1"]).start()
+    gated, quick = hold_ahead(store, sup, tmp_path)
     [held] = [run for run in quick if store.get_run(run.id).status == RUNNING]
 
     sup.send_signal(signal.SIGTERM)
@@ -92,8 +110,8 @@ def test_a_drain_gives_back_the_run_held_ahead(db_url, store, supervisors, tmp_p
 
 
 def test_a_cancelled_run_held_ahead_is_dropped_and_never_started(db_url, store, supervisors, tmp_path):
-    sup = supervisors(db_url, procs=1).start()
-    gated, quick = hold_one_ahead(store, sup, tmp_path)
+    sup = supervisors(db_url, procs=1, args=["--claim-ahead", "1"]).start()
+    gated, quick = hold_ahead(store, sup, tmp_path)
     [held] = [run for run in quick if store.get_run(run.id).status == RUNNING]
     [other] = [run for run in quick if run.id != held.id]
 
@@ -106,6 +124,26 @@ def test_a_cancelled_run_held_ahead_is_dropped_and_never_started(db_url, store, 
         wait_run(store, run.id, (COMPLETED,), supervisor=sup)
     assert store.get_run(held.id).status == CANCELLED
     assert supervised.effects(tmp_path, held.id) == []
+
+
+def test_runs_held_ahead_are_claimed_in_one_batch_and_refilled_only_once_handed_out(db_url, store, supervisors,
+                                                                                   tmp_path):
+    sup = supervisors(db_url, procs=1).start()  # the default: up to 4, two per child
+    gated, quick = hold_ahead(store, sup, tmp_path, quick=3, held=2)
+
+    held = [store.get_run(run.id) for run in quick if store.get_run(run.id).status == RUNNING]
+    assert len(held) == 2 and len({run.claimed_at for run in held}) == 1  # one claim took both
+    [waiting] = [run for run in quick if store.get_run(run.id).status == SCHEDULED]
+    deadline = time.monotonic() + QUIET_SECONDS  # two held: no claim for the third while the child is busy
+    while time.monotonic() < deadline:
+        assert store.get_run(waiting.id).status == SCHEDULED
+        time.sleep(0.1)
+
+    supervised.open_gate(tmp_path, "open")
+    for run in [gated, *quick]:
+        wait_run(store, run.id, (COMPLETED,), supervisor=sup)
+    for run in quick:
+        assert len(supervised.effects(tmp_path, run.id)) == 1  # executed exactly once
 
 
 @pytest.mark.parametrize("case", ["no run ended yet", "--claim-ahead 0"])
