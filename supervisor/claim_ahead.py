@@ -61,6 +61,6 @@ class ClaimAhead:
         handed out, then a batch of at most ``limit``, two per child and
         about ``SHORT_RUN`` seconds of runs."""
         mean = self.mean_run_seconds
-        if ready or self.limit <= 0 or mean is None or mean >= SHORT_RUN:
+        if ready or self.limit <= 0 or children <= 0 or mean is None or mean >= SHORT_RUN:
             return 0
         return max(1, min(self.limit, 2 * children, int(SHORT_RUN / mean)))

@@ -47,7 +47,7 @@ def test_claims_a_batch_once_the_held_runs_are_handed_out_two_per_child_bounded_
     ahead = ClaimAhead(limit=4)
     ahead.ended(0.003)
     assert [ahead.wanted(ready, 2) for ready in (0, 1, 3)] == [4, 0, 0]  # refilled only when empty
-    assert [ahead.wanted(0, children) for children in (1, 2, 8)] == [2, 4, 4]
+    assert [ahead.wanted(0, children) for children in (0, 1, 2, 8)] == [0, 2, 4, 4]  # scaled to none: none
     for _ in range(40):  # runs of a third of SHORT_RUN: about SHORT_RUN of them, not four
         ahead.ended(SHORT_RUN / 3)
     assert ahead.wanted(0, 8) == 3
