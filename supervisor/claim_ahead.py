@@ -63,4 +63,4 @@ class ClaimAhead:
         mean = self.mean_run_seconds
         if ready or self.limit <= 0 or children <= 0 or mean is None or mean >= SHORT_RUN:
             return 0
-        return max(1, min(self.limit, 2 * children, int(SHORT_RUN / mean)))
+        return min(self.limit, 2 * children, int(SHORT_RUN / mean))  # each at least 1 here

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,15 @@ def hold_ahead(store: Any, sup: Supervisor, tmp_path: Path, quick: int = 2, held
     return gated, runs
 
 
+def quiet_period() -> Iterator[None]:
+    """Every 0.1 s for ``QUIET_SECONDS``: the loop body asserts that what
+    must not happen does not."""
+    deadline = time.monotonic() + QUIET_SECONDS
+    while time.monotonic() < deadline:
+        yield
+        time.sleep(0.1)
+
+
 def statuses(store: Any, runs: list[Any]) -> list[str]:
     return [store.get_run(run.id).status for run in runs]
 
@@ -131,13 +141,12 @@ def test_runs_held_ahead_are_claimed_in_one_batch_and_refilled_only_once_handed_
     sup = supervisors(db_url, procs=1).start()  # the default: up to 4, two per child
     gated, quick = hold_ahead(store, sup, tmp_path, quick=3, held=2)
 
-    held = [store.get_run(run.id) for run in quick if store.get_run(run.id).status == RUNNING]
+    now = [store.get_run(run.id) for run in quick]
+    held = [run for run in now if run.status == RUNNING]
     assert len(held) == 2 and len({run.claimed_at for run in held}) == 1  # one claim took both
-    [waiting] = [run for run in quick if store.get_run(run.id).status == SCHEDULED]
-    deadline = time.monotonic() + QUIET_SECONDS  # two held: no claim for the third while the child is busy
-    while time.monotonic() < deadline:
+    [waiting] = [run for run in now if run.status == SCHEDULED]
+    for _ in quiet_period():  # two held: no claim for the third while the child is busy
         assert store.get_run(waiting.id).status == SCHEDULED
-        time.sleep(0.1)
 
     supervised.open_gate(tmp_path, "open")
     for run in [gated, *quick]:
@@ -159,11 +168,9 @@ def test_nothing_is_claimed_ahead_without_short_runs_or_when_turned_off(db_url, 
     sup.busy_child(gated.id, "2")
     waiting = schedule(supervised.tiny, spec, database=store)
 
-    deadline = time.monotonic() + QUIET_SECONDS
-    while time.monotonic() < deadline:
+    for _ in quiet_period():
         assert sup.status()["ready"] == 0
         assert store.get_run(waiting.id).status == SCHEDULED
-        time.sleep(0.1)
     supervised.open_gate(tmp_path, "open")
     for run in (gated, waiting):
         wait_run(store, run.id, (COMPLETED,), supervisor=sup)
