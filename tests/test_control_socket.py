@@ -72,7 +72,7 @@ def assert_still_serving(sup: Supervisor, store: Store, directory: Path, procs: 
 def test_status_shows_the_step_each_child_is_running(db_url, store, supervisors, tmp_path):
     sup = supervisors(db_url, procs=2).start()
     run = schedule(supervised.gated_flow, spec(tmp_path, gate="go"), database=store)
-    busy = sup.busy_child(run.id, "2")
+    busy = sup.at_gate(run.id, tmp_path)
 
     assert busy["state"] == "busy"
     assert busy["workflow"] == "tests.apps.supervised.gated_flow"
@@ -111,7 +111,7 @@ def test_status_counts_claims_that_came_back_empty(db_url, store, supervisors, t
 def test_kill_records_the_step_in_flight_as_step_killed(db_url, store, supervisors, tmp_path, catch):
     sup = supervisors(db_url, procs=2).start()
     run = schedule(supervised.gated_flow, spec(tmp_path, gate="never", catch=catch), database=store)
-    busy = sup.busy_child(run.id, "2")
+    busy = sup.at_gate(run.id, tmp_path)
     asked = utcnow()
 
     reply = sup.ctl({"cmd": "kill", "run": run.id})
@@ -139,7 +139,7 @@ def test_kill_records_the_step_in_flight_as_step_killed(db_url, store, superviso
 def test_kill_with_requeue_gives_the_run_back_without_recording_its_step(db_url, store, supervisors, tmp_path):
     sup = supervisors(db_url, procs=2).start()
     run = schedule(supervised.gated_flow, spec(tmp_path, gate="go"), database=store)
-    busy = sup.busy_child(run.id, "2")
+    busy = sup.at_gate(run.id, tmp_path)
     claimed_at = store.get_run(run.id).claimed_at
 
     reply = sup.ctl({"cmd": "kill", "run": run.id, "requeue": True})

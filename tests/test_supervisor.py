@@ -133,7 +133,7 @@ def test_unsafe_step_past_its_timeout_leaves_its_started_row_and_the_run_blocked
 def test_kill_9_of_a_busy_child_redispatches_its_run_to_a_new_child(db_url, store, supervisors, tmp_path):
     sup = supervisors(db_url, procs=2).start()
     run = schedule(supervised.gated_flow, spec(tmp_path, gate="go"), database=store)
-    victim = sup.busy_child(run.id, "2")
+    victim = sup.at_gate(run.id, tmp_path)
 
     os.kill(victim["pid"], signal.SIGKILL)
     again = wait_until(

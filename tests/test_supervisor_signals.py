@@ -84,7 +84,7 @@ def test_term_mid_step_finishes_the_step_requeues_the_run_and_exits_0(
 def test_drain_deadline_kills_a_step_that_never_ends_and_requeues_its_run(db_url, store, supervisors, tmp_path):
     sup = supervisors(db_url, procs=2, args=["--drain", "2"]).start()
     run = schedule(supervised.gated_flow, spec(tmp_path, gate="never"), database=store)
-    busy = sup.busy_child(run.id, "2")
+    busy = sup.at_gate(run.id, tmp_path)
 
     started = time.monotonic()
     sup.send_signal(signal.SIGTERM)
@@ -174,7 +174,7 @@ def test_a_restart_under_the_same_name_catches_up_runs_left_running(db_url, stor
     ``running`` under the name until a supervisor with that name starts."""
     sup = supervisors(db_url, procs=2).start()
     runs = [schedule(supervised.gated_flow, spec(tmp_path, gate="go"), database=store) for _ in range(2)]
-    busy = [sup.busy_child(run.id, "2")["pid"] for run in runs]
+    busy = [sup.at_gate(run.id, tmp_path)["pid"] for run in runs]
 
     sup.cleanup()  # SIGKILL to the parent and every child's process group
     wait_for_pids_gone([sup.pid, *busy])

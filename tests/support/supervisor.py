@@ -36,6 +36,7 @@ import psutil
 import pytest
 
 from supervisor.cgroups import own_cgroup, remove_stale
+from tests.apps.supervised import effect_lines
 from tests.support.waiting import wait_until
 
 APP = "tests.apps.supervised"
@@ -288,6 +289,17 @@ class Supervisor:
             return None
 
         return find(self.wait_status(find, f"run {run_id} busy in step {step_id or 'any'}", timeout=timeout))
+
+    def at_gate(self, run_id: str, directory: str | os.PathLike[str], timeout: float = 60.0) -> dict[str, Any]:
+        """The status row of the child holding ``run_id`` (a
+        ``supervised.gated_flow``) at its gate: inside step 2 with the
+        step's body begun, its ``gated:start`` effect written. The step
+        board shows a step just before it is called, so a child killed
+        right after ``busy_child`` may not have written it yet."""
+        child = self.busy_child(run_id, "2", timeout=timeout)
+        wait_until(lambda: (child["pid"], "gated:start") in effect_lines(directory, run_id),
+                   f"run {run_id}'s child {child['pid']} at its gate", timeout=timeout)
+        return child
 
 
 def _alive(process: psutil.Process) -> bool:
