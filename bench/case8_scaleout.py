@@ -57,7 +57,7 @@ def run(ctx: Context) -> None:
             values = {
                 "runs_per_s": window.rate["runs_per_s"],
                 "empty_claims": float(window.counts.get("empty_claims", 0)),
-                "claims_per_run": float(window.counts.get("claimed", 0)) / max(window.runs, 1),
+                "claims_per_run": float(window.counts.get("claims", 0)) / max(window.runs, 1),
                 "py_us": window.per_run_us("python"),
                 "py_parent_us": window.per_run_us("python:parent"),
                 "py_children_us": window.per_run_us("python:children"),

@@ -44,6 +44,8 @@ class Settings:
     prune_history: int = 1_000_000
     prune_phase_seconds: float = 6.0
     profile_runs: int = 3000
+    #: Case 10's accounting windows, each bracketed by pgbench (the CPU bars' repetitions).
+    profile_windows: int = 3
     lever_runs: int = 300
     against_runs: int = 2000
     against_reps: int = 6
@@ -60,7 +62,7 @@ class Settings:
                 peer_runs=30, overhead_steps=20, overhead_reps=1, respawn_reps=1, memory_procs=2,
                 depth_history=(0, 2_000), depth_backlog=(500,), depth_runs=50, depth_probes=10, depth_reps=1,
                 history_reps=1, scale_supervisors=(1, 2), scale_single_procs=2, scale_runs=60, scale_reps=1,
-                prune_history=2_000, prune_phase_seconds=0.5, profile_runs=60, lever_runs=20,
+                prune_history=2_000, prune_phase_seconds=0.5, profile_runs=60, profile_windows=1, lever_runs=20,
                 against_runs=30, against_reps=1,
             )
         if not quick:
@@ -72,7 +74,7 @@ class Settings:
             depth_history=(0, 20_000), depth_backlog=(2_000,), depth_runs=300, depth_probes=60, depth_reps=1,
             history_reps=1,
             scale_supervisors=(1, 2), scale_single_procs=4, scale_runs=300, scale_reps=1,
-            prune_history=20_000, prune_phase_seconds=1.5, profile_runs=300, lever_runs=60,
+            prune_history=20_000, prune_phase_seconds=1.5, profile_runs=1000, lever_runs=60,
             against_runs=1000, against_reps=3,
         )
 

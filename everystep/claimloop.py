@@ -97,6 +97,8 @@ class ClaimLoop:
         self.names: list[str] = registry.workflow_names()
         self.ticker = Ticker(store, registry.schedules(), self.logger, self.who, outage=self.outage)
         self.claimed = 0
+        #: Claim statements answered (a batch is one), empty ones included.
+        self.claims = 0
         self.empty_claims = 0
         self._starting = True
         self._resumed = 0  # runs caught up at startup, logged once when done
@@ -243,6 +245,7 @@ class ClaimLoop:
             self._next_poll = now + max(self.poll, 1.0)
             return []
         self.outage.ok()
+        self.claims += 1
         self._due = len(runs) == capacity  # a full batch: more may be waiting
         self._next_poll = now + self.poll
         self._count(runs)

@@ -9,12 +9,14 @@ once, and the claim that refills the queue overlaps the children's work
 instead of delaying it.
 
 In batches. Once the held runs are all handed out, the parent claims up to
-``limit`` at once, two per child: one claim's round trip and server work
-then serve several runs, which on a machine whose cores the runs keep busy
-is CPU every run saves (a claim costs the server more than a step record
-does). Refilling only an empty queue keeps the batches whole; refilling one
-run at a time would make them single claims again. Two per child, so a
-held run waits for about two runs of the children before it.
+``limit`` at once, ``PER_CHILD`` per child: one claim's round trip and
+server work then serve several runs, which on a machine whose cores the
+runs keep busy is CPU every run saves (a claim costs the server more than
+a step record does). Refilling only an empty queue keeps the batches whole;
+refilling one run at a time would make them single claims again. Four per
+child, so a held run waits for about four runs of the children before it:
+at ``--procs 2`` a batch of 8 took 6 % less CPU per run than one of 4
+(docs/explanation/performance.md).
 
 Only for short runs. A run held ahead waits for a child of this supervisor
 while another supervisor may have one idle. So the runs held are bounded by
@@ -36,6 +38,8 @@ from __future__ import annotations
 SHORT_RUN = 0.25
 #: The weight of the newest run in the moving average.
 WEIGHT = 0.2
+#: Runs claimed in one batch per child at most.
+PER_CHILD = 4
 
 
 class ClaimAhead:
@@ -58,9 +62,9 @@ class ClaimAhead:
     def wanted(self, ready: int, children: int) -> int:
         """How many runs to claim now, while every one of ``children`` is
         busy and ``ready`` runs are held already: none until those are
-        handed out, then a batch of at most ``limit``, two per child and
+        handed out, then a batch of at most ``limit``, ``PER_CHILD`` per child and
         about ``SHORT_RUN`` seconds of runs."""
         mean = self.mean_run_seconds
         if ready or self.limit <= 0 or children <= 0 or mean is None or mean >= SHORT_RUN:
             return 0
-        return min(self.limit, 2 * children, int(SHORT_RUN / mean))  # each at least 1 here
+        return min(self.limit, PER_CHILD * children, int(SHORT_RUN / mean))  # each at least 1 here

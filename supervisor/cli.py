@@ -105,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {defaults.poll:g})")
     parser.add_argument("--claim-ahead", type=count(0, 64), default=defaults.claim_ahead, metavar="N",
                         help=f"while every child is busy with short runs (under {SHORT_RUN:g} s on average), claim "
-                             "up to N runs at once (two per child at most) and hold them for the next children to "
+                             "up to N runs at once (four per child at most) and hold them for the next children to "
                              "free, so they start without waiting for a claim "
                              f"(default {defaults.claim_ahead}; 0: never)")
     parser.add_argument("--drain", type=seconds(0), default=defaults.drain, metavar="S",

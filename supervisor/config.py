@@ -24,10 +24,10 @@ class Config:
     database: str | None = None
     name: str = field(default_factory=socket.gethostname)
     poll: float = 0.5
-    #: Runs claimed ahead, in one claim and at most two per child, while every
+    #: Runs claimed ahead, in one claim and at most four per child, while every
     #: child is busy with short runs, for the next children to free
     #: (``claim_ahead.py``; 0: never).
-    claim_ahead: int = 4
+    claim_ahead: int = 8
     drain: float = 30.0
     step_timeout: float | None = None
     max_runs_per_child: int = 0

@@ -69,7 +69,8 @@ def status(arbiter: SupervisorView) -> StatusReply:
         database=arbiter.store.describe(),
         ready=len(arbiter.ledger.ready),
         runs={**{str(outcome): count for outcome, count in arbiter.ledger.counts.items()},
-              "claimed": arbiter.loop.claimed, "empty_claims": arbiter.loop.empty_claims},
+              "claimed": arbiter.loop.claimed, "claims": arbiter.loop.claims,
+              "empty_claims": arbiter.loop.empty_claims},
         restarts={str(reason): count for reason, count in arbiter.restarts.items()},
         children=[_child_status(kid, now) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
     )

@@ -44,12 +44,12 @@ def test_claims_ahead_only_while_runs_are_short_and_up_to_its_limit() -> None:
     assert never.wanted(0, 1) == 0
 
 
-def test_claims_a_batch_once_the_held_runs_are_handed_out_two_per_child_bounded_by_time() -> None:
-    ahead = ClaimAhead(limit=4)
+def test_claims_a_batch_once_the_held_runs_are_handed_out_four_per_child_bounded_by_time() -> None:
+    ahead = ClaimAhead(limit=8)
     ahead.ended(0.003)
-    assert [ahead.wanted(ready, 2) for ready in (0, 1, 3)] == [4, 0, 0]  # refilled only when empty
-    assert [ahead.wanted(0, children) for children in (0, 1, 2, 8)] == [0, 2, 4, 4]  # scaled to none: none
-    for _ in range(40):  # runs of a third of SHORT_RUN: about SHORT_RUN of them, not four
+    assert [ahead.wanted(ready, 2) for ready in (0, 1, 7)] == [8, 0, 0]  # refilled only when empty
+    assert [ahead.wanted(0, children) for children in (0, 1, 2, 8)] == [0, 4, 8, 8]  # scaled to none: none
+    for _ in range(40):  # runs of a third of SHORT_RUN: about SHORT_RUN of them, not eight
         ahead.ended(SHORT_RUN / 3)
     assert ahead.wanted(0, 8) == 3
     for _ in range(40):  # just under SHORT_RUN: still one, never none while runs are short
@@ -138,14 +138,14 @@ def test_a_cancelled_run_held_ahead_is_dropped_and_never_started(db_url, store, 
 
 def test_runs_held_ahead_are_claimed_in_one_batch_and_refilled_only_once_handed_out(db_url, store, supervisors,
                                                                                    tmp_path):
-    sup = supervisors(db_url, procs=1).start()  # the default: up to 4, two per child
-    gated, quick = hold_ahead(store, sup, tmp_path, quick=3, held=2)
+    sup = supervisors(db_url, procs=1).start()  # the default: up to 8, four per child
+    gated, quick = hold_ahead(store, sup, tmp_path, quick=5, held=4)
 
     now = [store.get_run(run.id) for run in quick]
     held = [run for run in now if run.status == RUNNING]
-    assert len(held) == 2 and len({run.claimed_at for run in held}) == 1  # one claim took both
+    assert len(held) == 4 and len({run.claimed_at for run in held}) == 1  # one claim took all four
     [waiting] = [run for run in now if run.status == SCHEDULED]
-    for _ in quiet_period():  # two held: no claim for the third while the child is busy
+    for _ in quiet_period():  # four held: no claim for the fifth while the child is busy
         assert store.get_run(waiting.id).status == SCHEDULED
 
     supervised.open_gate(tmp_path, "open")
