@@ -8,9 +8,10 @@ on one PostgreSQL server (the bench's durable throwaway cluster, or
 sides take turns, the order alternating. A repetition starts the side's
 supervisor (not in burst mode: its start-up is not a run's cost), warms it
 with a few runs, COPYs ``--runs`` ``noop3`` runs in and analyzes the
-tables, wakes it with one NOTIFY and samples the CPU of its process tree and of the server's (the
-harness's own backend excluded) until they are all completed, as case 10's
-windows do. The ratio is taken within each repetition.
+tables, wakes it with one NOTIFY and samples the CPU of its process tree
+and of the server's (the harness's own backend excluded) until they are
+all completed, as case 10's windows do. The ratio is taken within each
+repetition.
 
 ``python -m bench.cpu_pair [--a-args A] [--b-args B] [--runs N] [--reps R]
 [--procs P] [--database URL]``; for example
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,10 +82,10 @@ def window(url: str, runs: int, procs_: int, socket_path: str, options: Sequence
     return {**used, "all": used["python"] + used["postgres"], "runs_per_s": runs / seconds}
 
 
-def _wait(completed: object, target: int, supervisor: subprocess.Popen[bytes],
+def _wait(completed: Callable[[], int], target: int, supervisor: subprocess.Popen[bytes],
           meter: fleet.CpuMeter | None = None) -> None:
     deadline = time.monotonic() + 60 + target
-    while completed() < target:  # type: ignore[operator]
+    while completed() < target:
         if supervisor.poll() is not None:
             raise RuntimeError(f"the supervisor exited ({supervisor.returncode}) before the runs completed")
         if time.monotonic() > deadline:
@@ -94,7 +95,7 @@ def _wait(completed: object, target: int, supervisor: subprocess.Popen[bytes],
         time.sleep(0.25)
 
 
-def measure(url_a: str, url_b: str, options: dict[str, Sequence[str]], runs: int, reps: int, procs_: int,
+def measure(url_a: str, url_b: str, options: Mapping[str, Sequence[str]], runs: int, reps: int, procs_: int,
             sockets: Path) -> dict[str, Series]:
     out = {key: Series() for key in ("a", "b", "ratio", "a_rate", "b_rate")}
     sides = [("a", url_a), ("b", url_b)]
