@@ -219,8 +219,6 @@ SERVER_CPU_BAR = 8.0
 def together(windows: list[fleet.Window]) -> fleet.Window:
     """Several windows of the same work read as one: runs, seconds and CPU
     summed, wait samples and the rate averaged."""
-    if len(windows) == 1:
-        return windows[0]
     cpu: collections.Counter[str] = collections.Counter()
     counts: collections.Counter[str] = collections.Counter()
     for window in windows:
