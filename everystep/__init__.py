@@ -13,9 +13,11 @@ from .api import (
     call_async,
     gather,
     get_event,
+    get_event_async,
     get_run,
     get_run_async,
     get_steps,
+    get_steps_async,
     parallel,
     recv,
     recv_async,
@@ -37,6 +39,7 @@ from .api import (
     workflow,
 )
 from .errors import (
+    BodyCallRefused,
     Cancelled,
     ChildFailed,
     ChildTimeout,
@@ -68,6 +71,7 @@ from .transactional import step_connection
 __version__ = "0.1.0"
 
 __all__ = [
+    "BodyCallRefused",
     "Cancelled",
     "ChildFailed",
     "ChildHandle",
@@ -79,6 +83,8 @@ __all__ = [
     "call_async",
     "gather",
     "get_event",
+    "get_event_async",
+    "get_steps_async",
     "recv",
     "recv_async",
     "send",

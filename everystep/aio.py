@@ -200,7 +200,7 @@ async def gather(branches: tuple[Any, ...], name: str | None) -> tuple[Any, ...]
     if ctx is None:
         return await _all([(body, None) for body in bodies])
     ex = ctx.execution
-    fork_id = runner._next_id(ex, ctx, name)
+    fork_id = runner.next_step_id(ex, ctx, name)
     token = ex.observer.fork_started(ctx, fork_id, len(bodies))
     error: BaseException | None = None
     try:

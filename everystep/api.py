@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from . import aio, borrowed, registry, resources, runner, serde, versions, waits
+from . import aio, body_calls, borrowed, registry, resources, runner, serde, versions, waits
 from . import transactional as transactional_steps
+from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
 from .cron import CronSchedule
 from .errors import EverystepError, WorkflowArgumentsError
-from .models import TERMINAL_STATUSES, Run, StepRecord
+from .models import TERMINAL_STATUSES, Run, StepRecord, row_fields, row_from_fields
 from .provider import ConnectionProvider, connection_provider
 from .queues import Placement
 from .retry import RetryPolicy
@@ -30,6 +31,7 @@ from .store import Store, default_store, utcnow
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@declare(BodyRule.PLAIN, "A workflow's type: calling one directly runs its body as a plain function (a child run is start() or call()).")
 class WorkflowFunction:
     """A registered workflow. Calling it directly runs the body as a plain
     function (steps inside are plain calls too)."""
@@ -60,6 +62,7 @@ class WorkflowFunction:
         return f"<workflow {self.name}>"
 
 
+@declare(BodyRule.PLAIN, "A step's type: called in a body, a step is recorded like every @step.")
 class StepFunction:
     """A step: recorded inside a running workflow, a plain call outside.
 
@@ -120,6 +123,7 @@ def workflow(
 ) -> Callable[[F], WorkflowFunction]: ...
 
 
+@declare(BodyRule.PLAIN, 'A decorator: it registers a workflow when its module is imported.')
 def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None, cron: str | None = None,
              timezone: str | None = None, queue: str | None = None, priority: int | None = None,
              timeout: float | dt.timedelta | None = None) -> Any:
@@ -163,6 +167,7 @@ def step(
 ) -> Callable[[F], StepFunction]: ...
 
 
+@declare(BodyRule.PLAIN, 'A decorator: the step it declares is recorded when a body calls it.')
 def step(
     fn: Callable[..., Any] | None = None,
     *,
@@ -219,6 +224,7 @@ def step(
     return decorate(fn) if fn is not None else decorate
 
 
+@declare(BodyRule.PLAIN, "A fork: each branch's calls follow their own class, under the branch's step ids.")
 def parallel(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]:
     """Run branches concurrently, each on its own thread; return their results
     in branch order.
@@ -233,6 +239,7 @@ def parallel(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]
     return runner.run_parallel(branches, everystep_id)
 
 
+@declare(BodyRule.PLAIN, "The async fork: each branch's calls follow their own class, as in parallel.")
 async def gather(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]:
     """The async form of ``parallel``, awaited in an async workflow: run
     branches concurrently as tasks on the run's event loop; return their
@@ -248,6 +255,7 @@ async def gather(*branches: Any, everystep_id: str | None = None) -> tuple[Any, 
     return await aio.gather(branches, everystep_id)
 
 
+@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
 def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
     """Wait ``seconds`` (a number or a ``timedelta``), durably.
 
@@ -268,11 +276,13 @@ def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> Non
     runner.sleep_until(utcnow() + dt.timedelta(seconds=seconds), everystep_id)
 
 
+@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
 def sleep_until(when: dt.datetime, everystep_id: str | None = None) -> None:
     """Wait until ``when`` (an aware datetime), durably: see ``sleep``."""
     runner.sleep_until(_aware(when, "sleep_until"), everystep_id)
 
 
+@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
 async def sleep_async(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
     """``sleep`` in an async workflow: the same recorded step and release.
     Outside a workflow it is ``asyncio.sleep``."""
@@ -282,6 +292,7 @@ async def sleep_async(seconds: float | dt.timedelta, everystep_id: str | None = 
     await aio.in_thread(sleep, seconds, everystep_id)
 
 
+@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
 async def sleep_until_async(when: dt.datetime, everystep_id: str | None = None) -> None:
     """``sleep_until`` in an async workflow: see ``sleep_async``."""
     if runner_context() is None:
@@ -331,6 +342,7 @@ def _provided(database: str | Store | None) -> ConnectionProvider | None:
     return connection_provider() if database is None else None
 
 
+@declare(BodyRule.RECORDED, 'A detached run (no parent, not cancelled with this one) inserted in the transaction that records the step; a replay returns the same run.')
 def schedule(
     wf: WorkflowFunction | str,
     *args: Any,
@@ -345,6 +357,7 @@ def schedule(
     app_version: str | None = None,
     deadline: dt.datetime | None = None,
     timeout: float | dt.timedelta | None = None,
+    everystep_id: str | None = None,
 ) -> Run:
     """Schedule a run of ``wf`` with positional ``args``; returns the ``Run``.
 
@@ -374,9 +387,23 @@ def schedule(
     (``everystep.provider``; ``everystep.contrib.django`` does) and neither
     ``conn`` nor ``database`` is given, the run is inserted through the
     host's connection, in whatever transaction it has open.
+
+    In a workflow body the schedule is a step (``everystep_id`` names it):
+    the run is inserted in the transaction that records it, and a replay
+    returns the same run and never schedules a second. That run is
+    detached: no parent, not cancelled with the caller (a run that belongs
+    to this one is a child: ``start``). ``conn`` and ``database`` are
+    refused there.
     """
     name, args_json, not_before, placement, version, ends = _prepared(
         wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
+    ctx = body_calls.body_context("schedule", database=database, conn=conn)
+    if ctx is not None:
+        return body_calls.record_write(  # type: ignore[no-any-return]
+            ctx, body_calls.SCHEDULE_STEP, [name], everystep_id,
+            lambda ex, entry, markers: ex.store.record_schedule(ex.claim, entry, name, args_json, idempotency_key,
+                                                                not_before, placement, version, ends, markers),
+            _run_of)
     if conn is not None:
         return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement, version,
                                  deadline=ends)
@@ -386,6 +413,11 @@ def schedule(
             return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement, version,
                                      deadline=ends)
     return _store(database).schedule(name, args_json, idempotency_key, not_before, placement, version, deadline=ends)
+
+
+def _run_of(fields: Any) -> Run:
+    """A run recorded by a body's step (``schedule``, ``get_run``, ``wait``)."""
+    return row_from_fields(Run, fields)
 
 
 def _prepared(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key: str | None,
@@ -406,6 +438,7 @@ def _prepared(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key
     return name, args_json, not_before, placement, version, run_deadline(name, deadline, timeout)
 
 
+@declare(BodyRule.RECORDED, 'A detached run inserted in the transaction that records the step; a replay returns the same run.')
 async def schedule_async(
     wf: WorkflowFunction | str,
     *args: Any,
@@ -420,6 +453,7 @@ async def schedule_async(
     app_version: str | None = None,
     deadline: dt.datetime | None = None,
     timeout: float | dt.timedelta | None = None,
+    everystep_id: str | None = None,
 ) -> Run:
     """``schedule`` from async code; the same options and checks.
 
@@ -431,12 +465,13 @@ async def schedule_async(
     Without ``conn``, the sync ``schedule`` runs in a worker thread
     (``asyncio.to_thread``) on everystep's own connection, committed at
     once: on SQLite and MariaDB that is the only way, and on PostgreSQL
-    the way without a connection of yours."""
-    if conn is None:
+    the way without a connection of yours. In an async body, a step as
+    ``schedule``'s (``conn`` refused)."""
+    if conn is None or body_calls.body_context("schedule_async", conn=conn) is not None:
         return await aio.in_thread(
             schedule, wf, *args, idempotency_key=idempotency_key, database=database, run_at=run_at, delay=delay,
             queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
-            deadline=deadline, timeout=timeout)
+            deadline=deadline, timeout=timeout, everystep_id=everystep_id)
     name, args_json, not_before, placement, version, ends = _prepared(
         wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
     return await borrowed.schedule_async(conn, name, args_json, idempotency_key, not_before, placement, version,
@@ -495,6 +530,7 @@ def _seconds(value: float | dt.timedelta, what: str) -> float:
 # -- waiting on the world ------------------------------------------------------
 
 
+@declare(BodyRule.WAIT, 'Consumes its message in the transaction that records it; released while none is there.')
 def recv(topic: str, timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> Any:
     """Inside a workflow: the next message sent to this run on ``topic``
     (``send``), oldest first; each message is consumed by exactly one
@@ -506,8 +542,9 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, everystep_id: 
     return waits.recv(topic, timeout, everystep_id)
 
 
+@declare(BodyRule.RECORDED, 'The message is stored in the transaction that records the step; a replay returns its id and sends nothing.')
 def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
-         database: str | Store | None = None, conn: Any = None) -> int:
+         database: str | Store | None = None, conn: Any = None, everystep_id: str | None = None) -> int:
     """Send ``payload`` (JSON-serialisable, as step results are) to run
     ``run_id`` on ``topic``, from any process; returns the message's id.
     The send's commit wakes the run if it waits in ``recv`` on that topic.
@@ -515,17 +552,22 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
     nothing is delivered if it rolls back. A second send with the same
     ``idempotency_key`` stores nothing and returns the first one's id.
     ``SendRefused`` for a run that is unknown, finished or cancelled.
-    Called from a running workflow (in a step's code, say) without
-    ``database``, it sends through the database that run lives in."""
-    return waits.send(run_id, topic, payload, idempotency_key, database, conn)
+    From a step's own code without ``database``, it sends through the
+    database that run lives in. In a workflow body the send is a step
+    (``everystep_id`` names it): the message is stored in the transaction
+    that records it, so a replay returns its id and sends nothing again
+    (``conn`` and ``database`` are refused there)."""
+    return waits.send(run_id, topic, payload, idempotency_key, database, conn, everystep_id)
 
 
+@declare(BodyRule.WAIT, 'Consumes its message in the transaction that records it; released while none is there.')
 async def recv_async(topic: str, timeout: float | dt.timedelta | None = None,
                      everystep_id: str | None = None) -> Any:
     """``recv`` in an async workflow: the same step, the same release."""
     return await aio.in_thread(waits.recv, topic, timeout, everystep_id)
 
 
+@declare(BodyRule.RECORDED, 'Published in the transaction that records the step; a replay does not publish again.')
 def set_event(key: str, value: Any, everystep_id: str | None = None) -> None:
     """Inside a workflow: publish ``value`` under ``key`` for anyone outside
     to read (``get_event``). A durable step: a replay does not write it
@@ -533,13 +575,29 @@ def set_event(key: str, value: Any, everystep_id: str | None = None) -> None:
     waits.set_event(key, value, everystep_id)
 
 
-def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store | None = None) -> Any:
+@declare(BodyRule.RECORDED, 'Recorded: every replay sees the value the first execution read. With a timeout, a wait (woken by the set_event) that holds no process.')
+def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store | None = None,
+              everystep_id: str | None = None) -> Any:
     """The value run ``run_id`` published under ``key``, waiting up to
     ``timeout`` seconds for it to appear (``TimeoutError`` if it does not;
-    ``RunNotFound`` for an unknown run)."""
-    return waits.get_event(run_id, key, timeout, database)
+    ``RunNotFound`` for an unknown run).
+
+    In a workflow body it is a step (``everystep_id`` names it): what the
+    first execution read (value or error) is what every replay sees; with
+    a timeout it is a durable wait, like ``recv``: the run is released
+    until the event is set (which wakes it) or the timeout passes."""
+    return waits.get_event(run_id, key, timeout, database, everystep_id=everystep_id)
 
 
+@declare(BodyRule.RECORDED, "Recorded as get_event(); with a timeout, a wait that holds no process.")
+async def get_event_async(run_id: str, key: str, timeout: float = 0, database: str | Store | None = None,
+                          everystep_id: str | None = None) -> Any:
+    """``get_event`` from async code: in a worker thread, so the loop goes
+    on (in an async body, the same step or wait as ``get_event``'s)."""
+    return await aio.in_thread(get_event, run_id, key, timeout, database, everystep_id)
+
+
+@declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
 def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = None, queue: str | None = None,
           priority: int | None = None, concurrency_key: str | None = None, deadline: dt.datetime | None = None,
           timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> waits.ChildHandle:
@@ -555,34 +613,39 @@ def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = 
                              everystep_id)
 
 
+@declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.")
 def call(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
     """Inside a workflow: ``start(wf, *args, **options).result()``, two steps."""
     return start(wf, *args, **options).result()
 
 
+@declare(BodyRule.RECORDED, 'Published in the transaction that records the step; a replay does not publish again.')
 async def set_event_async(key: str, value: Any, everystep_id: str | None = None) -> None:
     """``set_event`` in an async workflow."""
     await aio.in_thread(set_event, key, value, everystep_id)
 
 
+@declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
 async def start_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> waits.ChildHandle:
     """``start`` in an async workflow; await ``handle.result_async()``."""
     return await aio.in_thread(start, wf, *args, **options)
 
 
+@declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.")
 async def call_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
     """``call`` in an async workflow: ``await (await start_async(...)).result_async()``."""
     handle = await start_async(wf, *args, **options)
     return await handle.result_async()
 
 
+@declare(BodyRule.RECORDED, 'The message is stored in the transaction that records the step; a replay returns its id and sends nothing.')
 async def send_async(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
-                     database: str | Store | None = None, conn: Any = None) -> int:
+                     database: str | Store | None = None, conn: Any = None, everystep_id: str | None = None) -> int:
     """``send`` from async code. With ``conn`` (a ``psycopg.AsyncConnection``)
     in the caller's open transaction, on the loop; without, the sync
-    ``send`` in a worker thread."""
-    if conn is None:
-        return await aio.in_thread(send, run_id, topic, payload, idempotency_key, database)
+    ``send`` in a worker thread (in an async body, a step as ``send``'s)."""
+    if conn is None or body_calls.body_context("send_async", conn=conn) is not None:
+        return await aio.in_thread(send, run_id, topic, payload, idempotency_key, database, None, everystep_id)
     return await borrowed.send_async(conn, run_id, topic, waits.message_json(topic, payload, idempotency_key),
                                      idempotency_key)
 
@@ -594,10 +657,17 @@ def workflow_placement(name: str) -> Placement:
     return wf.placement if isinstance(wf, WorkflowFunction) else Placement()
 
 
-def get_run(run_id: str, database: str | Store | None = None) -> Run:
+@declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.')
+def get_run(run_id: str, database: str | Store | None = None, everystep_id: str | None = None) -> Run:
     """Read a run; raises ``RunNotFound`` for an unknown id. (Through the
     host's connection when a provider is installed, so a run scheduled in
-    the host's open transaction is visible to it.)"""
+    the host's open transaction is visible to it.) In a workflow body it is
+    a step: every replay sees the run as the first execution read it."""
+    ctx = body_calls.body_context("get_run", database=database)
+    if ctx is not None:
+        store = ctx.execution.store
+        return body_calls.record_read(  # type: ignore[no-any-return]
+            ctx, body_calls.GET_RUN_STEP, [run_id], everystep_id, lambda: store.get_run(run_id), row_fields, _run_of)
     provider = _provided(database)
     if provider is not None:
         with provider() as provided:
@@ -605,17 +675,35 @@ def get_run(run_id: str, database: str | Store | None = None) -> Run:
     return _store(database).get_run(run_id)
 
 
-async def get_run_async(run_id: str, database: str | Store | None = None, conn: Any = None) -> Run:
+@declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.')
+async def get_run_async(run_id: str, database: str | Store | None = None, conn: Any = None,
+                        everystep_id: str | None = None) -> Run:
     """``get_run`` from async code: through ``conn`` (a
     ``psycopg.AsyncConnection``, which sees its own open transaction) on
-    the loop, else the sync read in a worker thread."""
-    if conn is not None:
+    the loop, else the sync read in a worker thread (in an async body, the
+    same step as ``get_run``'s)."""
+    if conn is not None and body_calls.body_context("get_run_async", conn=conn) is None:
         return await borrowed.get_run_async(conn, run_id)
-    return await aio.in_thread(get_run, run_id, database)
+    return await aio.in_thread(get_run, run_id, database, everystep_id)
 
 
-def get_steps(run_id: str, database: str | Store | None = None) -> list[StepRecord]:
-    """The recorded steps of a run, in the order they were first recorded."""
+@declare(BodyRule.RECORDED, 'Recorded: every replay sees the steps the first execution read.')
+def get_steps(run_id: str, database: str | Store | None = None, everystep_id: str | None = None) -> list[StepRecord]:
+    """The recorded steps of a run, in the order they were first recorded.
+    In a workflow body it is a step: every replay sees what the first
+    execution read."""
+    ctx = body_calls.body_context("get_steps", database=database)
+    if ctx is not None:
+        store = ctx.execution.store
+
+        def read() -> list[StepRecord]:
+            store.get_run(run_id)  # RunNotFound for an unknown run
+            return store.get_steps(run_id)
+
+        return body_calls.record_read(  # type: ignore[no-any-return]
+            ctx, body_calls.GET_STEPS_STEP, [run_id], everystep_id, read,
+            lambda steps: [row_fields(step) for step in steps],
+            lambda fields: [row_from_fields(StepRecord, step) for step in fields])
     provider = _provided(database)
     if provider is not None:
         with provider() as provided:
@@ -625,9 +713,30 @@ def get_steps(run_id: str, database: str | Store | None = None) -> list[StepReco
     return store.get_steps(run_id)
 
 
-def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | Store | None = None) -> Run:
-    """Poll until the run reaches a terminal status; ``TimeoutError`` past ``timeout``."""
-    deadline = time.monotonic() + timeout
+@declare(BodyRule.RECORDED, "Recorded as get_steps().")
+async def get_steps_async(run_id: str, database: str | Store | None = None,
+                          everystep_id: str | None = None) -> list[StepRecord]:
+    """``get_steps`` from async code, in a worker thread (in an async body,
+    the same step as ``get_steps``'s)."""
+    return await aio.in_thread(get_steps, run_id, database, everystep_id)
+
+
+@declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, checked again after a tenth of the time waited (0.5 s to 30 s); returns the run as it ended.")
+def wait(run_id: str, timeout: float | None = 60.0, poll: float = 0.1, database: str | Store | None = None,
+         everystep_id: str | None = None) -> Run:
+    """Poll until the run reaches a terminal status; ``TimeoutError`` past
+    ``timeout`` seconds (None: no limit).
+
+    In a workflow body it is a durable wait (``everystep_id`` names its
+    step) that holds no process: the run is released and checks again
+    after a tenth of the time it has waited (0.5 to 30 seconds; ``poll``
+    is for callers outside a body), and the ``Run`` it returns is the one
+    recorded, the same on every replay. For a child started with
+    ``start``, ``handle.result()`` is woken by the child's end at once."""
+    ctx = body_calls.body_context("wait", database=database)
+    if ctx is not None:
+        return waits.wait_for_run(ctx, run_id, timeout, everystep_id)
+    deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
     if _provided(database) is None:
         database = _store(database)
     while True:
@@ -639,11 +748,15 @@ def wait(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | 
         time.sleep(poll)
 
 
-async def wait_async(run_id: str, timeout: float = 60.0, poll: float = 0.1, database: str | Store | None = None,
-                     conn: Any = None) -> Run:
+@declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, as wait().")
+async def wait_async(run_id: str, timeout: float | None = 60.0, poll: float = 0.1,
+                     database: str | Store | None = None, conn: Any = None, everystep_id: str | None = None) -> Run:
     """``wait`` from async code: polls with ``get_run_async`` and
-    ``asyncio.sleep``, so the loop is never blocked between polls."""
-    deadline = time.monotonic() + timeout
+    ``asyncio.sleep``, so the loop is never blocked between polls. In an
+    async body, the durable wait of ``wait`` (``conn`` refused)."""
+    if body_calls.body_context("wait_async", database=database, conn=conn) is not None:
+        return await aio.in_thread(wait, run_id, timeout, poll, None, everystep_id)
+    deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
     if conn is None and _provided(database) is None:
         database = _store(database)
     while True:
@@ -655,6 +768,6 @@ async def wait_async(run_id: str, timeout: float = 60.0, poll: float = 0.1, data
         await asyncio.sleep(poll)
 
 
-__all__ = ["StepFunction", "WorkflowFunction", "call", "call_async", "gather", "get_event", "get_run", "get_steps",
-           "get_run_async", "parallel", "recv", "recv_async", "schedule", "schedule_async", "send", "send_async", "set_event", "set_event_async", "sleep",
+__all__ = ["StepFunction", "WorkflowFunction", "call", "call_async", "gather", "get_event", "get_event_async",
+           "get_run", "get_steps", "get_steps_async", "get_run_async", "parallel", "recv", "recv_async", "schedule", "schedule_async", "send", "send_async", "set_event", "set_event_async", "sleep",
            "sleep_async", "sleep_until", "sleep_until_async", "start", "start_async", "step", "wait", "wait_async", "workflow"]

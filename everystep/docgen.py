@@ -439,6 +439,29 @@ def tables_markdown() -> str:
     return "\n\n".join(out) + "\n"
 
 
+# -- what a body may call -------------------------------------------------------
+
+
+def body_calls_markdown() -> str:
+    """Every public function of ``everystep`` and what it is in a workflow
+    body, read from the declarations next to each (``everystep.body_rules``)."""
+    import everystep
+    from .body_rules import BodyRule, declaration_of
+
+    order = {BodyRule.RECORDED: 0, BodyRule.WAIT: 1, BodyRule.REFUSED: 2, BodyRule.PLAIN: 3}
+    rows = []
+    for name in sorted(everystep.__all__):
+        obj = getattr(everystep, name)
+        declared = declaration_of(obj)
+        if declared is None or isinstance(obj, type):
+            continue
+        what = declared.note + (f" Use {declared.instead} instead." if declared.instead else "")
+        rows.append((order[declared.rule], name, declared.rule.value, what))
+    rows.sort()
+    return table(("Call", "In a body", "What happens there"),
+                 [(code(f"{name}()"), rule, text(what)) for _, name, rule, what in rows]) + "\n"
+
+
 # -- placeholders --------------------------------------------------------------
 
 #: ``<!-- generated: NAME -->`` → the function rendering it.
@@ -449,4 +472,5 @@ GENERATED: dict[str, Callable[[], str]] = {
     "exit-codes": exit_codes_markdown,
     "environment": environment_markdown,
     "tables": tables_markdown,
+    "body-calls": body_calls_markdown,
 }

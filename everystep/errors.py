@@ -13,7 +13,10 @@ import os
 import traceback
 from typing import Any
 
+from .body_rules import BodyRule, declare
 
+
+@declare(BodyRule.PLAIN, "An exception type: raising, catching or building one reaches nothing.")
 class EverystepError(Exception):
     """Base class for everystep errors."""
 
@@ -218,6 +221,13 @@ class SendRefused(EverystepError):
     """``everystep.send`` to a run that is unknown, finished or cancelled:
     nothing was stored. Send to a run that is still scheduled, running or
     blocked (``everystep show RUN`` says which)."""
+
+
+class BodyCallRefused(EverystepError):
+    """A function a workflow body must not call was called from one: it
+    would repeat on every replay, or hold the run's process. Nothing was
+    written; the message names the call to use instead (see "What a body
+    may call" in the reference)."""
 
 
 class Suspended(BaseException):

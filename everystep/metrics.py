@@ -179,9 +179,9 @@ def observe_step_cost(workflow: str, step: str, cost: StepCost) -> None:
 
 
 #: The labels of ``everystep_workflows_waiting_by_kind``: a message, a child
-#: run, several of those (parallel branches), or only the clock (a delayed
-#: start, a sleep, a retry's backoff).
-WAIT_KINDS = ("message", "child", "several", "time")
+#: run, another run's event or end, several of those (parallel branches), or
+#: only the clock (a delayed start, a sleep, a retry's backoff).
+WAIT_KINDS = ("message", "child", "event", "run", "several", "time")
 
 
 def refresh_queue_gauges(store: Store) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from . import serde
+from .body_rules import BodyRule, declare
 
 class RunStatus(StrEnum):
     """Statuses of a run, stored as these exact strings in ``everystep_workflow.status``."""
@@ -94,6 +95,7 @@ class Claim:
     epoch: int
 
 
+@declare(BodyRule.PLAIN, "A row type: building or reading one reaches nothing.")
 @dataclass(frozen=True)
 class Run:
     """One workflow run: a row of ``everystep_workflow``."""
@@ -175,6 +177,30 @@ class Run:
         }
 
 
+Row = TypeVar("Row", "Run", "StepRecord")
+
+
+def row_fields(row: Run | StepRecord) -> dict[str, Any]:
+    """A run's or a step's fields, as a step records them (a body's
+    ``schedule``, ``get_run``, ``get_steps``): ``row_from_fields`` rebuilds
+    the row on a replay."""
+    values = {name: getattr(row, name) for name in type(row).__dataclass_fields__}
+    if isinstance(row, StepRecord):
+        values["attempts"] = [{name: getattr(attempt, name) for name in Attempt.__dataclass_fields__}
+                              for attempt in row.attempts]
+    return values
+
+
+def row_from_fields(kind: type[Row], values: dict[str, Any]) -> Row:
+    """The ``kind`` row of recorded fields (a field this version does not
+    know is left out; one it added keeps its default)."""
+    known = kind.__dataclass_fields__
+    kept = {name: value for name, value in values.items() if name in known}
+    if "attempts" in kept:
+        kept["attempts"] = [Attempt(**attempt) for attempt in kept["attempts"]]
+    return kind(**kept)
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One failed attempt of a step that was retried (``everystep_attempt``)."""
@@ -200,6 +226,7 @@ class Attempt:
         }
 
 
+@declare(BodyRule.PLAIN, "A row type: building or reading one reaches nothing.")
 @dataclass(frozen=True)
 class StepRecord:
     """One recorded step: a row of ``everystep_step``.

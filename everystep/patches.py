@@ -45,6 +45,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .body_rules import BodyRule, declare
 from .context import Context, Execution, recording_context, validate_name
 from .errors import WorkflowCodeError
 from .models import STEP_DONE, StepRecord
@@ -74,6 +75,7 @@ def patch_of(record: StepRecord) -> str:
     return record.step_id[len(MARKER_PREFIX):]
 
 
+@declare(BodyRule.RECORDED, "Its answer is recorded with the run's next write; every replay gets the same answer.")
 def patched(patch_id: str) -> bool:
     """Whether this run takes the new path at patch ``patch_id`` (see the module)."""
     step_id = _marker_ids.get(patch_id) or _checked(patch_id)
@@ -120,6 +122,7 @@ def _decided(patch_id: str, answer: bool) -> tuple[Marker, StepRecord]:
                               args=[patch_id])
 
 
+@declare(BodyRule.PLAIN, "Reads the run's recorded answer at the patch and writes nothing.")
 def deprecate_patch(patch_id: str) -> None:
     """The old branch of ``patch_id`` is gone: a run that recorded ``False``
     there cannot go on with this code (``WorkflowCodeError``); any other run

@@ -27,12 +27,16 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from .refusals import refused_in_body
+
 ConnectionProvider = Callable[[], AbstractContextManager[Any]]
 
 _provider: ConnectionProvider | None = None
 _lock = threading.Lock()
 
 
+@refused_in_body("set_connection_provider() at start-up, outside workflows (everystep.contrib.django does)",
+                 "Installs the host framework's connection for the whole process, once, at start-up.")
 def set_connection_provider(provider: ConnectionProvider | None) -> ConnectionProvider | None:
     """Install ``provider`` (``None`` removes it); returns the previous one,
     so a caller can put it back."""

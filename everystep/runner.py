@@ -129,7 +129,7 @@ from .models import (
 from .observer import Observer, Observers
 from .recovery import requeue_patiently
 from .resources import StepCost, StepGauge, StepMeter
-from .store import LOST, NewStep, Store, StepWrite, utcnow
+from .store import LOST, Marker, NewStep, Store, StepWrite, utcnow
 from .store.base.step_transactions import StepTransaction
 from .tail_position import is_tail_call
 
@@ -150,6 +150,17 @@ UNFINISHED = Outcome.UNFINISHED
 
 #: The function name recorded for a durable sleep's step row.
 SLEEP_STEP = "everystep.sleep"
+
+
+def crash_point(ctx: Context, step_id: str) -> None:
+    """Call the ``fault`` hook, if any, for step ``step_id`` of an engine
+    call (a send, a read, a wait); a ``SimulatedCrash`` it raises becomes
+    the run's interrupt, so nothing more is written."""
+    if fault is not None:
+        try:
+            fault(ctx, step_id)
+        except SimulatedCrash as crash:
+            raise ctx.execution.interrupt_with(crash) from None
 
 
 # -- steps -----------------------------------------------------------------
@@ -205,7 +216,7 @@ def step_phases(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs:
     and ``aio.step_call`` only call the function), so both record the same
     rows under the same ids."""
     ex = ctx.execution
-    step_id = _next_id(ex, ctx, name)
+    step_id = next_step_id(ex, ctx, name)
     attempt = 1
     if ex.replay_log is not None:
         ex.replay_log.reaching(step_id, step.name)
@@ -215,13 +226,13 @@ def step_phases(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs:
         if attempt == _RECORDED:
             if ex.replay_log is not None:
                 ex.replay_log.matched(step_id, step.name, recorded)
-            return _replay(ex, recorded)
+            return replay_outcome(ex, recorded)
     entry = _begin(ex, step, step_id, args, kwargs, attempt)
     started: StepRecord | None = None
     if step.unsafe_to_repeat:
         started = _claim_effect(ex, step, entry)
         if started.status != STEP_STARTED:
-            return _replay(ex, started)  # a racing execution recorded its outcome first
+            return replay_outcome(ex, started)  # a racing execution recorded its outcome first
     policy = step.retry
     ex.starting[step_id] = StepAttempt(attempt, policy.delay_after(attempt, StepTimeout()) if policy else None)
     gauge = ex.meter.begin(ctx, step_id, step) if ex.meter is not None else None
@@ -245,7 +256,7 @@ def step_phases(ctx: Context, step: StepFunction, args: tuple[Any, ...], kwargs:
 _NO_TRANSACTION: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
-def _next_id(ex: Execution, ctx: Context, name: str | None) -> str:
+def next_step_id(ex: Execution, ctx: Context, name: str | None) -> str:
     """Where every step, fork and sleep begins: a held record is written
     first (the body went on after its last step after all), an interrupt
     is re-raised (no step starts once the run is ending), then the id is
@@ -268,10 +279,10 @@ def _attempt_to_run(ex: Execution, step: StepFunction, step_id: str, recorded: S
     runs now, or ``_RECORDED`` (its outcome is replayed). A retry not yet
     due waits; an unsafe step started without outcome blocks the run."""
     if recorded.name != step.name:
-        raise _diverged(ex, step_id, recorded.name, step.name)
+        raise diverged(ex, step_id, recorded.name, step.name)
     if recorded.status == STEP_RETRYING:
-        if not _due(ex, recorded.wake_at):
-            raise _suspend(ex, recorded.wake_at)
+        if not is_due(ex, recorded.wake_at):
+            raise suspend(ex, recorded.wake_at)
         return recorded.attempt + 1  # its time has come: the next attempt runs
     if recorded.status != STEP_STARTED:
         return _RECORDED
@@ -282,7 +293,7 @@ def _attempt_to_run(ex: Execution, step: StepFunction, step_id: str, recorded: S
     return 1
 
 
-def _may_start(ex: Execution, step_id: str, name: str) -> None:
+def may_start(ex: Execution, step_id: str, name: str) -> None:
     """No new step starts in a dry run (it stops before the first
     unrecorded one) or once the runner drains (the run is requeued)."""
     if ex.dry_run:
@@ -299,7 +310,7 @@ def _begin(ex: Execution, step: StepFunction, step_id: str, args: tuple[Any, ...
            attempt: int) -> NewStep:
     """The begin phase: the step may start, and its arguments are stored
     as they are now, before the effect (unstorable ones end the run)."""
-    _may_start(ex, step_id, step.name)
+    may_start(ex, step_id, step.name)
     try:
         args_json = serde.dumps(list(args), f"arguments of step {step_id}")
         kwargs_json = serde.dumps(kwargs, f"keyword arguments of step {step_id}") if kwargs else "{}"
@@ -312,8 +323,7 @@ def _claim_effect(ex: Execution, step: StepFunction, entry: NewStep) -> StepReco
     """An unsafe step's ``started`` row, whose insert is the atomic claim on
     its effect. Returns that row, or the outcome a racing execution already
     recorded; one that started and has no outcome blocks the run."""
-    markers = ex.take_markers()
-    write = _store_call(ex, lambda: ex.store.start_step(ex.claim, entry, markers))
+    write = store_write(ex, lambda markers: ex.store.start_step(ex.claim, entry, markers))
     if write.ours or write.record.status != STEP_STARTED:
         ex.outcomes[entry.step_id] = write.record
         return write.record
@@ -378,16 +388,16 @@ def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, sta
         ex.held = HeldRecord(ctx, finished, decoded, token)
         return result
     try:
-        markers = ex.take_markers()
         if started is not None:
-            write = _store_call(ex, lambda: ex.store.finish_step(
+            write = store_write(ex, lambda markers: ex.store.finish_step(
                 ex.claim, started, status, result_json, error_json, decoded, cost, markers
             ), finished)
         elif tx is not None and tx.open:
             # Refused, its writes are rolled back: a cancel records nothing of it.
-            write = _store_call(ex, lambda: transactional.record(ex, ctx, tx, finished, decoded))
+            write = store_write(ex, lambda markers: transactional.record(ex, ctx, tx, finished, decoded, markers))
         else:
-            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, finished, decoded, markers), finished)
+            write = store_write(ex, lambda markers: ex.store.record_step(ex.claim, finished, decoded, markers),
+                                finished)
     except BaseException as exc:
         ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
         raise
@@ -396,7 +406,7 @@ def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, sta
     if not write.ours:
         # A racing execution recorded this step first: its outcome is the
         # one replays will see, so it is the one this execution goes on with.
-        return _replay(ex, write.record)
+        return replay_outcome(ex, write.record)
     if error is not None:
         raise error
     return result
@@ -414,23 +424,22 @@ def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: t
         workflow_id=ex.run.id, step_id=entry.step_id, name=name, status=STEP_RETRYING, error=encoded,
         args=list(args), kwargs=dict(kwargs), started_at=entry.started_at, attempt=entry.attempt, wake_at=retry_at,
     )
-    markers = ex.take_markers()
     try:
-        write = _store_call(ex, lambda: ex.store.record_attempt(ex.claim, waiting, decoded, markers))
+        write = store_write(ex, lambda markers: ex.store.record_attempt(ex.claim, waiting, decoded, markers))
     except BaseException as exc:
         ex.observer.step_finished(ctx, entry.step_id, name, "unrecorded", exc, token)
         raise
     ex.outcomes[entry.step_id] = write.record
     ex.observer.step_finished(ctx, entry.step_id, name, STEP_RETRYING, error, token)
     if not write.ours:
-        return _replay(ex, write.record)
+        return replay_outcome(ex, write.record)
     logger.info("everystep: run %s step %s (%s) attempt %d failed (%s: %s); attempt %d at %s",
                 ex.run.id, entry.step_id, name, entry.attempt, type(error).__name__, error, entry.attempt + 1,
                 retry_at.isoformat(), extra={"run_id": ex.run.id, "workflow": ex.run.name, "event": "step_retry"})
-    raise _suspend(ex, retry_at)
+    raise suspend(ex, retry_at)
 
 
-def _due(ex: Execution, wake_at: dt.datetime | None) -> bool:
+def is_due(ex: Execution, wake_at: dt.datetime | None) -> bool:
     """Whether a wait ending at ``wake_at`` is over: by this host's clock, or
     by the database's time of the claim (it only hands out due runs)."""
     if wake_at is None:
@@ -440,7 +449,7 @@ def _due(ex: Execution, wake_at: dt.datetime | None) -> bool:
     return wake_at <= (claimed if claimed is not None and claimed > now else now)
 
 
-def _suspend(ex: Execution, wake_at: dt.datetime | None, wait_key: str | None = None,
+def suspend(ex: Execution, wake_at: dt.datetime | None, wait_key: str | None = None,
              what: str | None = None) -> Suspended:
     """The scope waits until ``wake_at`` (and for ``wait_key``, described as
     ``what``): remember it, unwind with ``Suspended``."""
@@ -449,7 +458,7 @@ def _suspend(ex: Execution, wake_at: dt.datetime | None, wait_key: str | None = 
     return Suspended(wake_at, what)
 
 
-def _diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseException:
+def diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseException:
     if ex.replay_log is not None:
         ex.replay_log.diverged(step_id, recorded, called)
     return ex.interrupt_with(
@@ -476,7 +485,7 @@ def _invoke(step: StepFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
         _in_step.reset(token)
 
 
-def _replay(ex: Execution, recorded: StepRecord) -> Any:
+def replay_outcome(ex: Execution, recorded: StepRecord) -> Any:
     if recorded.status == STEP_DONE:
         return recorded.result
     exc = serde.decode_exception(recorded.error) or StepFailure("step failed without a stored error")
@@ -493,13 +502,18 @@ def _uncertain(run: Run, step_id: str, name: str) -> EffectUncertain:
     )
 
 
-def _store_call(ex: Execution, action: Callable[[], StepWrite | None], outcome: NewStep | None = None) -> StepWrite:
-    """Make a step write; a refused one interrupts the run: ``Cancelled`` if
-    an operator cancelled it under this claim (``outcome``, the step just
-    finished, is then recorded through the one write a cancelled claim
-    still allows), else ``ClaimLost``."""
+def store_write(ex: Execution, action: Callable[[tuple[Marker, ...]], StepWrite | None],
+                outcome: NewStep | None = None) -> StepWrite:
+    """Make a step write of this execution: ``action`` is handed the patch
+    markers decided and not yet written, and writes them first in its
+    transaction, so no step after a patch point is ever durable without
+    its marker (``everystep.patches``). A refused write interrupts the run:
+    ``Cancelled`` if an operator cancelled it under this claim
+    (``outcome``, the step just finished, is then recorded through the one
+    write a cancelled claim still allows), else ``ClaimLost``."""
+    markers = ex.take_markers()
     try:
-        write = action()
+        write = action(markers)
     except StoreUnavailable as exc:
         raise ex.interrupt_with(exc) from None
     if write is LOST:
@@ -546,10 +560,9 @@ class HeldRecord:
         causes, as any step write's does (a cancel records the step through
         the cancelled claim)."""
         ex.held = None
-        markers = ex.take_markers()
         try:
-            write = _store_call(ex, lambda: ex.store.record_step(ex.claim, self.entry, self.decoded, markers),
-                                self.entry)
+            write = store_write(ex, lambda markers: ex.store.record_step(ex.claim, self.entry, self.decoded,
+                                                                         markers), self.entry)
         except BaseException as exc:
             self._finished(ex, "unrecorded", exc)
             raise
@@ -613,25 +626,25 @@ def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
         time.sleep(max((wake_at - utcnow()).total_seconds(), 0.0))
         return
     ex = ctx.execution
-    step_id = _next_id(ex, ctx, name)
+    step_id = next_step_id(ex, ctx, name)
     if ex.replay_log is not None:
         ex.replay_log.reaching(step_id, SLEEP_STEP)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         if recorded.name != SLEEP_STEP:
-            raise _diverged(ex, step_id, recorded.name, SLEEP_STEP)
+            raise diverged(ex, step_id, recorded.name, SLEEP_STEP)
         if ex.replay_log is not None:
             ex.replay_log.matched(step_id, SLEEP_STEP, recorded)
         if recorded.status != STEP_SLEEPING:
-            _replay(ex, recorded)
+            replay_outcome(ex, recorded)
             return
-        if not _due(ex, recorded.wake_at):
-            raise _suspend(ex, recorded.wake_at)
+        if not is_due(ex, recorded.wake_at):
+            raise suspend(ex, recorded.wake_at)
         if ex.dry_run:
             return  # it would wake now; a dry replay writes nothing
         _record_sleep(ex, step_id, recorded.wake_at, recorded.started_at or utcnow(), STEP_DONE)
         return
-    _may_start(ex, step_id, SLEEP_STEP)
+    may_start(ex, step_id, SLEEP_STEP)
     now = utcnow()
     if wake_at <= now:
         _record_sleep(ex, step_id, wake_at, now, STEP_DONE)
@@ -639,7 +652,7 @@ def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
     write = _record_sleep(ex, step_id, wake_at, now, STEP_SLEEPING)
     if write.record.status == STEP_DONE:
         return  # a racing execution recorded it over already
-    raise _suspend(ex, wake_at)
+    raise suspend(ex, wake_at)
 
 
 def _record_sleep(ex: Execution, step_id: str, wake_at: dt.datetime | None, started_at: dt.datetime,
@@ -649,8 +662,7 @@ def _record_sleep(ex: Execution, step_id: str, wake_at: dt.datetime | None, star
                     result_json="null" if status == STEP_DONE else None, wake_at=wake_at)
     decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=SLEEP_STEP, status=status,
                          args=[wake_at], started_at=started_at, wake_at=wake_at)
-    markers = ex.take_markers()
-    write = _store_call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded, markers), entry)
+    write = store_write(ex, lambda markers: ex.store.record_step(ex.claim, entry, decoded, markers), entry)
     ex.outcomes[step_id] = write.record
     return write
 
@@ -665,7 +677,7 @@ def run_parallel(branches: tuple[Any, ...], name: str | None) -> tuple[Any, ...]
     if ctx is None:
         return _gather([(body, None) for body in bodies])
     ex = ctx.execution
-    fork_id = _next_id(ex, ctx, name)
+    fork_id = next_step_id(ex, ctx, name)
     token = ex.observer.fork_started(ctx, fork_id, len(bodies))
     error: BaseException | None = None
     try:
@@ -992,7 +1004,7 @@ def _replayed(ex: Execution, recorded: StepRecord) -> tuple[Any, BaseException |
     """What the body returns when its last step's recorded outcome is
     ``recorded``: (value, None), or (None, the exception it raises)."""
     try:
-        return _replay(ex, recorded), None
+        return replay_outcome(ex, recorded), None
     except Exception as exc:
         return None, exc
 

@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .errors import EverystepError, SimulatedCrash
+from .refusals import refused_in_body
 from .store.base.step_transactions import FAILED_INSIDE, OWN_COMMIT, StepTransaction
-from .store.base.values import NewStep, StepWrite
+from .store.base.values import Marker, NewStep, StepWrite
 
 if TYPE_CHECKING:
     from .api import StepFunction
@@ -80,6 +81,8 @@ _open: contextvars.ContextVar[StepTransaction | None] = contextvars.ContextVar(
 commit_fault: Callable[[Context, str, str], None] | None = None
 
 
+@refused_in_body("step_connection() in the code of a @step(transactional=True) step the body calls",
+                 "Its connection is the transaction of a transactional step, which a body is not.")
 def step_connection() -> Any:
     """The DB-API connection of the engine's database, inside the transaction
     that will also record the running transactional step: a
@@ -147,10 +150,10 @@ def body_ended(tx: StepTransaction, error: Exception | None) -> Exception | None
 
 
 def record(ex: Execution, ctx: Context, tx: StepTransaction, entry: NewStep,
-           decoded: StepRecord) -> StepWrite | None:
-    """Write the step's record in its transaction and commit both (``LOST``
-    or a racing execution's record: rolled back)."""
-    write = tx.record(ex.claim, entry, decoded)
+           decoded: StepRecord, markers: Sequence[Marker] = ()) -> StepWrite | None:
+    """Write the step's record (after ``markers``) in its transaction and
+    commit all of it (``LOST`` or a racing execution's record: rolled back)."""
+    write = tx.record(ex.claim, entry, decoded, markers)
     if write is None or not write.ours:
         return write
     _fault(ex, ctx, entry.step_id, "committing")

@@ -33,17 +33,23 @@ def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = Non
 
 def describe_wait(step: StepRecord) -> str:
     """A ``waiting`` step in words: ``waiting for message "approved"``,
-    ``waiting for child 01a23bd9-…``, with its timeout if it has one."""
-    from .waits import CHILD_STEP
+    ``waiting for child 01a23bd9-…``, ``waiting for run …``, ``waiting for
+    event "status" of run …``, with its timeout if it has one."""
+    from .waits import WAIT_STEPS
 
+    kind = WAIT_STEPS.get(step.name, "message")
     target = str(step.args[0]) if step.args else "?"
-    what = f"child {target}" if step.name == CHILD_STEP else f'message "{target}"'
+    if kind == "event":
+        key = str(step.args[1]) if len(step.args) > 1 else "?"
+        what = f'event "{key}" of run {target}'
+    else:
+        what = f'message "{target}"' if kind == "message" else f"{kind} {target}"
     until = f" until {step.wake_at.isoformat()}" if step.wake_at is not None and step.wake_at < WAIT_FOREVER else ""
     return f"waiting for {what}{until}"
 
 
 def wait_kind(step: StepRecord) -> str | None:
-    """``message`` or ``child`` for a ``waiting`` step (the console's and the metrics' word)."""
+    """``message``, ``child``, ``run`` or ``event`` for a ``waiting`` step (the console's and the metrics' word)."""
     from .waits import WAIT_STEPS
 
     return WAIT_STEPS.get(step.name) if step.status == STEP_AWAITING else None

@@ -27,8 +27,10 @@ Each call is a step with a position of its own, named like any step
   records its result, or ``ChildFailed`` (``ChildTimeout`` past a timeout).
 
 Fault injection: ``runner.fault`` is called ``(ctx, step_id)`` just before
-a ``recv`` consumes its message (a crash there delivers it again); a crash
-right after the consuming commit is the next step's fault point.
+a ``recv`` consumes its message (a crash there delivers it again), and
+before the one transaction of a ``set_event`` or a ``start`` (a crash there
+writes nothing); a crash right after a commit is the next step's fault
+point.
 """
 
 from __future__ import annotations
@@ -39,20 +41,25 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import runner, serde
+from . import body_calls, runner, serde
+from .body_rules import BodyRule, declare
 from .context import Context, Execution, current, recording_context
-from .errors import ChildFailed, ChildTimeout, EverystepError, RecvTimeout, SimulatedCrash, StoreUnavailable
+from .errors import ChildFailed, ChildTimeout, EverystepError, RecvTimeout, RunNotFound, StoreUnavailable
 from .models import (
     ACTIVE_STATUSES,
     COMPLETED,
     STEP_AWAITING,
     STEP_DONE,
     STEP_FAILED,
+    TERMINAL_STATUSES,
     WAIT_FOREVER,
+    Run,
     StepRecord,
+    row_fields,
+    row_from_fields,
 )
 from .store import NewStep, utcnow
-from .store.base.waits import child_key, message_key
+from .store.base.waits import child_key, event_key, message_key, run_key
 
 if TYPE_CHECKING:
     from .queues import Placement
@@ -62,25 +69,33 @@ RECV_STEP = "everystep.recv"
 EVENT_STEP = "everystep.set_event"
 START_STEP = "everystep.start"
 CHILD_STEP = "everystep.child"
+#: A body's ``wait(run_id)``: a wait for that run's end.
+RUN_STEP = "everystep.wait"
 #: The function names of the steps this module records: what each waits for.
-WAIT_STEPS = {RECV_STEP: "message", CHILD_STEP: "child"}
+#: (A body's ``get_event`` with a timeout records ``body_calls.GET_EVENT_STEP``
+#: while it waits.)
+WAIT_STEPS = {RECV_STEP: "message", CHILD_STEP: "child", RUN_STEP: "run", body_calls.GET_EVENT_STEP: "event"}
+
+#: A wait on another run (its event, its end) that nothing may wake at once
+#: (a run waiting for several things at the moment the event is set; a run
+#: that is not this one's child ending) is checked again after a tenth of
+#: the time it has waited, at least ``RECHECK_MIN`` and at most
+#: ``RECHECK_MAX`` seconds.
+RECHECK_MIN = 0.5
+RECHECK_MAX = 30.0
 
 
 def _timeout_at(now: dt.datetime, timeout: float | dt.timedelta | None, what: str) -> dt.datetime | None:
     if timeout is None:
         return None
-    seconds = timeout.total_seconds() if isinstance(timeout, dt.timedelta) else timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds < 0:
-        raise EverystepError(f"{what} timeout must be a finite number of seconds, 0 or more, not {timeout!r}")
-    return now + dt.timedelta(seconds=seconds)
+    return now + dt.timedelta(seconds=_finite_seconds(timeout, f"{what} timeout"))
 
 
 def _workflow_context(call: str) -> Context:
     ctx = recording_context()
     if ctx is None:
-        raise EverystepError(f"everystep.{call}() is called inside a running workflow (not in a step's own "
-                             "code, nor outside a workflow)")
+        raise EverystepError(f"everystep.{call}() must be called inside a running workflow's body (not in a "
+                             "step's own code, nor outside a workflow)")
     return ctx
 
 
@@ -100,18 +115,18 @@ def _enter_wait(ex: Any, ctx: Any, name: str | None, step_name: str, wait_key: s
     a recorded outcome is replayed (``(None, value)``); a step still waiting
     keeps its start and deadline (a dry replay stops there); a new one is
     allowed to start and gets its deadline from ``timeout``."""
-    step_id = runner._next_id(ex, ctx, name)
+    step_id = runner.next_step_id(ex, ctx, name)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         if recorded.name != step_name:
-            raise runner._diverged(ex, step_id, recorded.name, step_name)
+            raise runner.diverged(ex, step_id, recorded.name, step_name)
         if recorded.status != STEP_AWAITING:
-            return None, runner._replay(ex, recorded)
+            return None, runner.replay_outcome(ex, recorded)
         entered = _Entered(step_id, recorded.started_at or utcnow(), recorded.wake_at, False)
         if ex.dry_run:
-            raise runner._suspend(ex, entered.deadline or WAIT_FOREVER, wait_key, what)
+            raise runner.suspend(ex, entered.deadline or WAIT_FOREVER, wait_key, what)
         return entered, None
-    runner._may_start(ex, step_id, step_name)
+    runner.may_start(ex, step_id, step_name)
     started_at = utcnow()
     try:
         deadline = _timeout_at(started_at, timeout, label)
@@ -140,16 +155,16 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, name: str | No
                       wake_at=deadline) if first else None
     decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=RECV_STEP, status=STEP_DONE, args=[topic],
                          started_at=started_at, wake_at=deadline)
-    _fault(ctx, step_id)
-    write = _call(ex, lambda: ex.store.take_message(ex.claim, topic, done, waiting, decoded))
+    runner.crash_point(ctx, step_id)
+    write = _call(ex, lambda markers: ex.store.take_message(ex.claim, topic, done, waiting, decoded, markers))
     if write.record.status != STEP_AWAITING:
         ex.outcomes[step_id] = write.record
-        return write.record.result if write.ours else runner._replay(ex, write.record)
-    if deadline is not None and runner._due(ex, deadline):
+        return write.record.result if write.ours else runner.replay_outcome(ex, write.record)
+    if deadline is not None and runner.is_due(ex, deadline):
         return _fail(ex, step_id, RECV_STEP, [topic], started_at, deadline,
                      RecvTimeout(f"no message on topic {topic!r} within the timeout (run {ex.run.id}, "
                                  f"step {step_id})"))
-    raise runner._suspend(ex, deadline or WAIT_FOREVER, message_key(topic), what)
+    raise runner.suspend(ex, deadline or WAIT_FOREVER, message_key(topic), what)
 
 
 def message_json(topic: str, payload: Any, idempotency_key: str | None) -> str:
@@ -162,16 +177,22 @@ def message_json(topic: str, payload: Any, idempotency_key: str | None) -> str:
 
 
 def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
-         database: str | Store | None = None, conn: Any = None) -> int:
+         database: str | Store | None = None, conn: Any = None, everystep_id: str | None = None) -> int:
     """See ``everystep.send``."""
     from . import api, borrowed
 
     payload_json = message_json(topic, payload, idempotency_key)
+    ctx = body_calls.body_context("send", database=database, conn=conn)
+    if ctx is not None:
+        return int(body_calls.record_write(
+            ctx, body_calls.SEND_STEP, [run_id, topic], everystep_id,
+            lambda ex, entry, markers: ex.store.record_send(ex.claim, entry, run_id, topic, payload_json,
+                                                            idempotency_key, markers)))
     if conn is not None:
         return borrowed.send(conn, run_id, topic, payload_json, idempotency_key)
     running = current()
     if database is None and running is not None:
-        # From a workflow or its step's code: the database the run lives in.
+        # From a step's own code: the database the run lives in.
         return running.execution.store.send(run_id, topic, payload_json, idempotency_key)
     provider = api._provided(database)
     if provider is not None:
@@ -185,50 +206,158 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
 
 def set_event(key: str, value: Any, name: str | None = None) -> None:
     """See ``everystep.set_event``."""
-    if not isinstance(key, str) or not key:
-        raise EverystepError(f"set_event needs a key, a non-empty string, not {key!r}")
+    event_key_checked(key, "set_event")
     ctx = _workflow_context("set_event")
     ex = ctx.execution
-    step_id = runner._next_id(ex, ctx, name)
+    step_id = runner.next_step_id(ex, ctx, name)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         if recorded.name != EVENT_STEP:
-            raise runner._diverged(ex, step_id, recorded.name, EVENT_STEP)
-        runner._replay(ex, recorded)
+            raise runner.diverged(ex, step_id, recorded.name, EVENT_STEP)
+        runner.replay_outcome(ex, recorded)
         return
-    runner._may_start(ex, step_id, EVENT_STEP)
+    runner.may_start(ex, step_id, EVENT_STEP)
     try:
         value_json = serde.dumps(value, f"event {key!r}")
         args_json = serde.dumps([key, value], f"event {key!r}")
     except EverystepError as exc:
         raise ex.interrupt_with(exc) from None
     entry = NewStep(step_id, EVENT_STEP, args_json, "{}", utcnow(), status=STEP_DONE, result_json="null")
-    write = _call(ex, lambda: ex.store.record_with_event(ex.claim, entry, key, value_json))
+    runner.crash_point(ctx, step_id)  # before its one transaction: a crash publishes nothing
+    write = _call(ex, lambda markers: ex.store.record_with_event(ex.claim, entry, key, value_json, markers))
     assert write is not None
     ex.outcomes[step_id] = write.record
 
 
+def event_key_checked(key: Any, call: str = "get_event") -> str:
+    """An event's key, refused (one line) unless it is a non-empty string."""
+    if not isinstance(key, str) or not key:
+        raise EverystepError(f"{call} needs a key, a non-empty string, not {key!r}")
+    return key
+
+
 def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store | None = None,
-              poll: float = 0.05) -> Any:
+              poll: float = 0.05, everystep_id: str | None = None) -> Any:
     """See ``everystep.get_event``."""
     from . import api
 
+    event_key_checked(key)
+    seconds = _finite_seconds(timeout, "get_event timeout")
+    ctx = body_calls.body_context("get_event", database=database)
+    if ctx is not None:
+        if seconds > 0:
+            return await_event(ctx, run_id, key, seconds, everystep_id)
+        return body_calls.record_read(ctx, body_calls.GET_EVENT_STEP, [run_id, key], everystep_id,
+                                      lambda: _read_event(ctx.execution.store, run_id, key))
     store = api._store(database)
-    give_up = time.monotonic() + max(float(timeout), 0.0)
+    give_up = time.monotonic() + seconds
     store.get_run(run_id)  # RunNotFound for an unknown run
     while True:
         event = store.get_event(run_id, key)
         if event is not None:
             return event.value
         if time.monotonic() >= give_up:
-            raise TimeoutError(f"run {run_id} has not set event {key!r}" +
-                               (f" within {timeout:g}s" if timeout else ""))
+            raise _no_event(run_id, key, seconds)
         time.sleep(min(poll, max(give_up - time.monotonic(), 0.0)) or poll)
+
+
+def _finite_seconds(value: Any, what: str) -> float:
+    """``value`` (a number or a timedelta) in seconds, refused (one line)
+    unless finite and 0 or more."""
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise EverystepError(f"{what} must be a finite number of seconds, 0 or more, not {value!r}")
+    return float(seconds)
+
+
+def _no_event(run_id: str, key: str, seconds: float) -> TimeoutError:
+    return TimeoutError(f"run {run_id} has not set event {key!r}" + (f" within {seconds:g}s" if seconds else ""))
+
+
+def _read_event(store: Store, run_id: str, key: str) -> Any:
+    """A body's ``get_event`` without a timeout: the value, or TimeoutError."""
+    store.get_run(run_id)  # RunNotFound for an unknown run
+    event = store.get_event(run_id, key)
+    if event is None:
+        raise _no_event(run_id, key, 0)
+    return event.value
+
+
+def await_event(ctx: Context, run_id: str, key: str, seconds: float, name: str | None) -> Any:
+    """A body's ``get_event`` with a timeout: a recorded wait for run
+    ``run_id``'s event ``key`` that holds no process. The publisher's
+    ``set_event`` wakes it (``Store.record_with_event``); past the timeout
+    it is recorded failed with ``TimeoutError``, as outside a body."""
+    ex = ctx.execution
+    step_name = body_calls.GET_EVENT_STEP
+    what = f'event "{key}" of run {run_id}'
+    entered, replayed = _enter_wait(ex, ctx, name, step_name, event_key(run_id, key), what, seconds, "get_event")
+    if entered is None:
+        return replayed
+    step_id, started_at, deadline, first = entered
+    args = [run_id, key]
+    try:
+        event = _call_value(ex, lambda: _read_event(ex.store, run_id, key))
+    except RunNotFound as exc:
+        return _fail(ex, step_id, step_name, args, started_at, deadline, exc)
+    except TimeoutError:
+        pass
+    else:
+        return _finish(ex, step_id, step_name, args, started_at, deadline, event)
+    if deadline is not None and runner.is_due(ex, deadline):
+        return _fail(ex, step_id, step_name, args, started_at, deadline, _no_event(run_id, key, seconds))
+    return _watch(ex, step_id, step_name, args, started_at, deadline, first, event_key(run_id, key), what)
+
+
+def wait_for_run(ctx: Context, run_id: str, timeout: float | None, name: str | None) -> Run:
+    """A body's ``wait(run_id)``: a recorded wait for that run to reach a
+    terminal status, holding no process; returns the run as it ended (the
+    same ``Run`` on every replay). Past ``timeout`` seconds it is recorded
+    failed with ``TimeoutError``, as outside a body. Its end does not wake
+    this run at once (unless it is this run's child: wait for those with
+    ``ChildHandle.result()``): the wait is checked again after a tenth of
+    the time waited so far (``RECHECK_MIN`` to ``RECHECK_MAX`` seconds)."""
+    ex = ctx.execution
+    what = f"run {run_id}"
+    entered, replayed = _enter_wait(ex, ctx, name, RUN_STEP, run_key(run_id), what, timeout, "wait")
+    if entered is None:
+        return row_from_fields(Run, replayed)
+    step_id, started_at, deadline, first = entered
+    try:
+        run = _call_value(ex, lambda: ex.store.get_run(run_id))
+    except RunNotFound as exc:
+        return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline, exc)  # type: ignore[no-any-return]
+    if run.status in TERMINAL_STATUSES:
+        return row_from_fields(Run, _finish(ex, step_id, RUN_STEP, [run_id], started_at, deadline, row_fields(run)))
+    if deadline is not None and runner.is_due(ex, deadline):
+        return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline,  # type: ignore[no-any-return]
+                     TimeoutError(f"run {run_id} is still {run.status} after {timeout:g}s"))
+    return _watch(ex, step_id, RUN_STEP, [run_id], started_at, deadline, first, run_key(run_id), what)  # type: ignore[no-any-return]
+
+
+def _watch(ex: Execution, step_id: str, step_name: str, args: list[Any], started_at: dt.datetime,
+           deadline: dt.datetime | None, first: bool, wait_key: str, what: str) -> Any:
+    """Wait (``Suspended``) for what another run does: the step recorded
+    ``waiting`` on its first execution; the run released until the
+    deadline or its next check (``RECHECK_MIN`` to ``RECHECK_MAX``)."""
+    if first:
+        entry = NewStep(step_id, step_name, serde.dumps(args, step_name), "{}", started_at, status=STEP_AWAITING,
+                        wake_at=deadline)
+        write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, None, markers))
+        if not write.ours:
+            ex.outcomes[step_id] = write.record
+            return runner.replay_outcome(ex, write.record)
+    now = utcnow()
+    waited = max((now - started_at).total_seconds(), 0.0)
+    check = now + dt.timedelta(seconds=min(RECHECK_MAX, max(RECHECK_MIN, waited / 10)))
+    raise runner.suspend(ex, min(check, deadline) if deadline is not None else check, wait_key, what)
 
 
 # -- child runs ----------------------------------------------------------------------
 
 
+@declare(BodyRule.PLAIN, "A handle on a child run (start() makes one): its result() is a wait that holds no process.")
 @dataclass(frozen=True)
 class ChildHandle:
     """A child run started by a workflow (``everystep.start``): its id, and
@@ -260,19 +389,20 @@ def start_child(name: str, args_json: str, idempotency_key: str | None, placemen
     """See ``everystep.start``: inside a workflow only."""
     ctx = _workflow_context("start")
     ex = ctx.execution
-    step_id = runner._next_id(ex, ctx, step_name)
+    step_id = runner.next_step_id(ex, ctx, step_name)
     recorded = ex.outcomes.get(step_id)
     if recorded is not None:
         if recorded.name != START_STEP:
-            raise runner._diverged(ex, step_id, recorded.name, START_STEP)
-        return ChildHandle(str(runner._replay(ex, recorded)))
-    runner._may_start(ex, step_id, START_STEP)
+            raise runner.diverged(ex, step_id, recorded.name, START_STEP)
+        return ChildHandle(str(runner.replay_outcome(ex, recorded)))
+    runner.may_start(ex, step_id, START_STEP)
     entry = NewStep(step_id, START_STEP, serde.dumps([name], "start"), "{}", utcnow(), status=STEP_DONE)
-    write = _call(ex, lambda: ex.store.start_child(ex.claim, entry, name, args_json, idempotency_key, placement,
-                                                   deadline))
+    runner.crash_point(ctx, step_id)  # before its one transaction: a crash starts no child
+    write = _call(ex, lambda markers: ex.store.start_child(ex.claim, entry, name, args_json, idempotency_key,
+                                                           placement, deadline, markers))
     assert write is not None
     ex.outcomes[step_id] = write.record
-    return ChildHandle(str(runner._replay(ex, write.record)))
+    return ChildHandle(str(runner.replay_outcome(ex, write.record)))
 
 
 def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name: str | None = None) -> Any:
@@ -285,27 +415,43 @@ def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name
     if entered is None:
         return replayed
     step_id, started_at, deadline, first = entered
+    if first:
+        _check_child(ex, child_id)
     outcome = _call_value(ex, lambda: ex.store.child_outcome(child_id))
     if outcome is None:
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline,
                      ChildFailed(f"child run {child_id} does not exist (deleted?)", child_id, "missing", None))
     if outcome.status not in ACTIVE_STATUSES:
         if outcome.status == COMPLETED:
-            return _finish(ex, step_id, [child_id], started_at, deadline, outcome.result)
+            return _finish(ex, step_id, CHILD_STEP, [child_id], started_at, deadline, outcome.result)
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline, _child_failed(child_id, outcome))
-    if deadline is not None and runner._due(ex, deadline):
+    if deadline is not None and runner.is_due(ex, deadline):
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline,
                      ChildTimeout(f"child run {child_id} did not end within the timeout (run {ex.run.id}, "
                                   f"step {step_id})"))
     if first:
         entry = NewStep(step_id, CHILD_STEP, serde.dumps([child_id], "child"), "{}", started_at,
                         status=STEP_AWAITING, wake_at=deadline)
-        write = _call(ex, lambda: ex.store.record_step(ex.claim, entry))
+        write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, None, markers))
         assert write is not None
         if not write.ours:
             ex.outcomes[step_id] = write.record
-            return runner._replay(ex, write.record)
-    raise runner._suspend(ex, deadline or WAIT_FOREVER, child_key(child_id), what)
+            return runner.replay_outcome(ex, write.record)
+    raise runner.suspend(ex, deadline or WAIT_FOREVER, child_key(child_id), what)
+
+
+def _check_child(ex: Execution, child_id: str) -> None:
+    """Refuse a handle on a run that is not this one's child (nothing is
+    recorded): its end would never wake this run. A run that does not
+    exist is left to the wait, which records it as a failure."""
+    try:
+        parent = _call_value(ex, lambda: ex.store.links(child_id)).parent_id
+    except RunNotFound:
+        return
+    if parent != ex.run.id:
+        raise EverystepError(f"run {child_id} is not a child of run {ex.run.id}: ChildHandle.result() waits for a "
+                             f"run this one started with everystep.start(); wait for any other run with "
+                             f"everystep.wait({child_id!r})")
 
 
 def _child_failed(child_id: str, outcome: Any) -> ChildFailed:
@@ -333,17 +479,9 @@ def _poll_child(child_id: str, timeout: float | dt.timedelta | None) -> Any:
 # -- recording -------------------------------------------------------------------------
 
 
-def _fault(ctx: Context, step_id: str) -> None:
-    if runner.fault is not None:
-        try:
-            runner.fault(ctx, step_id)
-        except SimulatedCrash as crash:
-            raise ctx.execution.interrupt_with(crash) from None
-
-
 def _call(ex: Execution, action: Any) -> Any:
     """A write of a wait step: a refused one interrupts as every step write's does."""
-    return runner._store_call(ex, action)
+    return runner.store_write(ex, action)
 
 
 def _call_value(ex: Execution, read: Any) -> Any:
@@ -353,15 +491,16 @@ def _call_value(ex: Execution, read: Any) -> Any:
         raise ex.interrupt_with(exc) from None
 
 
-def _finish(ex: Execution, step_id: str, args: list[Any], started_at: dt.datetime, deadline: dt.datetime | None,
-            result: Any) -> Any:
-    entry = NewStep(step_id, CHILD_STEP, serde.dumps(args, "child"), "{}", started_at, status=STEP_DONE,
-                    result_json=serde.dumps(result, "child result"), wake_at=deadline)
-    decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=CHILD_STEP, status=STEP_DONE, args=args,
+def _finish(ex: Execution, step_id: str, step_name: str, args: list[Any], started_at: dt.datetime,
+            deadline: dt.datetime | None, result: Any) -> Any:
+    """Record the wait step done with ``result`` and return what is recorded."""
+    entry = NewStep(step_id, step_name, serde.dumps(args, step_name), "{}", started_at, status=STEP_DONE,
+                    result_json=serde.dumps(result, f"result of {step_name}"), wake_at=deadline)
+    decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=step_name, status=STEP_DONE, args=args,
                          result=result, started_at=started_at, wake_at=deadline)
-    write = _call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded))
+    write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, decoded, markers))
     ex.outcomes[step_id] = write.record
-    return runner._replay(ex, write.record)
+    return runner.replay_outcome(ex, write.record)
 
 
 def _fail(ex: Execution, step_id: str, step_name: str, args: list[Any], started_at: dt.datetime,
@@ -372,10 +511,11 @@ def _fail(ex: Execution, step_id: str, step_name: str, args: list[Any], started_
                     error_json=serde.dumps(encoded, f"exception of step {step_id}"), wake_at=deadline)
     decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=step_name, status=STEP_FAILED, args=args,
                          error=encoded, started_at=started_at, wake_at=deadline)
-    write = _call(ex, lambda: ex.store.record_step(ex.claim, entry, decoded))
+    write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, decoded, markers))
     ex.outcomes[step_id] = write.record
-    return runner._replay(ex, write.record)
+    return runner.replay_outcome(ex, write.record)
 
 
-__all__ = ["CHILD_STEP", "EVENT_STEP", "RECV_STEP", "START_STEP", "WAIT_STEPS", "ChildHandle", "await_child",
-           "get_event", "recv", "send", "set_event", "start_child"]
+__all__ = ["CHILD_STEP", "EVENT_STEP", "RECHECK_MAX", "RECHECK_MIN", "RECV_STEP", "RUN_STEP", "START_STEP",
+           "WAIT_STEPS", "ChildHandle", "await_child", "await_event", "event_key_checked", "get_event", "recv", "send",
+           "set_event", "start_child", "wait_for_run"]

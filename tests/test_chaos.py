@@ -16,9 +16,10 @@ def test_chaos_short(tmp_path, capsys):
     assert report.violations == [], "\n".join(report.violations[:20])
     assert report.counts["completed"] + report.counts["stopped"] == report.counts["runs"]
     assert report.counts["duplicated_unsafe_effects"] == 0
-    # Talking runs exchanged their two messages and started their child once each.
+    # Talking runs exchanged their three messages (one sent from the body
+    # itself) and started their child once each.
     assert report.counts["talking"] > 0
     assert report.counts["children"] == report.counts["talking"]
-    assert report.counts["messages_consumed"] == 2 * report.counts["talking"]
+    assert report.counts["messages_consumed"] == 3 * report.counts["talking"]
     faults = sum(report.counts[k] for k in ("child_kills", "supervisor_kills", "rollouts", "pg_restarts"))
     assert faults >= 5

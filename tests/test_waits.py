@@ -24,23 +24,7 @@ from everystep.models import (
 from everystep.runner import Outcome
 from everystep.store import Store, utcnow
 from tests.apps import waits as apps
-from tests.support.runs import crash_at, execute_run, resume
-
-
-def _due_now(store: Store, run_id: str) -> bool:
-    run = store.get_run(run_id)
-    return run.status == SCHEDULED and (run.not_before is None or run.not_before <= utcnow())
-
-
-def _age(store: Store, run_id: str, step_id: str) -> None:
-    """Move a waiting step's timeout (and its run's not-before) into the past."""
-    past = utcnow() - dt.timedelta(seconds=1)
-    value = past.isoformat() if store.backend == "sqlite" else past
-    marker = "?" if store.backend == "sqlite" else "%s"
-    with store.connection() as conn:
-        conn.execute(f"UPDATE everystep_step SET wake_at = {marker} WHERE workflow_id = {marker} "
-                     f"AND step_id = {marker}", (value, run_id, step_id))
-        conn.execute(f"UPDATE everystep_workflow SET not_before = {marker} WHERE id = {marker}", (value, run_id))
+from tests.support.runs import age_wait, crash_at, due_now, execute_run, resume
 
 
 def test_recv_waits_holding_a_row_and_the_send_wakes_it(store: Store) -> None:
@@ -53,7 +37,7 @@ def test_recv_waits_holding_a_row_and_the_send_wakes_it(store: Store) -> None:
     assert store.links(run.id).wait_key == "message:approved"
     assert store.claim("other", 10, [apps.approval.name]) == []
     everystep.send(run.id, "approved", {"by": "ada"}, database=store)
-    assert _due_now(store, run.id)
+    assert due_now(store, run.id)
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == {"order": "o-1", "decision": {"by": "ada"}}
     [message] = store.messages(run.id)
@@ -91,7 +75,7 @@ def test_recv_times_out_and_the_body_catches_it(store: Store) -> None:
     assert execute_run(store, run.id) == Outcome.RELEASED
     [recv] = store.get_steps(run.id)
     assert recv.wake_at == store.get_run(run.id).not_before != WAIT_FOREVER
-    _age(store, run.id, "1")
+    age_wait(store, run.id, "1")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == "timed out"
     steps = store.get_steps(run.id)
@@ -159,13 +143,13 @@ def test_a_parent_waits_for_three_children_one_of_which_fails(store: Store) -> N
     assert len(children) == 3 and all(store.links(c.id).parent_id == parent.id for c in children)
     assert store.links(parent.id).wait_key == f"child:{children[0].id}"
     # A replay of the parent never schedules them again.
-    assert execute_run(store, parent.id, claimer="again") == Outcome.RELEASED if _due_now(store, parent.id) \
+    assert execute_run(store, parent.id, claimer="again") == Outcome.RELEASED if due_now(store, parent.id) \
         else True
     assert len(store.children(parent.id)) == 3
     for child in children:
         execute_run(store, child.id)
     for _ in range(4):
-        if not _due_now(store, parent.id):
+        if not due_now(store, parent.id):
             break
         if execute_run(store, parent.id) == Outcome.COMPLETED:
             break
@@ -180,7 +164,7 @@ def test_call_is_start_then_result(store: Store) -> None:
     assert execute_run(store, parent.id) == Outcome.RELEASED
     [child] = store.children(parent.id)
     assert execute_run(store, child.id) == Outcome.COMPLETED
-    assert _due_now(store, parent.id)
+    assert due_now(store, parent.id)
     assert execute_run(store, parent.id) == Outcome.COMPLETED
     assert store.get_run(parent.id).result == 42
 
@@ -191,7 +175,7 @@ def test_a_child_whose_last_write_carries_a_patch_marker_wakes_its_parent(store:
     [child] = store.children(parent.id)
     assert execute_run(store, child.id) == Outcome.COMPLETED
     assert sorted(step.name for step in store.get_steps(child.id)) == ["everystep.patch", "tests.apps.waits.double"]
-    assert _due_now(store, parent.id) and store.links(parent.id).wait_key is None
+    assert due_now(store, parent.id) and store.links(parent.id).wait_key is None
     assert execute_run(store, parent.id) == Outcome.COMPLETED
     assert store.get_run(parent.id).result == 42
 
@@ -214,7 +198,7 @@ def test_a_cancelled_child_raises_child_failed_in_its_parent(store: Store) -> No
     assert execute_run(store, parent.id) == Outcome.RELEASED
     [child] = store.children(parent.id)
     admin.cancel(store, child.id, "not needed")
-    assert _due_now(store, parent.id)
+    assert due_now(store, parent.id)
     assert execute_run(store, parent.id) == Outcome.FAILED
     error = store.get_run(parent.id).exception
     assert isinstance(error, everystep.ChildFailed) and error.status == CANCELLED
@@ -298,13 +282,13 @@ def test_a_send_joins_the_callers_transaction(store: Store, db_url: str, outcome
         if store.backend == "mariadb":
             conn.begin()
         everystep.send(run.id, "approved", "in a transaction", conn=conn)
-        assert not _due_now(store, run.id)
+        assert not due_now(store, run.id)
         getattr(conn, outcome)()
     finally:
         conn.close()
     if outcome == "rollback":
-        assert store.messages(run.id) == [] and not _due_now(store, run.id)
+        assert store.messages(run.id) == [] and not due_now(store, run.id)
         return
-    assert _due_now(store, run.id)
+    assert due_now(store, run.id)
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result["decision"] == "in a transaction"

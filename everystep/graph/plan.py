@@ -89,10 +89,12 @@ def waits() -> dict[Any, WaitKind]:
     sleep = WaitKind("sleep", SLEEP_STEP)
     message = WaitKind("message", engine_waits.RECV_STEP)
     child = WaitKind("child", engine_waits.CHILD_STEP)
+    run = WaitKind("run", engine_waits.RUN_STEP)
     # The async forms (``await everystep.sleep_async(...)``) record the same.
     return {api.sleep: sleep, api.sleep_until: sleep, api.sleep_async: sleep, api.sleep_until_async: sleep,
             api.recv: message, api.recv_async: message,
-            engine_waits.ChildHandle.result: child, engine_waits.ChildHandle.result_async: child}
+            engine_waits.ChildHandle.result: child, engine_waits.ChildHandle.result_async: child,
+            api.wait: run, api.wait_async: run}
 
 
 def engine_steps() -> dict[Any, tuple[str, ...]]:
@@ -100,13 +102,19 @@ def engine_steps() -> dict[Any, tuple[str, ...]]:
     calls: the record names they write, in order (``call`` is a child's
     start and then the wait for its end). Like ``waits``, a call missing
     here would number the steps after it one short."""
-    from .. import api
+    from .. import api, body_calls
     from .. import waits as engine_waits
 
     event, start, call = (engine_waits.EVENT_STEP,), (engine_waits.START_STEP,), \
         (engine_waits.START_STEP, engine_waits.CHILD_STEP)
+    send, schedule = (body_calls.SEND_STEP,), (body_calls.SCHEDULE_STEP,)
+    get_run, get_steps, get_event = (body_calls.GET_RUN_STEP,), (body_calls.GET_STEPS_STEP,), \
+        (body_calls.GET_EVENT_STEP,)
     return {api.set_event: event, api.set_event_async: event, api.start: start, api.start_async: start,
-            api.call: call, api.call_async: call}
+            api.call: call, api.call_async: call, api.send: send, api.send_async: send,
+            api.schedule: schedule, api.schedule_async: schedule, api.get_run: get_run,
+            api.get_run_async: get_run, api.get_steps: get_steps, api.get_steps_async: get_steps,
+            api.get_event: get_event, api.get_event_async: get_event}
 
 
 def wait_records() -> dict[str, WaitKind]:

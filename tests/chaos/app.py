@@ -79,7 +79,15 @@ def ping(child_id: str, key: str) -> None:
 def chaos_child(args: dict) -> str:
     key, ms = args["key"], args["ms"]
     safe_effect(key, "child", ms)
-    return f"{everystep.recv('ping')}:pong"
+    ping = everystep.recv("ping")
+    everystep.recv("extra")
+    return f"{ping}:pong"
+
+
+@workflow
+def chaos_note(key: str) -> str:
+    """A detached run a talking run's body schedules: one per talking run."""
+    return key
 
 
 @workflow
@@ -93,6 +101,10 @@ def chaos_flow(args: dict) -> dict:
         go = everystep.recv("go")
         child = everystep.start(chaos_child, {"key": key, "ms": ms})
         ping(child.run_id, key)
+        # From the body itself, with no idempotency key: recorded, so a
+        # replay sends and schedules nothing again.
+        everystep.send(child.run_id, "extra", f"{key}:extra")
+        everystep.schedule(chaos_note, key)
         talk = [go, child.result()]
     forked = parallel(
         lambda: safe_effect(key, "b", ms),

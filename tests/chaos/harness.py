@@ -18,8 +18,9 @@ stops everything with SIGTERM and checks:
 - no unsafe effect happened twice; every safe effect of a finished run
   happened at least once (more is at-least-once, and is counted);
 - every message was consumed exactly once (each by one recv step, whose
-  recorded result is its payload) and no talking run scheduled its child
-  twice;
+  recorded result is its payload), no talking run scheduled its child
+  twice, and the message and the detached run its body sends and
+  schedules itself (no idempotency key) exist once each;
 - nothing is left claimed, and every supervisor stopped with exit code 0.
 """
 
@@ -368,7 +369,9 @@ def _verify(url: str, runs: dict[str, dict], report: Report) -> None:
 
 def _verify_talk(store: Any, runs: dict[str, dict], report: Report) -> None:
     """Every message consumed exactly once, by a recv step whose recorded
-    result is its payload; every talking run started exactly one child."""
+    result is its payload; every talking run started exactly one child and
+    scheduled one detached run from its body."""
+    notes = Counter(run.args[0] for run in store.list_runs(name=app.chaos_note.name, limit=100_000))
     for run_id, args in runs.items():
         children = store.children(run_id)
         if not args.get("talk"):
@@ -380,6 +383,9 @@ def _verify_talk(store: Any, runs: dict[str, dict], report: Report) -> None:
         if len(children) != 1 and (finished or len(children) > 1):
             report.violations.append(f"talking run {run_id} started {len(children)} child runs")
         report.counts["children"] += len(children)
+        noted = notes[args["key"]]
+        if noted != 1 and (finished or noted > 1):
+            report.violations.append(f"talking run {run_id} scheduled {noted} detached runs from its body")
         for holder in [run_id, *(child.id for child in children)]:
             recorded = {step.step_id: step for step in store.get_steps(holder)}
             for message in store.messages(holder):

@@ -4,6 +4,7 @@ or let a threaded worker work them off."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from everystep import runner
 from everystep.errors import SimulatedCrash
 from everystep.models import SCHEDULED, Run
-from everystep.store import Store
+from everystep.store import Store, utcnow
 
 if TYPE_CHECKING:
     from everystep.worker import Worker
@@ -51,6 +52,24 @@ def crash_at(target: str) -> list[tuple[Any, str]]:
 
     runner.fault = fault
     return seen
+
+
+def age_wait(store: Store, run_id: str, step_id: str) -> None:
+    """Move a waiting step's wake time (a sleep's, a timeout's) and its
+    run's not-before into the past: the database says the wait is over."""
+    past = utcnow() - dt.timedelta(seconds=1)
+    value = past.isoformat() if store.backend == "sqlite" else past
+    marker = "?" if store.backend == "sqlite" else "%s"
+    with store.connection() as conn:
+        conn.execute(f"UPDATE everystep_step SET wake_at = {marker} WHERE workflow_id = {marker} "
+                     f"AND step_id = {marker}", (value, run_id, step_id))
+        conn.execute(f"UPDATE everystep_workflow SET not_before = {marker} WHERE id = {marker}", (value, run_id))
+
+
+def due_now(store: Store, run_id: str) -> bool:
+    """Whether the run is scheduled and claimable now."""
+    run = store.get_run(run_id)
+    return run.status == SCHEDULED and (run.not_before is None or run.not_before <= utcnow())
 
 
 def resume(store: Store, run_id: str, claimer: str = "tester") -> str:

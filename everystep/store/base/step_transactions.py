@@ -28,13 +28,13 @@ to.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import EverystepError, StoreUnavailable
 from ...models import Claim, StepRecord
 from .core import StoreCore, _first_line
-from .values import NewStep, StepWrite
+from .values import Marker, NewStep, StepWrite
 
 if TYPE_CHECKING:
     from . import Store
@@ -118,13 +118,16 @@ class StepTransaction:
         with self._mapped():
             return self._failed()
 
-    def record(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None) -> StepWrite | None:
-        """Write the step's record in this transaction, fenced by ``claim``
-        and holding the run's row to the commit. Not ours (``LOST``, or a
-        racing execution's record): rolled back, nothing of the step stays."""
+    def record(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None,
+               markers: Sequence[Marker] = ()) -> StepWrite | None:
+        """Write the step's record (after the patch ``markers`` it carries)
+        in this transaction, fenced by ``claim`` and holding the run's row to
+        the commit. Not ours (``LOST``, or a racing execution's record):
+        rolled back, nothing of the step stays."""
         store = self._store
         params = store._step_params(claim, step)
         with self._mapped():
+            store._record_markers(self._executor, params, markers)
             row = self._executor.execute(store.sql[store.step_record_statement], params).fetchone()
             if row is not None:
                 return StepWrite(store._written(claim, step, decoded, row), ours=True)

@@ -43,12 +43,12 @@ from typing import Any
 
 from ... import serde
 from ...errors import RunNotFound, SendRefused
-from ...models import ACTIVE_STATUSES, STEP_AWAITING, Claim, Run, StepRecord
+from ...models import ACTIVE_STATUSES, STEP_AWAITING, Claim, Run, StepRecord, row_fields
 from . import statements
 from .core import Row
 from .execution import Execution
 from .runs import Runs
-from .values import LOST, NewStep, StepWrite, checked_run_id, utcnow
+from .values import LOST, Marker, NewStep, StepWrite, checked_run_id, utcnow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +110,16 @@ def child_key(run_id: str) -> str:
     return f"child:{run_id}"
 
 
+def event_key(run_id: str, key: str) -> str:
+    """A body's ``get_event`` with a timeout: the event ``key`` of run ``run_id``."""
+    return f"event:{run_id}:{key}"
+
+
+def run_key(run_id: str) -> str:
+    """A body's ``wait(run_id)``: that run's end."""
+    return f"run:{run_id}"
+
+
 #: ``wait_key`` of a run whose scopes wait for different things: any wake ends its wait.
 SEVERAL = "*"
 
@@ -150,7 +160,11 @@ class Waits(Execution, Runs):
                          idempotency_key: str | None) -> statements.Statements[int]:
         """A send's statements, on any cursor: lock the run, refuse a
         finished one, find a message of the same key, insert, wake."""
-        params = cls._params(run_id=checked_run_id(run_id), topic=topic, payload=payload_json,
+        try:
+            target = checked_run_id(run_id)
+        except RunNotFound:
+            raise SendRefused(f"no run with id {run_id!r}: the message was not stored") from None
+        params = cls._params(run_id=target, topic=topic, payload=payload_json,
                              key=idempotency_key, wait_key=message_key(topic))
         run = yield statements.Statement(sql["lock_run_wait"], params)
         if run is None:
@@ -170,15 +184,16 @@ class Waits(Execution, Runs):
     # -- the waiting run's side ----------------------------------------------
 
     def take_message(self, claim: Claim, topic: str, done: NewStep, waiting: NewStep | None,
-                     decoded: StepRecord) -> StepWrite | None:
+                     decoded: StepRecord, markers: Sequence[Marker] = ()) -> StepWrite | None:
         """The ``recv`` step ``done.step_id``: consume the oldest message on
         ``topic`` and record the step ``done`` with its payload, in one
         transaction under the run's row lock, fenced by ``claim``. Without a
         message, record ``waiting`` instead (if given) and return a record
         of that status.
         ``LOST`` if the claim moved on; a record someone else wrote first
-        comes back with ``ours=False``."""
-        if "take_message" in self.sql:  # PostgreSQL: the resumed recv in one statement
+        comes back with ``ours=False``. Patch ``markers`` are written first,
+        in the same transaction."""
+        if "take_message" in self.sql and not markers:  # PostgreSQL: the resumed recv in one statement
             taken = self._fetchone("take_message", {**self._step_params(claim, done), "topic": topic})
             if taken is not None:
                 record = dataclasses.replace(decoded, result=self._json(taken["payload"]))
@@ -190,6 +205,7 @@ class Waits(Execution, Runs):
                     conn.execute(self.sql["async_commit"], {}).fetchall()
                 if conn.execute(self.sql["lock_claimed"], params).fetchone() is None:
                     raise _NothingWritten
+                self._record_markers(conn, self._step_params(claim, done), markers)
                 message = conn.execute(self.sql["next_message"], params).fetchone()
                 if message is None:
                     if waiting is not None and self._record_in(conn, claim, waiting) is None:
@@ -209,38 +225,86 @@ class Waits(Execution, Runs):
         record = dataclasses.replace(decoded, result=serde.loads(payload_json))
         return StepWrite(record.completed(self._time(row["completed_at"])), ours=True)
 
-    def record_with_event(self, claim: Claim, step: NewStep, key: str, value_json: str) -> StepWrite | None:
-        """The ``set_event`` step: publish ``key`` and record the step in one
-        transaction, fenced by ``claim`` (returns like ``record_step``)."""
-        params = self._params(**self._claim_params(claim), key=key, value=value_json)
-        try:
-            with self.connection() as conn, self._transaction(conn):
-                row = self._record_in(conn, claim, step)
-                if row is None:
-                    raise _NothingWritten
-                conn.execute(self.sql["put_event"], params)
-        except _NothingWritten:
-            return self._refusal(claim, step)
-        return StepWrite(self._written(claim, step, None, row), ours=True)
+    def record_with_event(self, claim: Claim, step: NewStep, key: str, value_json: str,
+                          markers: Sequence[Marker] = ()) -> StepWrite | None:
+        """The ``set_event`` step: publish ``key``, wake the runs waiting for
+        it (``get_event`` with a timeout in their body) and record the step,
+        in one transaction fenced by ``claim`` (returns like ``record_step``)."""
+        def publish(conn: Any) -> str | None:
+            params = self._params(run_id=checked_run_id(claim.run_id), key=key, value=value_json,
+                                  wait_key=event_key(claim.run_id, key))
+            conn.execute(self.sql["put_event"], params)
+            conn.execute(self.sql["wake_watchers"], params).fetchall()
+            return None
+
+        # Locked: a run releasing itself to wait for this event reads it
+        # after taking this row (``_ready``), so it sees it or is woken.
+        return self._record_with(claim, step, lambda conn, owned: publish(conn), markers, locked=True)
 
     def start_child(self, claim: Claim, step: NewStep, name: str, args_json: str, idempotency_key: str | None,
-                    placement: Any, deadline: dt.datetime | None) -> StepWrite | None:
+                    placement: Any, deadline: dt.datetime | None, markers: Sequence[Marker] = ()) -> StepWrite | None:
         """The ``start`` step: schedule the child run (its parent recorded,
         its deadline the earlier of ``deadline`` and the parent's) and record
         the step with the child's id as its result, in one transaction fenced
         by ``claim``; a replay finds the step and never schedules again."""
-        params = self._params(**self._claim_params(claim))
+        def schedule_child(conn: Any, owned: Row) -> str:
+            inherited = self._time(owned["deadline"])
+            ends = inherited if inherited is not None and (deadline is None or inherited < deadline) else deadline
+            child = self._schedule_through(conn, name, args_json, idempotency_key, None, placement,
+                                           parent_id=claim.run_id, deadline=ends)
+            return serde.dumps(child.id, "child run id")
+
+        return self._record_with(claim, step, schedule_child, markers, locked=True)
+
+    def record_send(self, claim: Claim, step: NewStep, run_id: str, topic: str, payload_json: str,
+                    idempotency_key: str | None, markers: Sequence[Marker] = ()) -> StepWrite | None:
+        """A body's ``send``: the message stored (and its run woken, as
+        ``send``) and the step recorded with the message's id, in one
+        transaction fenced by ``claim``: a crash before its commit sends
+        nothing, and a replay returns the recorded id. ``SendRefused`` (no
+        step written) for a run that takes no messages."""
+        def send(conn: Any) -> str:
+            message_id = self._send_through(conn, self.sql, run_id, topic, payload_json, idempotency_key)
+            return serde.dumps(message_id, "message id")
+
+        return self._record_with(claim, step, send, markers)
+
+    def record_schedule(self, claim: Claim, step: NewStep, name: str, args_json: str, idempotency_key: str | None,
+                        not_before: dt.datetime | None, placement: Any, app_version: str | None,
+                        deadline: dt.datetime | None, markers: Sequence[Marker] = ()) -> StepWrite | None:
+        """A body's ``schedule``: a detached run (no parent: not cancelled
+        with this one) inserted and the step recorded with that run as its
+        result, in one transaction fenced by ``claim``."""
+        def schedule(conn: Any) -> str:
+            run = self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement,
+                                         app_version, deadline=deadline)
+            return serde.dumps(row_fields(run), "scheduled run")
+
+        return self._record_with(claim, step, schedule, markers)
+
+    def _record_with(self, claim: Claim, step: NewStep, effect: Any, markers: Sequence[Marker],
+                     locked: bool = False) -> StepWrite | None:
+        """Make ``effect`` (on the connection, in the transaction; it returns
+        the step's result as JSON, or None to keep ``step``'s) and record
+        ``step`` done with that result, after the patch ``markers``, in one
+        transaction fenced by ``claim``: all or nothing. ``locked``: the
+        run's row is locked under the claim first and handed to ``effect``,
+        which then runs only if the claim holds. Returns like
+        ``record_step``; an exception of ``effect`` rolls everything back
+        and propagates."""
         try:
             with self.connection() as conn, self._transaction(conn):
-                owned = conn.execute(self.sql["lock_claimed"], params).fetchone()
-                if owned is None:
-                    raise _NothingWritten
-                inherited = self._time(owned["deadline"])
-                if inherited is not None and (deadline is None or inherited < deadline):
-                    deadline = inherited
-                child = self._schedule_through(conn, name, args_json, idempotency_key, None, placement,
-                                               parent_id=claim.run_id, deadline=deadline)
-                step = dataclasses.replace(step, result_json=serde.dumps(child.id, "child run id"))
+                self._record_markers(conn, self._step_params(claim, step), markers)
+                if locked:
+                    owned = conn.execute(self.sql["lock_claimed"],
+                                         self._params(**self._claim_params(claim))).fetchone()
+                    if owned is None:
+                        raise _NothingWritten
+                    result_json = effect(conn, owned)
+                else:
+                    result_json = effect(conn)
+                if result_json is not None:
+                    step = dataclasses.replace(step, result_json=result_json)
                 row = self._record_in(conn, claim, step)
                 if row is None:
                     raise _NothingWritten
@@ -270,9 +334,17 @@ class Waits(Execution, Runs):
         if kind == "message":
             params = {"run_id": checked_run_id(run_id), "topic": target}
             return conn.execute(self.sql["next_message"], params).fetchone() is not None
-        if kind == "child":
+        if kind in ("child", "run"):
             row = conn.execute(self.sql["child_outcome"], {"run_id": checked_run_id(target)}).fetchone()
             return row is None or row["status"] not in ACTIVE_STATUSES
+        if kind == "event":
+            # The publisher's row first (``wake_watchers``): a set_event under
+            # way commits before this read, or finds this run released.
+            watched, _, event = target.partition(":")
+            params = {"run_id": checked_run_id(watched), "key": event}
+            if conn.execute(self.sql["lock_watched"], params).fetchone() is None:
+                return True  # the run is gone: the wait ends, and says so
+            return conn.execute(self.sql["get_event"], params).fetchone() is not None
         return True
 
     def child_outcome(self, child_id: str) -> ChildOutcome | None:
@@ -343,4 +415,4 @@ class Waits(Execution, Runs):
 
 
 __all__ = ["LOST", "ChildOutcome", "Event", "Links", "Message", "SEVERAL", "SendRefused", "Waits", "child_key",
-           "message_key"]
+           "event_key", "message_key", "run_key"]

@@ -778,6 +778,16 @@ SET not_before = IF(status = 'scheduled' AND wait_key IN (%(wait_key)s, '*'), UT
     wait_key = IF(status = 'scheduled' AND wait_key IN (%(wait_key)s, '*'), NULL, wait_key)
 WHERE id = %(run_id)s
 
+-- name: wake_watchers
+-- A set_event's wake of the runs waiting for that event alone (see the
+-- PostgreSQL statement: a semi-consistent read skips a row being
+-- released, whose releaser then reads the event under lock_watched).
+UPDATE everystep_workflow SET not_before = UTC_TIMESTAMP(6), wait_key = NULL
+WHERE status = 'scheduled' AND wait_key = %(wait_key)s
+
+-- name: lock_watched
+SELECT id FROM everystep_workflow WHERE id = %(run_id)s LOCK IN SHARE MODE
+
 -- name: next_message
 SELECT id, payload FROM everystep_message
 WHERE workflow_id = %(run_id)s AND topic = %(topic)s AND consumed_step IS NULL
@@ -841,6 +851,8 @@ LIMIT 100
 -- name: waiting_counts
 SELECT CASE WHEN wait_key LIKE 'message:%%' THEN 'message'
             WHEN wait_key LIKE 'child:%%' THEN 'child'
+            WHEN wait_key LIKE 'event:%%' THEN 'event'
+            WHEN wait_key LIKE 'run:%%' THEN 'run'
             WHEN wait_key = '*' THEN 'several'
             ELSE 'time' END AS kind,
        count(*) AS runs

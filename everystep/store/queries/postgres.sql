@@ -810,8 +810,11 @@ ORDER BY queue
 -- name: lock_run_wait
 -- A send's first act: the target run's row lock, held to the commit, so a
 -- run releasing itself at the same moment either sees the message or is
--- woken by it (everystep/store/base/waits.py).
-SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = %(run_id)s FOR UPDATE
+-- woken by it (everystep/store/base/waits.py). NO KEY UPDATE: it still
+-- waits for that run's own lock_claimed, but not for the key-share locks
+-- of step and message inserts, so two runs whose bodies send to each other
+-- at once (each send recorded in its sender's transaction) never deadlock.
+SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = %(run_id)s FOR NO KEY UPDATE
 
 -- name: lock_claimed
 -- The executor's own run row, locked under its claim: a recv, a child's
@@ -897,6 +900,26 @@ WITH woke AS (
 SELECT woke.woken, CASE WHEN woke.woken THEN pg_notify('everystep_scheduled', woke.name)::text END AS notified
 FROM woke
 
+-- name: wake_watchers
+-- A set_event's wake of the runs waiting for that event alone (a body's
+-- get_event with a timeout, wait_key `event:<run>:<key>`): due now,
+-- runners told on commit. The publisher holds its own row (lock_claimed)
+-- and a waiter releasing itself reads the event only once it has a share
+-- lock on that row (lock_watched), so it sees the event or is found here.
+-- A run waiting for several things ('*') is not found: its wait is checked
+-- again within a bounded time (everystep.waits).
+WITH woke AS (
+    UPDATE everystep_workflow SET not_before = clock_timestamp(), wait_key = NULL
+    WHERE status = 'scheduled' AND wait_key = %(wait_key)s
+    RETURNING name
+)
+SELECT count(pg_notify('everystep_scheduled', woke.name)) AS woken FROM woke
+
+-- name: lock_watched
+-- A waiter's share lock on the run whose event it waits for, taken before
+-- it reads the event (see wake_watchers).
+SELECT id FROM everystep_workflow WHERE id = %(run_id)s FOR SHARE
+
 -- name: next_message
 SELECT id, payload FROM everystep_message
 WHERE workflow_id = %(run_id)s AND topic = %(topic)s AND consumed_step IS NULL
@@ -970,6 +993,8 @@ LIMIT 100
 -- Scheduled runs whose not-before time is ahead, by what they wait for.
 SELECT CASE WHEN wait_key LIKE 'message:%%' THEN 'message'
             WHEN wait_key LIKE 'child:%%' THEN 'child'
+            WHEN wait_key LIKE 'event:%%' THEN 'event'
+            WHEN wait_key LIKE 'run:%%' THEN 'run'
             WHEN wait_key = '*' THEN 'several'
             ELSE 'time' END AS kind,
        count(*) AS runs

@@ -714,6 +714,15 @@ SET not_before = CASE WHEN status = 'scheduled' AND wait_key IN (:wait_key, '*')
 WHERE id = :run_id
 RETURNING id
 
+-- name: wake_watchers
+-- A set_event's wake of the runs waiting for that event alone (see the
+-- PostgreSQL statement; one writer at a time here, so no wake is lost).
+UPDATE everystep_workflow SET not_before = :now, wait_key = NULL
+WHERE status = 'scheduled' AND wait_key = :wait_key
+
+-- name: lock_watched
+SELECT id FROM everystep_workflow WHERE id = :run_id
+
 -- name: next_message
 SELECT id, payload FROM everystep_message
 WHERE workflow_id = :run_id AND topic = :topic AND consumed_step IS NULL
@@ -776,6 +785,8 @@ LIMIT 100
 -- name: waiting_counts
 SELECT CASE WHEN wait_key LIKE 'message:%' THEN 'message'
             WHEN wait_key LIKE 'child:%' THEN 'child'
+            WHEN wait_key LIKE 'event:%' THEN 'event'
+            WHEN wait_key LIKE 'run:%' THEN 'run'
             WHEN wait_key = '*' THEN 'several'
             ELSE 'time' END AS kind,
        count(*) AS runs

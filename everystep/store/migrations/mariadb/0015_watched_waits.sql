@@ -1,0 +1,3 @@
+-- Waits on another run: a set_event finds the runs waiting for its event
+-- by wait_key (see the PostgreSQL migration; MariaDB has no partial index).
+CREATE INDEX IF NOT EXISTS everystep_workflow_wait_key ON everystep_workflow (wait_key);
