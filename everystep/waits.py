@@ -415,9 +415,12 @@ def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name
     if entered is None:
         return replayed
     step_id, started_at, deadline, first = entered
-    if first:
-        _check_child(ex, child_id)
     outcome = _call_value(ex, lambda: ex.store.child_outcome(child_id))
+    if first and outcome is not None and outcome.parent_id != ex.run.id and not _started_here(ex, child_id):
+        # Its end would never wake this run: refused, nothing recorded.
+        raise EverystepError(f"run {child_id} is not a child of run {ex.run.id}: ChildHandle.result() waits for "
+                             f"a run this one started with everystep.start(); wait for any other run with "
+                             f"everystep.wait({child_id!r})")
     if outcome is None:
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline,
                      ChildFailed(f"child run {child_id} does not exist (deleted?)", child_id, "missing", None))
@@ -440,18 +443,10 @@ def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name
     raise runner.suspend(ex, deadline or WAIT_FOREVER, child_key(child_id), what)
 
 
-def _check_child(ex: Execution, child_id: str) -> None:
-    """Refuse a handle on a run that is not this one's child (nothing is
-    recorded): its end would never wake this run. A run that does not
-    exist is left to the wait, which records it as a failure."""
-    try:
-        parent = _call_value(ex, lambda: ex.store.links(child_id)).parent_id
-    except RunNotFound:
-        return
-    if parent != ex.run.id:
-        raise EverystepError(f"run {child_id} is not a child of run {ex.run.id}: ChildHandle.result() waits for a "
-                             f"run this one started with everystep.start(); wait for any other run with "
-                             f"everystep.wait({child_id!r})")
+def _started_here(ex: Execution, child_id: str) -> bool:
+    """Whether a ``start`` step of this run recorded ``child_id``: a fork
+    copies its source's starts, whose children keep their first parent."""
+    return any(record.name == START_STEP and record.result == child_id for record in ex.outcomes.values())
 
 
 def _child_failed(child_id: str, outcome: Any) -> ChildFailed:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import everystep
-from everystep import BodyCallRefused, EverystepError, SendRefused, dryrun, runner, schedule
+from everystep import BodyCallRefused, EverystepError, SendRefused, admin, dryrun, runner, schedule
 from everystep.body_rules import BodyRule, declaration_of
 from everystep.errors import SimulatedCrash
 from everystep.models import COMPLETED, SCHEDULED, STEP_AWAITING, STEP_DONE, STEP_FAILED, WAIT_FOREVER
@@ -444,3 +444,20 @@ def test_a_dry_replay_matches_recorded_calls_and_stops_at_their_wait(store: Stor
     assert execute_run(store, waiting.id) == Outcome.RELEASED
     verdict = dryrun.replay(store.get_run(waiting.id), store.get_steps(waiting.id))
     assert f"then waits for run {target.id}" in verdict.detail
+
+
+def test_a_fork_waits_for_the_child_its_copied_start_recorded(store: Store) -> None:
+    """A fork copies its source's ``start`` steps, whose children keep their
+    first parent: the fork may still wait for them."""
+    from tests.apps import waits as wait_apps
+
+    parent = schedule(wait_apps.parent_calls, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    [child] = store.children(parent.id)
+    assert execute_run(store, child.id) == Outcome.COMPLETED
+    assert execute_run(store, parent.id) == Outcome.COMPLETED
+    fork, copied = admin.fork(store, parent.id, "2")
+    assert copied == 1
+    assert execute_run(store, fork.id) == Outcome.COMPLETED
+    assert store.get_run(fork.id).result == 42
+    assert store.children(fork.id) == []

@@ -100,6 +100,7 @@ class ChildOutcome:
     status: str
     result: Any
     error: dict[str, Any] | None
+    parent_id: str | None = None
 
 
 def message_key(topic: str) -> str:
@@ -351,7 +352,9 @@ class Waits(Execution, Runs):
         row = self._fetchone("child_outcome", {"run_id": checked_run_id(child_id)})
         if row is None:
             return None
-        return ChildOutcome(row["status"], self._json(row["result"]), self._json(row["error"]))
+        parent = row["parent_id"]
+        return ChildOutcome(row["status"], self._json(row["result"]), self._json(row["error"]),
+                            str(parent) if parent is not None else None)
 
     # -- reading -------------------------------------------------------------
 

@@ -964,7 +964,7 @@ FROM everystep_message WHERE workflow_id = %(run_id)s ORDER BY id
 SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = %(run_id)s
 
 -- name: child_outcome
-SELECT id, status, result, error FROM everystep_workflow WHERE id = %(run_id)s
+SELECT id, status, result, error, parent_id FROM everystep_workflow WHERE id = %(run_id)s
 
 -- name: list_children
 SELECT {run_columns} FROM everystep_workflow WHERE parent_id = %(run_id)s
