@@ -37,7 +37,7 @@ from .cliutil import (
     version,
 )
 from .context import step_sort_key
-from .errors import EverystepError, StoreMisconfigured, StoreUnavailable
+from .errors import EverystepError, StoreMisconfigured, StoreUnavailable, WorkflowArgumentsError
 from .cron import CronSchedule
 from .models import (
     PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, SCHEDULED, STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run,
@@ -147,6 +147,9 @@ def build_parser() -> OneLineParser:
     sub.add_argument("--args", metavar="JSON", default=None,
                      help="replace the run's arguments (a JSON list of positional arguments, or one value) "
                           "(default: RUN's own)")
+    sub.add_argument("--force", action="store_true",
+                     help="fork a run that is not finished (scheduled, waiting, running, blocked): the fork is a "
+                          "second live run beside it (default: refused)")
     sub.add_argument("--json", action="store_true", help="print the new run as JSON (default: one line)")
 
     sub = _command(commands, "replay", "replay a recorded run here, against its records, writing nothing",
@@ -624,7 +627,11 @@ def cmd_fork(store: Store, args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.args is not None:
         options["args"] = parse_json(args.args, "--args")
-    run, copied = admin.fork(store, args.run_id, args.from_step, **options)
+    try:
+        run, copied = admin.fork(store, args.run_id, args.from_step, force=args.force, **options)
+    except WorkflowArgumentsError as exc:
+        raise WorkflowArgumentsError(f"{exc} (--args is the JSON array of its positional arguments: '[[1, 2]]' "
+                                     "passes one list)") from None
     if args.json:
         print_json({**run.to_dict(), "copied_steps": copied})
     else:
