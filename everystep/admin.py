@@ -16,7 +16,7 @@ from .models import (
     ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run, StepRecord,
 )
 from .store import RunnerInfo, Store
-from .store.base.waits import child_key
+from .store.base.waits import Sent, child_key
 
 _MISSING: Any = object()
 
@@ -154,6 +154,19 @@ def _cancel_children(store: Store, run_id: str, error: Cancelled) -> None:
         except AdminError:
             continue
 
+
+
+def send(store: Store, run_id: str, topic: str, payload: Any, key: str | None = None) -> tuple[Sent, str]:
+    """``everystep send`` and the console's send form: store a message for
+    ``run_id`` (``everystep.send``'s rules and refusals) and say what was
+    done, in one line: sent, or already sent under the same key (the new
+    payload is dropped, and the operator is told so)."""
+    from .waits import message_json
+
+    sent = store.deliver(run_id, topic, message_json(topic, payload, key), key)
+    if sent.stored:
+        return sent, f"message {sent.id} sent to run {run_id} on topic {topic!r}"
+    return sent, f"already sent as message {sent.id} (same key {key!r}); nothing stored"
 
 
 def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING,

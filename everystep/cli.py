@@ -46,7 +46,6 @@ from .models import (
 from .observer import Observer
 from .store import Store, connect
 from .waiting import describe_wait, effect_uncertain, waiting_for
-from .waits import send as everystep_send
 from .lease import DEFAULT_LEASE
 from .worker import Worker, refuse_step_limits
 
@@ -495,11 +494,11 @@ def _waits_of(store: Store, runs: list[Run]) -> dict[str, str]:
 
 def cmd_send(store: Store, args: argparse.Namespace) -> int:
     run = store.find_run(args.run_id)
-    payload = parse_json(args.payload, "JSON")
+    payload = parse_json(args.payload, "the message")
     if args.key is not None and not args.key:
         raise EverystepError("--key must not be empty")
-    message_id = everystep_send(run.id, args.topic, payload, idempotency_key=args.key, database=store)
-    print(f"message {message_id} sent to run {run.id} on topic {args.topic!r}")
+    _sent, line = admin.send(store, run.id, args.topic, payload, args.key)
+    print(line)
     return 0
 
 

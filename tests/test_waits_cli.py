@@ -42,9 +42,12 @@ def test_send_runs_and_show(db_url: str, store: Store, tmp_path: Path, subproces
     assert "payment_url" in shown.stdout and 'waiting for message "paid"' in shown.stdout
 
     sent = everystep(db_url, tmp_path, subprocess_env, "send", run.id, "paid", '{"amount": 3}', "--key", "k")
-    assert sent.returncode == 0 and sent.stdout.startswith("message ")
+    (message,) = store.messages(run.id)
+    assert sent.returncode == 0
+    assert sent.stdout == f"message {message.id} sent to run {run.id} on topic 'paid'\n"
     again = everystep(db_url, tmp_path, subprocess_env, "send", run.id, "paid", '{"amount": 4}', "--key", "k")
-    assert again.stdout == sent.stdout
+    assert again.returncode == 0  # the message is there: the key did its job
+    assert again.stdout == f"already sent as message {message.id} (same key 'k'); nothing stored\n"
     assert [m.payload for m in store.messages(run.id)] == [{"amount": 3}]
 
 
@@ -54,7 +57,7 @@ def test_refused_sends_exit_2_with_one_line(db_url: str, store: Store, tmp_path:
     assert execute_run(store, done.id) == Outcome.COMPLETED
     for args, fragment in (((done.id, "t", "1"), "is completed"),
                            (("01a2c000-0000-7000-8000-000000000000", "t", "1"), "no run"),
-                           ((done.id, "t", "{bad"), "not valid JSON")):
+                           ((done.id, "t", "{approved: yes}"), "the message is not valid JSON: ")):
         result = everystep(db_url, tmp_path, subprocess_env, "send", *args)
         assert result.returncode == 2, result
         assert len(result.stderr.strip().splitlines()) == 1 and fragment in result.stderr

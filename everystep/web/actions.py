@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import admin, registry, relay, serde, versions, waits
+from .. import admin, registry, relay, serde, versions
 from ..errors import EverystepError
 from ..models import ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
@@ -189,10 +189,11 @@ def send(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str,
         raise ValueError("topic must be a non-empty string")
     if key is not None and not isinstance(key, str):
         raise ValueError("key must be text")
-    payload = parse_json_value(body.get("payload"), "payload")
-    message_id = waits.send(run_id, topic.strip(), payload, idempotency_key=key, database=store)
-    logger.info("console: %s sent message %d to run %s on topic %r", who, message_id, run_id, topic)
-    return {"message": f"message {message_id} sent on topic {topic.strip()!r}", "message_id": message_id}
+    payload = parse_json_value(body.get("payload"), "the message")
+    sent, line = admin.send(store, run_id, topic.strip(), payload, key)
+    logger.info("console: %s sent message %d to run %s on topic %r%s", who, sent.id, run_id, topic,
+                "" if sent.stored else " (a repeat of its key: nothing stored)")
+    return {"message": line, "message_id": sent.id, "stored": sent.stored}
 
 
 RUN_HANDLERS: dict[str, Callable[[Store, str, dict[str, Any], str], dict[str, Any]]] = {
