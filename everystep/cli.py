@@ -45,7 +45,7 @@ from .models import (
 )
 from .observer import Observer
 from .store import Store, connect
-from .waiting import describe_wait, effect_uncertain, waiting_for
+from .waiting import describe_wait, effect_uncertain, ended_wait, waiting_for
 from .lease import DEFAULT_LEASE
 from .worker import Worker, refuse_step_limits
 
@@ -523,6 +523,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
                     "events": [event.to_dict() for event in store.events(run.id)],
                     "messages": [message.to_dict() for message in store.messages(run.id)],
                     "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step),
+                               "wait_ended": ended_wait(run, step),
                                "kind": patches.KIND_PATCH if patches.is_marker(step) else "step"}
                               for step in steps],
                     "cost": cost.to_dict() if cost is not None else None})
@@ -617,6 +618,9 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
         outcome = _describe_error(step.error)
     if effect_uncertain(run, step):
         status = "started (effect uncertain)"
+    ended = ended_wait(run, step)
+    if ended is not None:
+        status, outcome = f"{step.status} (ended)", ended
     cpu = resources.format_cpu(step.cpu_seconds) if step.cpu_seconds is not None else "-"
     rss = resources.format_size(step.peak_rss_bytes) if step.peak_rss_bytes is not None else "-"
     return step.step_id, status, step.name, str(step.attempt), cpu, rss, outcome

@@ -5,6 +5,7 @@ waiting run to its wait."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -74,3 +75,25 @@ def test_check_deploy_replays_a_waiting_run_to_its_wait(store: Store) -> None:
     assert execute_run(store, parent.id) == Outcome.RELEASED
     verdict = dryrun.replay(store.get_run(parent.id), store.get_steps(parent.id))
     assert f"waits for child {store.children(parent.id)[0].id}" in verdict.detail
+
+
+def test_show_says_a_cancelled_runs_wait_ended(db_url: str, store: Store, tmp_path: Path,
+                                              subprocess_env: dict[str, str]) -> None:
+    """A parent cancelled while it waited for its child: its step row is
+    still 'waiting', and show says that wait ended with the run."""
+    from everystep import admin
+
+    parent = schedule(apps.parent_calls, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    [child] = store.children(parent.id)
+    admin.cancel(store, parent.id)
+
+    shown = everystep(db_url, tmp_path, subprocess_env, "show", parent.id)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = [line for line in shown.stdout.splitlines() if "everystep.child" in line]
+    assert row.split()[1:3] == ["waiting", "(ended)"], row
+    assert f"the run ended (cancelled) while waiting for child {child.id}" in row
+    assert f"  waiting for child {child.id}" not in shown.stdout
+    data = json.loads(everystep(db_url, tmp_path, subprocess_env, "show", parent.id, "--json").stdout)
+    (step,) = [s for s in data["steps"] if s["name"] == "everystep.child"]
+    assert step["wait_ended"].startswith("the run ended (cancelled) while waiting for child")
