@@ -87,6 +87,25 @@ def _workflow_context(call: str) -> Context:
 # -- the start every recorded wait shares ---------------------------------------
 
 
+def _recorded(ex: Execution, step_id: str, step_name: str) -> StepRecord | None:
+    """The record at ``step_id`` as a replay meets it, for the engine's own
+    steps (as ``runner.step_phases`` does for the workflow's): a record of
+    another function is a divergence, and ``everystep replay``'s log is told
+    the step is reached (``--until-step``) and how it matched."""
+    log = ex.replay_log
+    if log is not None:
+        log.reaching(step_id, step_name)
+    recorded = ex.outcomes.get(step_id)
+    if recorded is None:
+        return None
+    if recorded.name != step_name:
+        raise runner._diverged(ex, step_id, recorded.name, step_name)
+    if log is not None:
+        log.matched(step_id, step_name, recorded)
+    return recorded
+
+
+
 class _Entered(NamedTuple):
     step_id: str
     started_at: dt.datetime
@@ -101,10 +120,8 @@ def _enter_wait(ex: Any, ctx: Any, name: str | None, step_name: str, wait_key: s
     keeps its start and deadline (a dry replay stops there); a new one is
     allowed to start and gets its deadline from ``timeout``."""
     step_id = runner._next_id(ex, ctx, name)
-    recorded = ex.outcomes.get(step_id)
+    recorded = _recorded(ex, step_id, step_name)
     if recorded is not None:
-        if recorded.name != step_name:
-            raise runner._diverged(ex, step_id, recorded.name, step_name)
         if recorded.status != STEP_AWAITING:
             return None, runner._replay(ex, recorded)
         entered = _Entered(step_id, recorded.started_at or utcnow(), recorded.wake_at, False)
@@ -190,10 +207,8 @@ def set_event(key: str, value: Any, name: str | None = None) -> None:
     ctx = _workflow_context("set_event")
     ex = ctx.execution
     step_id = runner._next_id(ex, ctx, name)
-    recorded = ex.outcomes.get(step_id)
+    recorded = _recorded(ex, step_id, EVENT_STEP)
     if recorded is not None:
-        if recorded.name != EVENT_STEP:
-            raise runner._diverged(ex, step_id, recorded.name, EVENT_STEP)
         runner._replay(ex, recorded)
         return
     runner._may_start(ex, step_id, EVENT_STEP)
@@ -261,10 +276,8 @@ def start_child(name: str, args_json: str, idempotency_key: str | None, placemen
     ctx = _workflow_context("start")
     ex = ctx.execution
     step_id = runner._next_id(ex, ctx, step_name)
-    recorded = ex.outcomes.get(step_id)
+    recorded = _recorded(ex, step_id, START_STEP)
     if recorded is not None:
-        if recorded.name != START_STEP:
-            raise runner._diverged(ex, step_id, recorded.name, START_STEP)
         return ChildHandle(str(runner._replay(ex, recorded)))
     runner._may_start(ex, step_id, START_STEP)
     entry = NewStep(step_id, START_STEP, serde.dumps([name], "start"), "{}", utcnow(), status=STEP_DONE)
