@@ -246,8 +246,9 @@ def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store |
 
 @dataclass(frozen=True)
 class ChildHandle:
-    """A child run started by a workflow (``everystep.start``): its id, and
-    ``result()`` to wait for its end."""
+    """A child run started by a workflow (``everystep.start``): ``run_id``,
+    the child run's id (``str(handle)`` is the same), and ``result()`` to
+    wait for its end."""
 
     run_id: str
 
