@@ -202,7 +202,8 @@ def build_parser() -> OneLineParser:
     sub.add_argument("runner", metavar="RUNNER", help="the supervisor's runner name (see 'everystep runners')")
     sub.add_argument("remote_command", metavar="COMMAND", choices=relay.COMMANDS,
                      help=f"one of: {', '.join(relay.COMMANDS)}")
-    sub.add_argument("target", nargs="?", metavar="RUN|N", help="kill: the run (its id or a unique prefix); scale: the number of children")
+    sub.add_argument("target", nargs="?", metavar="RUN|N",
+                     help="kill: the run (its id or a unique prefix); scale: the number of children")
     sub.add_argument("--requeue", action="store_true", help="kill: put the run back in the queue (default: off)")
     sub.add_argument("--timeout", type=seconds(0.1, 3600), default=relay.REPLY_TIMEOUT, metavar="S",
                      help=f"how long to wait for the reply (default {relay.REPLY_TIMEOUT:g})")

@@ -105,7 +105,6 @@ def _recorded(ex: Execution, step_id: str, step_name: str) -> StepRecord | None:
     return recorded
 
 
-
 class _Entered(NamedTuple):
     step_id: str
     started_at: dt.datetime
