@@ -12,9 +12,11 @@ from typing import Any
 
 from . import serde
 from .errors import Cancelled, EverystepError, StepFailure
-from .models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run
+from .models import (
+    ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run, StepRecord,
+)
 from .store import RunnerInfo, Store
-from .store.base.waits import child_key
+from .store.base.waits import Sent, child_key
 
 _MISSING: Any = object()
 
@@ -154,25 +156,49 @@ def _cancel_children(store: Store, run_id: str, error: Cancelled) -> None:
 
 
 
-def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING) -> tuple[Run, int]:
+def send(store: Store, run_id: str, topic: str, payload: Any, key: str | None = None) -> tuple[Sent, str]:
+    """``everystep send`` and the console's send form: store a message for
+    ``run_id`` (``everystep.send``'s rules and refusals) and say what was
+    done, in one line: sent, or already sent under the same key (the new
+    payload is dropped, and the operator is told so)."""
+    from .waits import message_json
+
+    sent = store.deliver(run_id, topic, message_json(topic, payload, key), key)
+    if sent.stored:
+        return sent, f"message {sent.id} sent to run {run_id} on topic {topic!r}"
+    return sent, f"already sent as message {sent.id} (same key {key!r}); nothing stored"
+
+
+def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING,
+         force: bool = False) -> tuple[Run, int]:
     """A new run of ``run_id``'s workflow that starts where ``run_id`` was at
     step ``from_step``: every step recorded before it is copied (its result
-    or error replayed, never re-run), and everything from ``from_step`` on is
+    or error replayed, never re-run), with the events its copied
+    ``set_event`` steps published (``get_event`` on the fork answers as on
+    the source did at that point), and everything from ``from_step`` on is
     executed by the code deployed now. The new run records ``forked_from``.
     ``args`` replaces the run's arguments (a list: the positional ones).
 
     How a run a bad deploy failed is repaired: fix the code, then fork the
-    failed run from the step that failed. Refused (``AdminError``) when
-    ``from_step`` is not a recorded step, or lies inside an unsafe step's
-    uncertain effect window (a ``started`` row without outcome, recorded
-    before it or at it: that effect may have happened, and the fork would
-    repeat it or block on it; resolve it first). Everything is written in
-    one transaction. Returns the new run and how many steps were copied."""
+    failed run from the step that failed. Refused (``AdminError``) when the
+    run is unfinished (scheduled, waiting, running, blocked) unless
+    ``force``: the fork would be a second live run beside it, acting on the
+    same business object; when ``from_step`` is not a recorded step, or lies
+    inside an unsafe step's uncertain effect window (a ``started`` row
+    without outcome, recorded before it or at it: that effect may have
+    happened, and the fork would repeat it or block on it; resolve it
+    first). Arguments the workflow registered here cannot take are refused
+    with ``WorkflowArgumentsError``, as ``schedule`` refuses them.
+    Everything is written in one transaction. Returns the new run and how
+    many steps were copied."""
+    from .api import check_arguments
     from .patches import PATCH_STEP, is_marker
     from .versions import version_for
 
     with store.locked_run(run_id) as (conn, run):
         steps = store.steps_in(conn, run.id)
+        if run.status in ACTIVE_STATUSES and not force:
+            raise AdminError(_unfinished_refusal(run, steps))
         cut = next((step for step in steps if step.step_id == from_step and not is_marker(step)), None)
         if cut is None:
             recorded = ", ".join(step.step_id for step in steps if not is_marker(step)) or "none"
@@ -186,7 +212,34 @@ def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING) -> 
                 f"step {from_step} of run {run.id} lies inside the uncertain effect window of unsafe step "
                 f"{uncertain} (started, no outcome recorded): resolve it first "
                 f"(everystep resolve-step {run.id} {uncertain} --result JSON | --error MESSAGE | --discard)")
-        positional = run.args if args is _MISSING else (args if isinstance(args, list) else [args])
-        args_json = serde.dumps(list(positional), "arguments of the fork")
+        positional = list(run.args) if args is _MISSING else (args if isinstance(args, list) else [args])
+        check_arguments(run.name, positional)
+        args_json = serde.dumps(positional, "arguments of the fork")
         new, copied = store.fork_run(conn, run, cut, args_json, version_for(run.name), PATCH_STEP)
+        _publish_copied_events(store, conn, new.id)
     return new, copied
+
+
+def _unfinished_refusal(run: Run, steps: list[StepRecord]) -> str:
+    from .waiting import waiting_for
+
+    state = run.status + (f", {waiting}" if (waiting := waiting_for(run, steps)) else "")
+    return (f"run {run.id} is not finished ({state}): a fork would be a second live run of {run.name} beside "
+            f"it, both acting on the same objects; cancel it first if the fork replaces it (everystep cancel "
+            f"{run.id}), or fork it anyway with --force")
+
+
+def _publish_copied_events(store: Store, conn: Any, fork_id: str) -> None:
+    """Publish on the fork, in its transaction, what its copied ``set_event``
+    steps published on the source: each key's last value among them (a
+    replay of those steps writes nothing, so nothing else would)."""
+    from .context import step_sort_key
+    from .waits import EVENT_STEP
+
+    published = sorted(((step.completed_at, step_sort_key(step.step_id), step) for step in store.steps_in(conn, fork_id)
+                        if step.name == EVENT_STEP and step.status == STEP_DONE and step.completed_at is not None),
+                       key=lambda entry: entry[:2])
+    latest = {str(step.args[0]): step.args[1] for _at, _order, step in published}
+    for key, value in latest.items():
+        store.execute_named(conn, "put_event", run_id=fork_id, key=key,
+                            value=serde.dumps(value, f"event {key!r}"))

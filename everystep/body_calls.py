@@ -118,17 +118,10 @@ def _enter(ex: Execution, ctx: Context, step_name: str, everystep_id: str | None
     """The step id of the call, and its record if it has one (a record of
     another call there is a divergence); none: the call may start."""
     step_id = runner.next_step_id(ex, ctx, everystep_id)
-    if ex.replay_log is not None:
-        ex.replay_log.reaching(step_id, step_name)
-    recorded = ex.outcomes.get(step_id)
-    if recorded is not None:
-        if recorded.name != step_name:
-            raise runner.diverged(ex, step_id, recorded.name, step_name)
-        if ex.replay_log is not None:
-            ex.replay_log.matched(step_id, step_name, recorded)
-        return step_id, recorded
-    runner.may_start(ex, step_id, step_name)
-    return step_id, None
+    recorded = runner.recorded_at(ex, step_id, step_name)
+    if recorded is None:
+        runner.may_start(ex, step_id, step_name)
+    return step_id, recorded
 
 
 def _args_json(ex: Execution, step_name: str, args: list[Any]) -> str:

@@ -93,9 +93,10 @@ async def send_async(conn: Any, run_id: str, topic: str, payload_json: str, idem
     """``send`` in the open transaction of a caller's ``AsyncConnection``."""
     store_class = _async_postgres(conn)
     async with store_class.caller_cursor_async(conn) as cur:
-        return await statements.run_async(
+        sent = await statements.run_async(
             cur, store_class._send_statements(store_class.statements(), run_id, topic, payload_json,
                                               idempotency_key))
+    return int(sent.id)
 
 
 async def get_run_async(conn: Any, run_id: str) -> Run:

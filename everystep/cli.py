@@ -37,7 +37,7 @@ from .cliutil import (
     version,
 )
 from .context import step_sort_key
-from .errors import EverystepError, StoreMisconfigured, StoreUnavailable
+from .errors import EverystepError, StoreMisconfigured, StoreUnavailable, WorkflowArgumentsError
 from .cron import CronSchedule
 from .models import (
     PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, SCHEDULED, STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run,
@@ -45,8 +45,7 @@ from .models import (
 )
 from .observer import Observer
 from .store import Store, connect
-from .waiting import describe_wait, effect_uncertain, waiting_for
-from .waits import send as everystep_send
+from .waiting import describe_wait, effect_uncertain, ended_wait, waiting_for
 from .lease import DEFAULT_LEASE
 from .worker import Worker, refuse_step_limits
 
@@ -122,13 +121,13 @@ def build_parser() -> OneLineParser:
 
     sub = _command(commands, "show", "show a run and its recorded steps",
                    "A run (args, result, error with its traceback) and its steps in step-id order.")
-    sub.add_argument("run_id", metavar="RUN", help="the run's id, or a unique prefix of it (like git)")
+    add_run_argument(sub)
     sub.add_argument("--json", action="store_true", help="print JSON (default: text)")
 
     sub = _command(commands, "send", "send a message to a run (everystep.recv receives it)",
                    "Store a message for RUN on TOPIC; a run waiting in recv on that topic resumes. Refused, "
                    "storing nothing, for a run that is unknown, finished or cancelled.")
-    sub.add_argument("run_id", metavar="RUN", help="the run's id, or a unique prefix of it")
+    add_run_argument(sub)
     sub.add_argument("topic", metavar="TOPIC", help="the topic recv waits on")
     sub.add_argument("payload", metavar="JSON", help="the message, any JSON value")
     sub.add_argument("--key", metavar="K",
@@ -142,11 +141,14 @@ def build_parser() -> OneLineParser:
                    "A new run of RUN's workflow: the steps RUN recorded before --from-step are copied (their "
                    "results replayed, never re-run) and everything from that step on is executed by the code "
                    "deployed now. Repairs a run a bad deploy failed: fix the code, fork it from the failed step.")
-    sub.add_argument("run_id", metavar="RUN", help="the run to fork")
+    add_run_argument(sub, "the run to fork")
     sub.add_argument("--from-step", required=True, metavar="ID", help="the first step the fork executes")
     sub.add_argument("--args", metavar="JSON", default=None,
                      help="replace the run's arguments (a JSON list of positional arguments, or one value) "
                           "(default: RUN's own)")
+    sub.add_argument("--force", action="store_true",
+                     help="fork a run that is not finished (scheduled, waiting, running, blocked): the fork is a "
+                          "second live run beside it (default: refused)")
     sub.add_argument("--json", action="store_true", help="print the new run as JSON (default: one line)")
 
     sub = _command(commands, "replay", "replay a recorded run here, against its records, writing nothing",
@@ -154,7 +156,7 @@ def build_parser() -> OneLineParser:
                    "a read-only connection (a read replica will do), printing each step as it is matched: its "
                    "recorded outcome, or where and why the code diverges. Never executes a step. Exit 1 if the "
                    "code diverges from the records.")
-    sub.add_argument("run_id", metavar="RUN", help="the run's id (or a unique prefix)")
+    add_run_argument(sub)
     sub.add_argument("--pdb", action="store_true",
                      help="stop in the debugger at the first divergence, or at --until-step (default: off)")
     sub.add_argument("--until-step", metavar="ID", default=None,
@@ -163,7 +165,7 @@ def build_parser() -> OneLineParser:
     sub = _command(commands, "cancel", "cancel a run that is not finished (it ends 'cancelled')",
                    "Cancel a scheduled, sleeping, retry-waiting, blocked or running run: it ends 'cancelled' at "
                    "once; a supervisor executing it kills its child within a second (a poll on SQLite).")
-    sub.add_argument("run_id", metavar="RUN", help="the run's id")
+    add_run_argument(sub)
     sub.add_argument("--reason", metavar="TEXT", help="why (stored as the run's error) (default: none)")
 
     sub = _command(commands, "schedules", "list the periodic (cron) workflows in --app, their last and next tick",
@@ -173,7 +175,7 @@ def build_parser() -> OneLineParser:
     sub = _command(commands, "requeue", "put a run parked 'running' by a dead runner back in the queue",
                    "Put a running run whose runner is dead back in the queue; a live runner's run only with "
                    "--force.")
-    sub.add_argument("run_id", metavar="RUN", help="the run's id")
+    add_run_argument(sub)
     sub.add_argument("--force", action="store_true",
                      help="requeue even though its runner is alive; that execution is fenced (its writes are "
                           "refused) and a supervisor kills its child (default: off)")
@@ -200,7 +202,8 @@ def build_parser() -> OneLineParser:
     sub.add_argument("runner", metavar="RUNNER", help="the supervisor's runner name (see 'everystep runners')")
     sub.add_argument("remote_command", metavar="COMMAND", choices=relay.COMMANDS,
                      help=f"one of: {', '.join(relay.COMMANDS)}")
-    sub.add_argument("target", nargs="?", metavar="RUN|N", help="kill: the run id; scale: the number of children")
+    sub.add_argument("target", nargs="?", metavar="RUN|N",
+                     help="kill: the run (its id or a unique prefix); scale: the number of children")
     sub.add_argument("--requeue", action="store_true", help="kill: put the run back in the queue (default: off)")
     sub.add_argument("--timeout", type=seconds(0.1, 3600), default=relay.REPLY_TIMEOUT, metavar="S",
                      help=f"how long to wait for the reply (default {relay.REPLY_TIMEOUT:g})")
@@ -268,7 +271,8 @@ def add_runs_arguments(parser: argparse.ArgumentParser, version_options: Sequenc
     parser.add_argument("--status", choices=[str(status) for status in RUN_STATUSES], metavar="STATUS",
                         help=f"only runs in this status: {', '.join(RUN_STATUSES)} (default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
-    parser.add_argument("--parent", metavar="RUN", help="only the child runs this run started (default: all)")
+    parser.add_argument("--parent", metavar="RUN",
+                        help="only the child runs this run (its id or a unique prefix) started (default: all)")
     parser.add_argument(*version_options, dest="version", metavar="V", default=None,
                         help="only runs started under this code version (default: all)")
     parser.add_argument("--limit", type=count(1, 100_000), default=DEFAULT_RUNS_LIMIT, metavar="N",
@@ -276,8 +280,16 @@ def add_runs_arguments(parser: argparse.ArgumentParser, version_options: Sequenc
     parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
 
 
+def add_run_argument(parser: argparse.ArgumentParser, what: str = "the run") -> None:
+    """The ``RUN`` argument of every command that acts on one run: an id or
+    a unique prefix of it, which the command resolves with ``Store.find_run``
+    before anything else (one resolver, so every command takes what ``show``
+    takes)."""
+    parser.add_argument("run_id", metavar="RUN", help=f"{what}: its id, or a unique prefix of it (like git)")
+
+
 def add_resolve_step_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id", metavar="RUN", help="the blocked run's id")
+    add_run_argument(parser, "the blocked run")
     parser.add_argument("step_id", metavar="STEP", help="its started step (the id the block names)")
     choice = parser.add_mutually_exclusive_group(required=True)
     choice.add_argument("--result", metavar="JSON", help="the effect happened; record this JSON value as its result")
@@ -483,11 +495,11 @@ def _waits_of(store: Store, runs: list[Run]) -> dict[str, str]:
 
 def cmd_send(store: Store, args: argparse.Namespace) -> int:
     run = store.find_run(args.run_id)
-    payload = parse_json(args.payload, "JSON")
+    payload = parse_json(args.payload, "the message")
     if args.key is not None and not args.key:
         raise EverystepError("--key must not be empty")
-    message_id = everystep_send(run.id, args.topic, payload, idempotency_key=args.key, database=store)
-    print(f"message {message_id} sent to run {run.id} on topic {args.topic!r}")
+    _sent, line = admin.send(store, run.id, args.topic, payload, args.key)
+    print(line)
     return 0
 
 
@@ -512,6 +524,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
                     "events": [event.to_dict() for event in store.events(run.id)],
                     "messages": [message.to_dict() for message in store.messages(run.id)],
                     "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step),
+                               "wait_ended": ended_wait(run, step),
                                "kind": patches.KIND_PATCH if patches.is_marker(step) else "step"}
                               for step in steps],
                     "cost": cost.to_dict() if cost is not None else None})
@@ -606,6 +619,9 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
         outcome = _describe_error(step.error)
     if effect_uncertain(run, step):
         status = "started (effect uncertain)"
+    ended = ended_wait(run, step)
+    if ended is not None:
+        status, outcome = f"{step.status} (ended)", ended
     cpu = resources.format_cpu(step.cpu_seconds) if step.cpu_seconds is not None else "-"
     rss = resources.format_size(step.peak_rss_bytes) if step.peak_rss_bytes is not None else "-"
     return step.step_id, status, step.name, str(step.attempt), cpu, rss, outcome
@@ -624,11 +640,15 @@ def cmd_fork(store: Store, args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.args is not None:
         options["args"] = parse_json(args.args, "--args")
-    run, copied = admin.fork(store, args.run_id, args.from_step, **options)
+    try:
+        run, copied = admin.fork(store, store.find_run(args.run_id).id, args.from_step, force=args.force, **options)
+    except WorkflowArgumentsError as exc:
+        raise WorkflowArgumentsError(f"{exc} (--args is the JSON array of its positional arguments: '[[1, 2]]' "
+                                     "passes one list)") from None
     if args.json:
         print_json({**run.to_dict(), "copied_steps": copied})
     else:
-        print(f"run {run.id} forked from {args.run_id} at step {args.from_step} ({copied} step(s) copied); "
+        print(f"run {run.id} forked from {run.forked_from} at step {args.from_step} ({copied} step(s) copied); "
               f"now {run.status}")
     return 0
 
@@ -641,14 +661,14 @@ def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
         options["error"] = args.error
     else:
         options["discard"] = True
-    run = admin.resolve_step(store, args.run_id, args.step_id, **options)
+    run = admin.resolve_step(store, store.find_run(args.run_id).id, args.step_id, **options)
     print(f"run {run.id} resolved at step {args.step_id}; now {run.status}")
     return 0
 
 
 def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
-    before = store.get_run(args.run_id)
-    run = admin.cancel(store, args.run_id, args.reason)
+    before = store.find_run(args.run_id)
+    run = admin.cancel(store, before.id, args.reason)
     if before.status == RUNNING and before.claimed_by:
         print(f"run {run.id} cancelled; it was running under {before.claimed_by}: a supervisor kills its child "
               "now, a threaded worker stops at the next step boundary")
@@ -684,7 +704,7 @@ def cmd_schedules(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_requeue(store: Store, args: argparse.Namespace) -> int:
-    run = admin.requeue_run(store, args.run_id, force=args.force)
+    run = admin.requeue_run(store, store.find_run(args.run_id).id, force=args.force)
     print(f"run {run.id} is {run.status}")
     return 0
 
@@ -795,7 +815,7 @@ def cmd_remote(store: Store, args: argparse.Namespace) -> int:
     if args.remote_command == "kill":
         if not args.target:
             raise EverystepError("remote kill needs the RUN to kill")
-        request = {"run": args.target, "requeue": args.requeue}
+        request = {"run": store.find_run(args.target).id, "requeue": args.requeue}
     elif args.remote_command == "scale":
         try:
             request = {"procs": int(args.target or "")}

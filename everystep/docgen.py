@@ -129,12 +129,12 @@ def _exclusive(parser: argparse.ArgumentParser, action: argparse.Action) -> list
 
 def _argument_item(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     notes = []
-    if action.required and action.option_strings:
-        notes.append("required")
+    described = help_text(action, parser)
+    if action.required and action.option_strings and "required" not in described:
+        notes.append("required")  # unless its help says so already (its --help line needs it too)
     others = _exclusive(parser, action)
     if others:
         notes.append("not with " + ", ".join(code(other.option_strings[-1]) for other in others))
-    described = help_text(action, parser)
     default = _default(action)
     if default is not None and "default" not in described and "required" not in described:
         notes.append(f"default {code(default)}")

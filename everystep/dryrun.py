@@ -13,8 +13,11 @@ or stop exactly as before.
 
 The same replay, run in the foreground with a ``ReplayLog`` told of each
 step (``replay_here``), is ``everystep replay`` (``everystep.local_replay``).
-A verdict also carries the patches the run recorded and how this code asks
-about them (``everystep.patches``), for check-deploy's per-patch advice.
+A verdict also carries the branch the run takes at each patch and how this
+code asks about them (``everystep.patches``), for check-deploy's per-patch
+advice: the branch it recorded, or, for a patch it has not recorded, the one
+the replay decided, exactly as its next claim will (a run waiting in ``recv``
+past a new patch point takes the old branch when it resumes).
 
 Nothing is written: the replay gets no Store (any attempt to use one is a
 bug and reported as such), no observers, no telemetry. Code between steps
@@ -88,7 +91,8 @@ class Verdict:
     outcome: Outcome
     detail: str
     next_step: str | None = None
-    #: The patches the run recorded (True: it took the new branch).
+    #: The branch the run takes at each patch it reached (True: the new
+    #: one), recorded or decided by this replay.
     patches: dict[str, bool] = field(default_factory=dict)
     #: The patches this code asked about in the replay (``patched``/``deprecated``).
     patch_calls: dict[str, str] = field(default_factory=dict, compare=False)
@@ -147,7 +151,7 @@ def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT
         return _verdict(run, Outcome.TIMEOUT, f"the replay had not stopped after {timeout:g}s "
                                               "(code between steps that waits or loops?)")
     verdict = _judge(run, ex.interrupt or box.get("error"))
-    return replace(verdict, patches=patches.recorded_patches(records), patch_calls=dict(ex.patch_calls))
+    return _with_patches(verdict, ex)
 
 
 def replay_here(run: Run, records: list[StepRecord], log: ReplayLog) -> tuple[Verdict, BaseException | None]:
@@ -161,8 +165,15 @@ def replay_here(run: Run, records: list[StepRecord], log: ReplayLog) -> tuple[Ve
     box: dict[str, Any] = {}
     _body(workflow, run, Context(ex), box)
     raised = ex.interrupt or box.get("error")
-    verdict = _judge(run, raised)
-    return replace(verdict, patches=patches.recorded_patches(records), patch_calls=dict(ex.patch_calls)), raised
+    return _with_patches(_judge(run, raised), ex), raised
+
+
+def _with_patches(verdict: Verdict, ex: Execution) -> Verdict:
+    """``verdict`` with the branch the run takes at each patch: its
+    outcomes hold the markers it recorded and those the replay decided
+    (``Execution.decide_marker`` keeps them there, writing nothing)."""
+    taken = patches.recorded_patches(list(ex.outcomes.values()))
+    return replace(verdict, patches=taken, patch_calls=dict(ex.patch_calls))
 
 
 def _abandon(thread: threading.Thread) -> None:

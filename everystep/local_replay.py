@@ -31,8 +31,9 @@ from types import FrameType
 from typing import IO, Any
 
 from . import dryrun, registry, serde
-from .models import FAILED, Run, StepRecord
+from .models import FAILED, STEP_AWAITING, STEP_DONE, Run, StepRecord
 from .store import Store
+from .waiting import describe_wait
 
 
 class StopReplay(BaseException):
@@ -90,9 +91,11 @@ def _body_frame(run: Run) -> FrameType | None:
 
 
 def _outcome(record: StepRecord) -> str:
-    if record.status == "done":
+    if record.status == STEP_DONE:
         text = json.dumps(serde.to_jsonable(record.result))
         return f"done -> {text if len(text) <= 60 else text[:57] + '...'}"
+    if record.status == STEP_AWAITING:
+        return describe_wait(record)  # the replay stops there, as the run did
     if record.error:
         return f"{record.status}: {record.error.get('type')}: {record.error.get('message')}"
     return str(record.status)

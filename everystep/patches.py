@@ -33,7 +33,8 @@ durable without the marker; a marker lost with nothing recorded after it is
 decided again, the same way, on the next claim.
 
 ``deprecate_patch(id)`` replaces the ``if``/``else`` once no run in flight
-took the old branch (``everystep check-deploy`` says when): it records
+takes the old branch (``everystep check-deploy`` says when: it counts the
+branch each run recorded, or would decide on its next claim): it records
 nothing and fails a run (``WorkflowCodeError``, as a divergence does) only if
 that run recorded ``False``. Outside a workflow ``patched`` is ``True``
 (unit tests run the new path) and ``deprecate_patch`` does nothing.
@@ -179,7 +180,8 @@ def recorded_patches(records: Iterable[StepRecord]) -> dict[str, bool]:
 
 @dataclass
 class PatchReport:
-    """One patch across the runs in flight: how many took each branch, and
+    """One patch across the runs in flight: how many take each branch
+    (recorded, or decided by their dry replay as their next claim will), and
     how the code checked asks about it (``patched``, ``deprecated``, or
     None: not reached by any replay)."""
 
@@ -192,12 +194,12 @@ class PatchReport:
     def advice(self) -> str:
         if self.in_code == DEPRECATED:
             if self.old:
-                return (f"{self.old} run(s) in flight took the old branch and fail with this code: keep "
+                return (f"{self.old} run(s) in flight take the old branch and fail with this code: keep "
                         f"patched({self.patch_id!r}) until they finish (or fork them)")
-            return "no run in flight took the old branch: deprecate_patch() can be deleted"
+            return "no run in flight takes the old branch: deprecate_patch() can be deleted"
         if self.old:
-            return f"keep both branches: {self.old} run(s) in flight took the old one"
-        return "no run in flight took the old branch: can be deprecated (deprecate_patch)"
+            return f"keep both branches: {self.old} run(s) in flight take the old one"
+        return "no run in flight takes the old branch: can be deprecated (deprecate_patch)"
 
     def to_dict(self) -> dict[str, object]:
         return {"patch": self.patch_id, "new": self.new, "old": self.old, "in_code": self.in_code,
@@ -205,7 +207,7 @@ class PatchReport:
 
 
 def patch_reports(seen: Iterable[tuple[dict[str, bool], dict[str, str]]]) -> list[PatchReport]:
-    """Per patch, from each run's (recorded patches, patch calls of its dry replay)."""
+    """Per patch, from each run's (branch taken at each patch, patch calls of its dry replay)."""
     reports: dict[str, PatchReport] = {}
     for recorded, calls in seen:
         for patch_id, answer in recorded.items():

@@ -458,6 +458,24 @@ def suspend(ex: Execution, wake_at: dt.datetime | None, wait_key: str | None = N
     return Suspended(wake_at, what)
 
 
+def recorded_at(ex: Execution, step_id: str, step_name: str) -> StepRecord | None:
+    """The record at ``step_id`` as a replay meets it, for the engine's own
+    steps (``step_phases`` does the same for the workflow's): a record of
+    another function is a divergence, and ``everystep replay``'s log is told
+    the step is reached (``--until-step``) and how it matched."""
+    log = ex.replay_log
+    if log is not None:
+        log.reaching(step_id, step_name)
+    recorded = ex.outcomes.get(step_id)
+    if recorded is None:
+        return None
+    if recorded.name != step_name:
+        raise diverged(ex, step_id, recorded.name, step_name)
+    if log is not None:
+        log.matched(step_id, step_name, recorded)
+    return recorded
+
+
 def diverged(ex: Execution, step_id: str, recorded: str, called: str) -> BaseException:
     if ex.replay_log is not None:
         ex.replay_log.diverged(step_id, recorded, called)
@@ -627,14 +645,8 @@ def sleep_until(wake_at: dt.datetime, name: str | None = None) -> None:
         return
     ex = ctx.execution
     step_id = next_step_id(ex, ctx, name)
-    if ex.replay_log is not None:
-        ex.replay_log.reaching(step_id, SLEEP_STEP)
-    recorded = ex.outcomes.get(step_id)
+    recorded = recorded_at(ex, step_id, SLEEP_STEP)
     if recorded is not None:
-        if recorded.name != SLEEP_STEP:
-            raise diverged(ex, step_id, recorded.name, SLEEP_STEP)
-        if ex.replay_log is not None:
-            ex.replay_log.matched(step_id, SLEEP_STEP, recorded)
         if recorded.status != STEP_SLEEPING:
             replay_outcome(ex, recorded)
             return

@@ -1,13 +1,14 @@
 """A run's lifecycle state in words, shared by ``everystep show`` and the
-console: what a scheduled run waits for, and which step's effect is
-uncertain."""
+console: what a scheduled run waits for, which waits a finished run left
+unended, and which step's effect is uncertain."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 from .models import (
-    RUNNING, SCHEDULED, STEP_AWAITING, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, WAIT_FOREVER, Run, StepRecord,
+    ACTIVE_STATUSES, RUNNING, SCHEDULED, STEP_AWAITING, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, STEP_WAITING,
+    WAIT_FOREVER, Run, StepRecord,
 )
 
 
@@ -48,6 +49,22 @@ def describe_wait(step: StepRecord) -> str:
     return f"waiting for {what}{until}"
 
 
+def ended_wait(run: Run, step: StepRecord) -> str | None:
+    """A step left waiting (for a message, a child, the clock or a retry)
+    by a run that has ended since (cancelled, by an operator or its
+    deadline), in words: ``the run ended (cancelled) while waiting for
+    child 01a2…``. Nothing will end that wait any more. None for any other step."""
+    if step.status not in STEP_WAITING or run.status in ACTIVE_STATUSES:
+        return None
+    if step.status == STEP_AWAITING:
+        what = describe_wait(step)
+    elif step.status == STEP_SLEEPING:
+        what = "sleeping"
+    else:
+        what = f"waiting to retry (attempt {step.attempt + 1})"
+    return f"the run ended ({run.status}) while {what}"
+
+
 def wait_kind(step: StepRecord) -> str | None:
     """``message``, ``child``, ``run`` or ``event`` for a ``waiting`` step (the console's and the metrics' word)."""
     from .waits import WAIT_STEPS
@@ -62,4 +79,4 @@ def effect_uncertain(run: Run, step: StepRecord) -> bool:
     return step.status == STEP_STARTED and run.status != RUNNING
 
 
-__all__ = ["describe_wait", "effect_uncertain", "wait_kind", "waiting_for"]
+__all__ = ["describe_wait", "effect_uncertain", "ended_wait", "wait_kind", "waiting_for"]

@@ -116,10 +116,8 @@ def _enter_wait(ex: Any, ctx: Any, name: str | None, step_name: str, wait_key: s
     keeps its start and deadline (a dry replay stops there); a new one is
     allowed to start and gets its deadline from ``timeout``."""
     step_id = runner.next_step_id(ex, ctx, name)
-    recorded = ex.outcomes.get(step_id)
+    recorded = runner.recorded_at(ex, step_id, step_name)
     if recorded is not None:
-        if recorded.name != step_name:
-            raise runner.diverged(ex, step_id, recorded.name, step_name)
         if recorded.status != STEP_AWAITING:
             return None, runner.replay_outcome(ex, recorded)
         entered = _Entered(step_id, recorded.started_at or utcnow(), recorded.wake_at, False)
@@ -210,10 +208,8 @@ def set_event(key: str, value: Any, name: str | None = None) -> None:
     ctx = _workflow_context("set_event")
     ex = ctx.execution
     step_id = runner.next_step_id(ex, ctx, name)
-    recorded = ex.outcomes.get(step_id)
+    recorded = runner.recorded_at(ex, step_id, EVENT_STEP)
     if recorded is not None:
-        if recorded.name != EVENT_STEP:
-            raise runner.diverged(ex, step_id, recorded.name, EVENT_STEP)
         runner.replay_outcome(ex, recorded)
         return
     runner.may_start(ex, step_id, EVENT_STEP)
@@ -360,8 +356,9 @@ def _watch(ex: Execution, step_id: str, step_name: str, args: list[Any], started
 @declare(BodyRule.PLAIN, "A handle on a child run (start() makes one): its result() is a wait that holds no process.")
 @dataclass(frozen=True)
 class ChildHandle:
-    """A child run started by a workflow (``everystep.start``): its id, and
-    ``result()`` to wait for its end."""
+    """A child run started by a workflow (``everystep.start``): ``run_id``,
+    the child run's id (``str(handle)`` is the same), and ``result()`` to
+    wait for its end."""
 
     run_id: str
 
@@ -390,10 +387,8 @@ def start_child(name: str, args_json: str, idempotency_key: str | None, placemen
     ctx = _workflow_context("start")
     ex = ctx.execution
     step_id = runner.next_step_id(ex, ctx, step_name)
-    recorded = ex.outcomes.get(step_id)
+    recorded = runner.recorded_at(ex, step_id, START_STEP)
     if recorded is not None:
-        if recorded.name != START_STEP:
-            raise runner.diverged(ex, step_id, recorded.name, START_STEP)
         return ChildHandle(str(runner.replay_outcome(ex, recorded)))
     runner.may_start(ex, step_id, START_STEP)
     entry = NewStep(step_id, START_STEP, serde.dumps([name], "start"), "{}", utcnow(), status=STEP_DONE)

@@ -211,3 +211,53 @@ def test_a_queue_a_supervisor_claims_from_is_known(cli: Cli, db_url: str, superv
         return cli("queue", "pause", "overnight", "--database", db_url).returncode == 0
 
     wait_until(known, "the supervisor's --queues to be published", timeout=60, detail=sup.log)
+
+
+# -- one resolver for the run a command names ----------------------------------------------------
+
+
+def test_every_command_that_names_a_run_takes_a_unique_prefix_of_its_id(cli: Cli, db_url: str, store) -> None:
+    """``show`` took a unique prefix where ``cancel`` said "no run with id"
+    for a run that exists: every command naming one run resolves it alike.
+    The commands are read from the parser, so a new one is held to it too."""
+    from everystep import docgen, schedule
+    from everystep.cli import build_parser
+    from everystep.errors import SimulatedCrash
+    from tests.apps import shapes
+    from tests.support.runs import claim_run, crash_at, execute_run
+
+    def prefix(run_id: str) -> str:
+        return run_id[:23]  # past the timestamp, into the random bits: unique here
+
+    finished = schedule(shapes.linear, "k", database=store)
+    assert execute_run(store, finished.id) == "completed"
+    waiting = schedule(shapes.linear, "w", database=store)
+    held = claim_run(store, schedule(shapes.linear, "h", database=store).id)  # by "tester": no live runner
+    blocked = schedule(shapes.payment, 5, database=store)
+    crash_at("1")
+    with pytest.raises(SimulatedCrash):
+        execute_run(store, blocked.id)
+    assert store.requeue(store.get_run(blocked.id).claim_as("tester"))
+    assert execute_run(store, blocked.id) == "blocked"
+    app = ("--app", "tests.apps.shapes", "--database", db_url)
+
+    done = {
+        "show": cli("show", prefix(finished.id), *app),
+        "replay": cli("replay", prefix(finished.id), *app),
+        "send": cli("send", prefix(waiting.id), "go", "1", *app),
+        "fork": cli("fork", prefix(finished.id), "--from-step", "2", *app),
+        "cancel": cli("cancel", prefix(waiting.id), *app),
+        "requeue": cli("requeue", prefix(held.id), *app),
+        "resolve-step": cli("resolve-step", prefix(blocked.id), "1", "--discard", *app),
+    }
+    for command, result in done.items():
+        assert result.returncode == 0, (command, result.stdout, result.stderr)
+    assert store.get_run(waiting.id).status == "cancelled"
+    assert store.get_run(held.id).status == "scheduled" and store.get_run(blocked.id).status == "scheduled"
+    assert [fork.forked_from for fork in store.forks_of(finished.id)] == [finished.id]
+    assert f"run {finished.id} forked from {finished.id}" not in done["fork"].stdout
+    assert f"forked from {finished.id} at step 2" in done["fork"].stdout  # the full id, not the prefix
+
+    naming_a_run = {" ".join(path) for path, parser in docgen.walk(build_parser())
+                    if any(action.dest == "run_id" for action in parser._actions)}
+    assert naming_a_run == set(done)

@@ -179,6 +179,18 @@ def test_fork_from_the_console_and_both_runs_say_so(console: ConsoleServer, clie
     assert source["forks"] == [new_id] and source["app_version"] == run.app_version
 
 
+def test_forking_an_unfinished_run_from_the_console_is_confirmed_and_forced(console: ConsoleServer,
+                                                                           client: Any) -> None:
+    run = schedule(shapes.guarded, {"fail_on": []}, database=console.store)
+    (fork,) = [a for a in client.get(f"/api/runs/{run.id}").json()["actions"] if a["name"] == "fork"]
+    assert "not finished (scheduled)" in fork["confirm"] and "second live run" in fork["confirm"]
+    refused = client.act(f"/api/runs/{run.id}/fork", {"step": "1"})
+    assert refused.status_code == 409 and "--force" in refused.json()["error"]
+    assert execute_run(console.store, run.id) == COMPLETED
+    (fork,) = [a for a in client.get(f"/api/runs/{run.id}").json()["actions"] if a["name"] == "fork"]
+    assert fork["confirm"] is None  # a finished run forks without a question
+
+
 def test_unknown_runs_are_404(client: Any) -> None:
     assert client.get("/api/runs/0190aaaa-0000-7000-8000-000000000000").status_code == 404
     assert client.get("/api/runs/not-a-uuid").status_code == 404

@@ -433,3 +433,45 @@ def test_a_run_waiting_for_a_message_is_drawn_as_a_wait_and_woken_from_its_page(
         assert_not_reloaded(page)
         assert store.get_run(run.id).result == {"amount": 7}
         assert real_errors(page_errors) == []
+
+
+def test_forking_an_unfinished_run_asks_first_and_says_why(db_url: str, browser: Any,
+                                                           page_errors: list[str]) -> None:
+    """Fork on a run still waiting: the console asks whether to make a
+    second live run beside it; declined, nothing is forked; confirmed, the
+    fork is sent forced and the page moves to the new run."""
+    from tests.apps import waits as waiting
+
+    for console in serve(db_url, app_modules="tests.apps.waits"):
+        store = console.store
+        run = schedule(waiting.checkout, "o-8", database=store)
+        assert execute_run(store, run.id) == "released"
+        page = open_page(browser, page_errors)
+        page.goto(console.url + f"/runs/{run.id}")
+        expect(page.locator(".run-title .badge")).to_have_text("scheduled")
+        dialogs: list[tuple[str, str]] = []
+
+        def answer(dialog: Any, confirm: bool) -> None:
+            dialogs.append((dialog.type, dialog.message))
+            if dialog.type == "prompt":
+                dialog.accept("1")
+            elif confirm:
+                dialog.accept()
+            else:
+                dialog.dismiss()
+
+        page.once("dialog", lambda dialog: answer(dialog, confirm=False))
+        page.locator("button.action-fork").click()
+        wait_until(lambda: len(dialogs) == 1, "the confirmation")
+        assert dialogs[0][0] == "confirm"
+        assert "not finished (scheduled)" in dialogs[0][1] and "second live run" in dialogs[0][1]
+        assert store.forks_of(run.id) == []
+
+        page.on("dialog", lambda dialog: answer(dialog, confirm=True))
+        page.locator("button.action-fork").click()
+        page.wait_for_url(re.compile(r"/runs/(?!" + run.id + r")[0-9a-f-]+$"), timeout=60_000)
+        assert [kind for kind, _ in dialogs] == ["confirm", "confirm", "prompt"]
+        (fork,) = store.forks_of(run.id)
+        assert page.url.endswith(f"/runs/{fork.id}")
+        assert store.get_run(run.id).status == "scheduled"  # the source goes on waiting
+        assert real_errors(page_errors) == []

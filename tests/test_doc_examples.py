@@ -10,6 +10,11 @@ a piece of a larger program (a settings file, a handler) and is not run on
 purpose; it must still parse, and import only names that exist. A block labelled otherwise as
 Python (```py, ```python3) or not labelled at all would dodge the runner:
 ``test_every_block_is_labelled`` refuses both.
+
+The tutorial is followed as its reader follows it: from an empty directory,
+with only the installed packages importable, saving the files its pages
+say to save and running the commands of their ``sh`` blocks in page order
+(``test_the_tutorial_works_from_an_empty_directory``).
 """
 
 from __future__ import annotations
@@ -19,9 +24,14 @@ import importlib
 import importlib.util
 import os
 import re
+import shlex
+import signal
+import sqlite3
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -204,3 +214,149 @@ def test_block_parser(tmp_path: Path) -> None:
     assert [(b.line, b.language, b.fragment) for b in found] == [
         (3, "python", False), (8, "python", True), (14, "python", False), (20, "text", False), (26, "", False)]
     assert found[2].source == "x = 1\nif x:\n    print(x)\n"
+
+
+# -- the tutorial, from an empty directory -------------------------------------------------------
+
+TUTORIAL = ROOT / "docs" / "tutorial"
+#: "Save this as `shop.py`": the next Python block is that file.
+SAVE_AS = re.compile(r"Save this as\s+`([^`]+)`")
+#: "... and run it with `python first.py`".
+RUN_IT = re.compile(r"run it with\s+`(python [^`]+)`")
+#: What a reader types that the walk cannot, or must not, type for them.
+NOT_TYPED = (
+    (re.compile(r"^pip install\b"), "installs the package: the walk runs the code under test"),
+    (re.compile(r"^kill\b"), "kills the pids of the page's own output"),
+    (re.compile(r"^everystep ui\b"), "serves the console on its fixed port (the browser tests cover the console)"),
+)
+COMMAND_TIMEOUT = 120.0
+
+
+def _names_a_documented_id(command: str) -> bool:
+    """A run id (or a prefix of one) copied from the page's own output."""
+    return any(re.fullmatch(r"[0-9a-f]{4,}(-[0-9a-f]+)*", token) and not token.isdigit()
+               for token in shlex.split(command, comments=True))
+
+
+def tutorial_pages() -> list[Path]:
+    """The tutorial's pages in reading order: its index, then the pages
+    the index lists."""
+    index = TUTORIAL / "index.md"
+    listed = re.findall(r"^\d+\. \[[^]]+\]\(([\w-]+\.md)\)", index.read_text(), re.MULTILINE)
+    return [index, *(TUTORIAL / name for name in listed)]
+
+
+@dataclass
+class Reader:
+    """Someone following the tutorial: a working directory, a shell, and
+    the supervisor the pages leave running in another terminal."""
+
+    cwd: Path
+    env: dict[str, str]
+    log: Path
+    typed: list[str] = field(default_factory=list)
+    supervisor: subprocess.Popen[bytes] | None = None
+
+    def save(self, name: str, source: str) -> None:
+        (self.cwd / name).write_text(source)
+
+    def type(self, command: str) -> None:
+        done = subprocess.run(["bash", "-c", command], cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT)
+        assert done.returncode == 0, f"{command!r} in {self.cwd} exited {done.returncode}:\n{done.stderr[-2000:]}"
+        self.typed.append(command)
+        tokens = shlex.split(command, comments=True)
+        if "cd" in tokens:
+            self.cwd = self.cwd / tokens[tokens.index("cd") + 1]
+
+    def start_supervisor(self, command: str) -> None:
+        """A supervisor left running in its own terminal (one at a time: a
+        page that starts one again has had the reader stop the last)."""
+        self.stop_supervisor()
+        offset = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as out:
+            self.supervisor = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=self.cwd, env=self.env,
+                                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        from tests.support.waiting import wait_until
+
+        wait_until(lambda: b"master pid" in self.log.read_bytes()[offset:] or self.supervisor.poll() is not None,
+                   f"{command!r} to start", timeout=COMMAND_TIMEOUT)
+        assert self.supervisor.poll() is None, f"{command!r} exited:\n{self.log.read_text()[offset:]}"
+        self.typed.append(command)
+
+    def stop_supervisor(self) -> None:
+        """Ctrl-C twice, as the tutorial says: stop at once, requeueing."""
+        if self.supervisor is None:
+            return
+        self.supervisor.send_signal(signal.SIGQUIT)
+        try:
+            self.supervisor.wait(COMMAND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.supervisor.pid, signal.SIGKILL)
+            self.supervisor.wait()
+        self.supervisor = None
+
+
+@pytest.fixture
+def reader() -> Iterator[Reader]:
+    """An empty directory and the installed packages only: ``everystep`` and
+    ``supervisor`` (this checkout's, linked), never the repository's other
+    directories (``examples``, ``tests``), which a reader's interpreter
+    cannot import. Under /tmp, short: the supervisor's control socket is
+    made in the working directory, and a Unix socket's path is short."""
+    with tempfile.TemporaryDirectory(prefix="es-tut-", dir="/tmp") as top:
+        yield from _reader(Path(top))
+
+
+def _reader(tmp_path: Path) -> Iterator[Reader]:
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    for package in ("everystep", "supervisor"):
+        (installed / package).symlink_to(ROOT / package)
+    start = tmp_path / "home"
+    start.mkdir()
+    env = example_environment(start)
+    del env["EVERYSTEP_DATABASE_URL"]  # the tutorial relies on the default, ./everystep.db
+    env["PYTHONPATH"] = str(installed)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    person = Reader(start, env, tmp_path / "supervisor.log")
+    try:
+        yield person
+    finally:
+        person.stop_supervisor()
+
+
+@pytest.mark.timeout(600)
+def test_the_tutorial_works_from_an_empty_directory(reader: Reader) -> None:
+    """Every page, in order: the files it says to save are saved, and each
+    command of its ``sh`` blocks is typed and exits 0, except those a walk
+    cannot type (``NOT_TYPED``, and those naming a run id of the page's own
+    output). A supervisor started without ``--burst`` keeps running in the
+    background, as the pages ask, until a page starts one again."""
+    skipped: list[str] = []
+    for page in tutorial_pages():
+        text = page.read_text().splitlines()
+        after = 0  # the line after the previous block's closing fence
+        for block in blocks(page):
+            prose = "\n".join(text[after:block.line - 1])
+            after = block.line + block.source.count("\n") + 1
+            saved = SAVE_AS.findall(prose)
+            if block.language == "python" and saved:
+                reader.save(saved[-1], block.source)
+                for command in RUN_IT.findall(prose):
+                    reader.type(command)
+            if block.language != "sh":
+                continue
+            for command in filter(None, (line.strip() for line in block.source.splitlines())):
+                if any(pattern.search(command) for pattern, _why in NOT_TYPED) or _names_a_documented_id(command):
+                    skipped.append(command)
+                elif command.startswith("everystep-supervisor --app") and "--burst" not in command:
+                    reader.start_supervisor(command)
+                else:
+                    reader.type(command)
+    reader.stop_supervisor()
+    assert any(command.startswith("everystep-supervisor") and "--burst" in command for command in reader.typed)
+    assert len(reader.typed) > len(skipped), (reader.typed, skipped)
+    with sqlite3.connect(reader.cwd / "everystep.db") as db:  # where the tutorial says its runs are
+        statuses = dict(db.execute("SELECT status, count(*) FROM everystep_workflow GROUP BY status").fetchall())
+    assert statuses.get("completed", 0) >= 11 and "failed" not in statuses, statuses

@@ -123,6 +123,18 @@ def test_every_option_has_help(prog: str) -> None:
     assert docgen.undocumented_options(PARSERS[prog][0]()) == []
 
 
+@pytest.mark.parametrize("prog", list(PARSERS))
+def test_no_option_is_described_with_the_same_note_twice(prog: str) -> None:
+    """An option whose help says "(required)" was given a second one by the
+    generator: ``prune --older-than … (required) (required)``."""
+    markdown = docgen.cli_markdown(PARSERS[prog][0]())
+    doubled = [line for line in markdown.splitlines()
+               if re.search(r"\(([^()]+)\)\s*\(\1\)", line) or line.count("required") > 1]
+    assert doubled == []
+    if prog == "everystep":
+        assert "- `--older-than DURATION`: runs finished longer ago than this: 90s, 10m, 2h, 30d (required)" in markdown
+
+
 def test_undocumented_option_is_caught() -> None:
     parser = argparse.ArgumentParser(prog="demo")
     commands = parser.add_subparsers(dest="command")
@@ -243,6 +255,22 @@ def test_python_api_reference_covers_all(site: Site) -> None:
     text = site.text("reference/python-api")
     for name in everystep.__all__:
         assert f"everystep.{name}" in text
+
+
+def test_the_api_reference_names_the_fields_of_small_records() -> None:
+    """The reference renders a class's docstring under its signature: a
+    record of a field or two names each field as the signature spells it
+    (``ChildHandle``'s said "its id" beside ``run_id``)."""
+    import dataclasses
+    import inspect
+
+    small = [getattr(everystep, name) for name in everystep.__all__
+             if dataclasses.is_dataclass(getattr(everystep, name))
+             and len(dataclasses.fields(getattr(everystep, name))) <= 2]
+    assert small, "no small record exported: the check would check nothing"
+    unnamed = [f"{record.__name__}.{field.name}" for record in small for field in dataclasses.fields(record)
+               if f"``{field.name}``" not in (inspect.getdoc(record) or "")]
+    assert unnamed == []
 
 
 def test_every_placeholder_is_known_and_used() -> None:

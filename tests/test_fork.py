@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from everystep import admin, schedule
+from everystep import admin, get_event, recv, schedule, workflow
 from everystep.admin import AdminError
-from everystep.errors import SimulatedCrash
-from everystep.models import BLOCKED, COMPLETED, FAILED, SCHEDULED
+from everystep.errors import SimulatedCrash, WorkflowArgumentsError
+from everystep.models import BLOCKED, COMPLETED, FAILED, SCHEDULED, Outcome
 from everystep.store import Store
 from tests.apps import repair_v1, repair_v2
 from tests.support.cli import run_in_process
@@ -77,12 +77,9 @@ def test_fork_inside_an_uncertain_effect_window_is_refused(store: Store) -> None
         execute_run(store, run.id)
     assert store.requeue(store.get_run(run.id).claim_as("tester"))
     assert execute_run(store, run.id) == BLOCKED
-    for step_id in ("1", "2"):
-        if step_id == "1":
-            continue  # before the window: allowed (checked below)
-        with pytest.raises(AdminError, match="uncertain effect window of unsafe step 2"):
-            admin.fork(store, run.id, step_id)
-    new, copied = admin.fork(store, run.id, "1")
+    with pytest.raises(AdminError, match="uncertain effect window of unsafe step 2"):
+        admin.fork(store, run.id, "2", force=True)  # a blocked run is unfinished: forced
+    new, copied = admin.fork(store, run.id, "1", force=True)  # before the window: allowed
     assert copied == 0 and new.forked_from == run.id
 
 
@@ -102,3 +99,62 @@ def test_the_cli_forks_and_refuses_in_one_line(store: Store, db_url: str, subpro
     assert new["id"] in shown.stdout
     shown = run_in_process(["show", new["id"], "--database", db_url], subprocess_env, tmp_path)
     assert f"forked from {old}" in shown.stdout
+
+
+def test_a_fork_publishes_the_events_its_copied_steps_published(store: Store) -> None:
+    """get_event on a fork answers as it did on the source at the fork's
+    step: each key's last value among the copied set_event steps."""
+    old = schedule(repair_v1.approval, ORDER, database=store)
+    assert execute_run(store, old.id) == FAILED
+    assert get_event(old.id, "status", database=store) == "approved"
+    deploy(repair_v2)
+    new, copied = admin.fork(store, old.id, "5")  # from the failed charge
+    assert copied == 4
+    assert get_event(new.id, "status", database=store) == "approved"
+    assert get_event(new.id, "approver", database=store) == "ops"
+    early, _ = admin.fork(store, old.id, "3")  # before "approved" was published: it is published again
+    assert get_event(early.id, "status", database=store) == "reserved"
+    with pytest.raises(TimeoutError):
+        get_event(early.id, "approver", database=store)
+    assert execute_run(store, new.id) == COMPLETED
+    assert get_event(new.id, "status", database=store) == "charged"
+    assert get_event(old.id, "status", database=store) == "approved"  # the source is left as it was
+
+
+@workflow(name="repair.awaiting")
+def awaiting(o: dict[str, object]) -> str:
+    repair_v1.reserve(o)
+    return str(recv("go"))
+
+
+def test_a_run_that_is_not_finished_is_forked_only_when_forced(store: Store) -> None:
+    """A fork beside a live run makes two live runs for one order: refused,
+    saying why, unless forced."""
+    scheduled = schedule(repair_v1.order, ORDER, database=store)
+    waiting = schedule(awaiting, ORDER, database=store)
+    assert execute_run(store, waiting.id) == Outcome.RELEASED
+    for run_id, state in ((scheduled.id, "scheduled"), (waiting.id, 'scheduled, waiting for message "go"')):
+        with pytest.raises(AdminError) as refused:
+            admin.fork(store, run_id, "1")
+        assert f"run {run_id} is not finished ({state}): a fork would be a second live run" in str(refused.value)
+        assert f"everystep cancel {run_id}" in str(refused.value) and "--force" in str(refused.value)
+        assert store.forks_of(run_id) == []
+    with pytest.raises(AdminError, match="no recorded step"):
+        admin.fork(store, scheduled.id, "1", force=True)  # nothing recorded yet: the other checks stand
+    new, copied = admin.fork(store, waiting.id, "2", force=True)
+    assert (copied, new.forked_from) == (1, waiting.id)
+    assert store.get_run(waiting.id).status == SCHEDULED  # left as it was
+
+
+def test_fork_arguments_are_checked_against_the_workflow(store: Store, db_url: str,
+                                                         subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    old = failed_run(store)
+    deploy(repair_v2)
+    with pytest.raises(WorkflowArgumentsError, match=r"repair.order\(o\) cannot take 2 argument"):
+        admin.fork(store, old, "2", args=[ORDER, "extra"])
+    refused = run_in_process(["fork", old, "--from-step", "2", "--args", json.dumps([ORDER, 1]),
+                              "--database", db_url, "--app", "tests.apps.repair_v2"], subprocess_env, tmp_path)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert len(refused.stderr.splitlines()) == 1
+    assert "cannot take 2 argument(s)" in refused.stderr and "--args is the JSON array" in refused.stderr
+    assert store.forks_of(old) == []

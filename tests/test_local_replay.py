@@ -124,3 +124,41 @@ def test_replay_under_a_select_only_role(pg_url: str, subprocess_env: dict[str, 
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
             admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_engines_own_steps_are_printed_as_they_are_matched(store: Store, db_url: str,
+                                                                 subprocess_env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    """set_event, recv (with its payload, or the wait it is in), start and a
+    child's result are recorded steps like any other: each gets its line."""
+    from everystep import send
+    from everystep.models import Outcome
+    from tests.apps import waits
+
+    def lines(run_id: str) -> dict[str, str]:
+        code, out = replay(db_url, subprocess_env, tmp_path, run_id, app="tests.apps.waits")
+        assert code == 0, out
+        return {line.split()[1]: line for line in out.splitlines() if line.startswith("step ")}
+
+    run = schedule(waits.checkout, "o-1", database=store)
+    assert execute_run(store, run.id) == Outcome.RELEASED
+    waiting = lines(run.id)
+    assert "everystep.set_event" in waiting["1"] and "recorded done" in waiting["1"]
+    assert "everystep.recv" in waiting["2"] and 'recorded waiting for message "paid"' in waiting["2"]
+    send(run.id, "paid", {"amount": 7}, database=store)
+    assert execute_run(store, run.id) == COMPLETED
+    done = lines(run.id)
+    assert 'everystep.recv' in done["2"] and 'recorded done -> {"amount": 7}' in done["2"]
+    assert "everystep.set_event" in done["3"] and "recorded done" in done["3"]
+    code, out = replay(db_url, subprocess_env, tmp_path, run.id, "--until-step", "2", app="tests.apps.waits")
+    assert code == 0 and "stopped at step 2 (--until-step)" in out, out
+    assert "everystep.recv" in out and "--until-step: the replay stops here" in out and "amount" not in out
+
+    parent = schedule(waits.parent_calls, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    [child] = store.children(parent.id)
+    assert execute_run(store, child.id) == COMPLETED
+    assert execute_run(store, parent.id) == COMPLETED
+    family = lines(parent.id)
+    assert "everystep.start" in family["1"] and f'recorded done -> "{child.id}"' in family["1"]
+    assert "everystep.child" in family["2"] and "recorded done -> 42" in family["2"]

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from everystep import dryrun, patched, schedule
+from everystep import dryrun, patched, schedule, send
 from everystep.errors import SimulatedCrash, WorkflowCodeError
-from everystep.models import COMPLETED, FAILED, STEP_DONE, Claim
+from everystep.models import COMPLETED, FAILED, STEP_AWAITING, STEP_DONE, Claim, Outcome
 from everystep.patches import PATCH_STEP, marker_id
 from everystep.store import Marker, NewStep, Store, utcnow
 from tests.apps import patch_v1, patch_v2, patch_v3
@@ -187,6 +187,36 @@ def test_check_deploy_counts_each_patchs_branches(store: Store, db_url: str, sub
     done = run_in_process(["check-deploy", "--database", db_url, "--app", "tests.apps.patch_v3"], subprocess_env,
                           tmp_path)
     assert "PATCH" in done.stdout and "can be deleted" in done.stdout
+
+
+def test_check_deploy_counts_the_branch_a_waiting_run_will_take(store: Store, db_url: str,
+                                                                 subprocess_env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    """Runs waiting in recv, recorded by code without the patch, are past a
+    patch added before the wait: they have not recorded it, yet each takes
+    the old branch when it resumes. check-deploy counts them as old."""
+    deploy(patch_v1)
+    waiting = [schedule(patch_v1.approved, ORDER, database=store).id for _ in range(3)]
+    for run_id in waiting:
+        assert execute_run(store, run_id) == Outcome.RELEASED
+        assert store.get_steps(run_id)[-1].status == STEP_AWAITING
+    deploy(patch_v2)
+    fresh = schedule(patch_v2.approved, ORDER, database=store).id
+    assert execute_run(store, fresh) == Outcome.RELEASED  # took the new branch, now waits too
+
+    done = run_in_process(["check-deploy", "--database", db_url, "--app", "tests.apps.patch_v2", "--json"],
+                          subprocess_env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    (report,) = [patch for patch in json.loads(done.stdout)["patches"] if patch["patch"] == "approval-tax"]
+    assert (report["new"], report["old"]) == (1, 3)
+    assert "keep both branches" in report["advice"]
+
+    # What it predicted is what happens.
+    for run_id in (*waiting, fresh):
+        send(run_id, "approval", True, database=store)
+        assert execute_run(store, run_id) == COMPLETED
+    assert [steps(store, run_id)[marker_id("approval-tax")][1] for run_id in (*waiting, fresh)] == [
+        False, False, False, True]
 
 
 def test_runs_record_the_code_version_they_started_under(store: Store, db_url: str,

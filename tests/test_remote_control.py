@@ -187,8 +187,11 @@ def test_the_remote_command(db_url, store, supervisors, subprocess_env, tmp_path
     assert table.returncode == 0 and head.startswith(f"supervisor {sup.name} pid {sup.pid}  procs 2"), table
     assert columns.split()[:3] == ["SLOT", "PID", "STATE"] and len(rows) == 2, table.stdout
     assert all(row.split()[2] == "idle" for row in rows) and "<" not in table.stdout, table.stdout
-    refused = remote(db_url, subprocess_env, sup.name, "kill", "not-running")
-    assert refused.returncode == 1 and "refused: run not-running is not executing" in refused.stdout
+    idle = store.schedule("nowhere.unregistered", "[]")  # no supervisor here claims it
+    refused = remote(db_url, subprocess_env, sup.name, "kill", idle.id[:23])  # a unique prefix, as show takes
+    assert refused.returncode == 1 and f"refused: run {idle.id} is not executing" in refused.stdout
+    unknown = remote(db_url, subprocess_env, sup.name, "kill", "not-a-run")  # refused here, nothing relayed
+    assert unknown.returncode == 2 and "no run with id 'not-a-run'" in unknown.stderr, unknown
     nobody = remote(db_url, subprocess_env, "nobody-here", "status")  # refused at once, not at the timeout
     assert nobody.returncode == 2 and len(nobody.stderr.splitlines()) == 1, nobody
     assert "no live supervisor is named 'nobody-here'" in nobody.stderr and sup.name in nobody.stderr

@@ -5,6 +5,7 @@ waiting run to its wait."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -42,9 +43,12 @@ def test_send_runs_and_show(db_url: str, store: Store, tmp_path: Path, subproces
     assert "payment_url" in shown.stdout and 'waiting for message "paid"' in shown.stdout
 
     sent = everystep(db_url, tmp_path, subprocess_env, "send", run.id, "paid", '{"amount": 3}', "--key", "k")
-    assert sent.returncode == 0 and sent.stdout.startswith("message ")
+    (message,) = store.messages(run.id)
+    assert sent.returncode == 0
+    assert sent.stdout == f"message {message.id} sent to run {run.id} on topic 'paid'\n"
     again = everystep(db_url, tmp_path, subprocess_env, "send", run.id, "paid", '{"amount": 4}', "--key", "k")
-    assert again.stdout == sent.stdout
+    assert again.returncode == 0  # the message is there: the key did its job
+    assert again.stdout == f"already sent as message {message.id} (same key 'k'); nothing stored\n"
     assert [m.payload for m in store.messages(run.id)] == [{"amount": 3}]
 
 
@@ -54,7 +58,7 @@ def test_refused_sends_exit_2_with_one_line(db_url: str, store: Store, tmp_path:
     assert execute_run(store, done.id) == Outcome.COMPLETED
     for args, fragment in (((done.id, "t", "1"), "is completed"),
                            (("01a2c000-0000-7000-8000-000000000000", "t", "1"), "no run"),
-                           ((done.id, "t", "{bad"), "not valid JSON")):
+                           ((done.id, "t", "{approved: yes}"), "the message is not valid JSON: ")):
         result = everystep(db_url, tmp_path, subprocess_env, "send", *args)
         assert result.returncode == 2, result
         assert len(result.stderr.strip().splitlines()) == 1 and fragment in result.stderr
@@ -71,3 +75,25 @@ def test_check_deploy_replays_a_waiting_run_to_its_wait(store: Store) -> None:
     assert execute_run(store, parent.id) == Outcome.RELEASED
     verdict = dryrun.replay(store.get_run(parent.id), store.get_steps(parent.id))
     assert f"waits for child {store.children(parent.id)[0].id}" in verdict.detail
+
+
+def test_show_says_a_cancelled_runs_wait_ended(db_url: str, store: Store, tmp_path: Path,
+                                              subprocess_env: dict[str, str]) -> None:
+    """A parent cancelled while it waited for its child: its step row is
+    still 'waiting', and show says that wait ended with the run."""
+    from everystep import admin
+
+    parent = schedule(apps.parent_calls, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    [child] = store.children(parent.id)
+    admin.cancel(store, parent.id)
+
+    shown = everystep(db_url, tmp_path, subprocess_env, "show", parent.id)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = [line for line in shown.stdout.splitlines() if "everystep.child" in line]
+    assert row.split()[1:3] == ["waiting", "(ended)"], row
+    assert f"the run ended (cancelled) while waiting for child {child.id}" in row
+    assert f"  waiting for child {child.id}" not in shown.stdout
+    data = json.loads(everystep(db_url, tmp_path, subprocess_env, "show", parent.id, "--json").stdout)
+    (step,) = [s for s in data["steps"] if s["name"] == "everystep.child"]
+    assert step["wait_ended"].startswith("the run ended (cancelled) while waiting for child")

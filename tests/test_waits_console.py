@@ -53,8 +53,11 @@ def test_a_waiting_run_page_and_the_send_form(store: Store, client: Any) -> None
     assert page["events"][0]["key"] == "payment_url" and page["send"] is True
     sent = client.act(f"/api/runs/{run.id}/send", {"topic": "paid", "payload": '{"amount": 12}', "key": "p-1"})
     assert sent.status_code == 200, sent.text
+    assert sent.json()["stored"] is True and sent.json()["message"].startswith("message ")
     again = client.act(f"/api/runs/{run.id}/send", {"topic": "paid", "payload": "0", "key": "p-1"})
-    assert again.json()["message_id"] == sent.json()["message_id"]
+    assert again.json()["message_id"] == sent.json()["message_id"] and again.json()["stored"] is False
+    assert again.json()["message"] == (f"already sent as message {sent.json()['message_id']} (same key 'p-1'); "
+                                       "nothing stored")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     page = client.get(f"/api/runs/{run.id}").json()
     assert [(m["topic"], m["payload"], m["consumed_step"]) for m in page["messages"]] == [("paid", {"amount": 12}, "2")]

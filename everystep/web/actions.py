@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import admin, registry, relay, serde, versions, waits
+from .. import admin, registry, relay, serde, versions
 from ..errors import EverystepError
-from ..models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
+from ..models import ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
 from ..vocabulary import Command
 
@@ -44,8 +44,21 @@ class RunAction:
     label: str
     help: str
     applies: Callable[[Run, dict[str, Any] | None], bool]
-    #: Asked before acting (the browser shows it in a confirmation).
-    confirm: str | None = None
+    #: Asked before acting (the browser shows it in a confirmation); a
+    #: function of the run when the question depends on it.
+    confirm: str | Callable[[Run], str | None] | None = None
+
+    def confirmation(self, run: Run) -> str | None:
+        return self.confirm(run) if callable(self.confirm) else self.confirm
+
+
+def _fork_confirmation(run: Run) -> str | None:
+    """Forking a run that is not finished makes a second live run beside
+    it: asked first, and sent with ``force`` (the CLI's ``--force``)."""
+    if run.status not in ACTIVE_STATUSES:
+        return None
+    return (f"This run is not finished ({run.status}): the fork would be a second live run of {run.name} beside "
+            "it, both acting on the same objects. Cancel this run first if the fork replaces it. Fork anyway?")
 
 
 def _live_child(run: Run, runner: dict[str, Any] | None) -> bool:
@@ -70,7 +83,7 @@ ACTIONS: dict[str, RunAction] = {
                   lambda run, runner: True, None),
         RunAction("fork", "Fork", "start a new run from one of this run's recorded steps: the steps before it are "
                   "copied, it and the rest are executed by the code deployed now (everystep fork)",
-                  lambda run, runner: True, None),
+                  lambda run, runner: True, _fork_confirmation),
     )
 }
 
@@ -78,7 +91,7 @@ ACTIONS: dict[str, RunAction] = {
 def available(run: Run, runner: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The run actions that apply to ``run`` now (resolving is offered on
     the uncertain node of a blocked run instead)."""
-    out = [{"name": action.name, "label": action.label, "help": action.help, "confirm": action.confirm}
+    out = [{"name": action.name, "label": action.label, "help": action.help, "confirm": action.confirmation(run)}
            for action in ACTIONS.values() if action.applies(run, runner)]
     if run.status == BLOCKED:
         out.append({"name": "resolve", "label": "Resolve", "help": "resolve the uncertain step (on its node)",
@@ -145,12 +158,16 @@ def rerun(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str
 
 
 def fork(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
-    """As ``everystep fork RUN --from-step STEP``: body holds ``step``."""
+    """As ``everystep fork RUN --from-step STEP [--force]``: body holds
+    ``step``, and ``force`` (true) for a run that is not finished (the
+    browser asks first: ``_fork_confirmation``)."""
     step_id = body.get("step")
     if not isinstance(step_id, str) or not step_id.strip():
         raise ValueError('fork needs "step": the id of the first step the fork executes')
-    new, copied = admin.fork(store, run_id, step_id.strip())
-    logger.info("console: %s forked run %s at step %s as new run %s", who, run_id, step_id, new.id)
+    force = body.get("force") is True
+    new, copied = admin.fork(store, run_id, step_id.strip(), force=force)
+    logger.info("console: %s forked run %s at step %s as new run %s%s", who, run_id, step_id, new.id,
+                " (forced: the source is not finished)" if force else "")
     return {"run": new.to_dict(), "message": f"forked as run {new.id} ({copied} step(s) copied)",
             "new_run": new.id}
 
@@ -172,10 +189,11 @@ def send(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str,
         raise ValueError("topic must be a non-empty string")
     if key is not None and not isinstance(key, str):
         raise ValueError("key must be text")
-    payload = parse_json_value(body.get("payload"), "payload")
-    message_id = waits.send(run_id, topic.strip(), payload, idempotency_key=key, database=store)
-    logger.info("console: %s sent message %d to run %s on topic %r", who, message_id, run_id, topic)
-    return {"message": f"message {message_id} sent on topic {topic.strip()!r}", "message_id": message_id}
+    payload = parse_json_value(body.get("payload"), "the message")
+    sent, line = admin.send(store, run_id, topic.strip(), payload, key)
+    logger.info("console: %s sent message %d to run %s on topic %r%s", who, sent.id, run_id, topic,
+                "" if sent.stored else " (a repeat of its key: nothing stored)")
+    return {"message": line, "message_id": sent.id, "stored": sent.stored}
 
 
 RUN_HANDLERS: dict[str, Callable[[Store, str, dict[str, Any], str], dict[str, Any]]] = {

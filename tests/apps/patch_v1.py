@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from everystep import step, workflow
+from everystep import recv, step, workflow
 
 
 @step(name="patch.reserve")
@@ -40,3 +40,11 @@ def order(o: dict[str, Any]) -> str:
     charge(o)
     shipped = ship(o["sku"])
     return notify(shipped)
+
+
+@workflow(name="patch.approved")
+def approved(o: dict[str, Any]) -> str:
+    """Waits for an approval between reserving and charging."""
+    reserve(o)
+    recv("approval")
+    return ship(str(charge(o)))

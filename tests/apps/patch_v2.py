@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from everystep import parallel, patched, workflow
+from everystep import parallel, patched, recv, workflow
 from tests.apps.patch_v1 import charge, notify, reserve, ship, tax
 
 
@@ -16,6 +16,17 @@ def order(o: dict[str, Any]) -> str:
     charge(o)
     shipped = ship(o["sku"])
     return notify(shipped)
+
+
+@workflow(name="patch.approved")
+def approved(o: dict[str, Any]) -> str:
+    """A tax step before the approval: runs already waiting for it are past
+    the patch point."""
+    reserve(o)
+    if patched("approval-tax"):
+        tax(o)
+    recv("approval")
+    return ship(str(charge(o)))
 
 
 @workflow(name="patch.tail")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from everystep import step, workflow
+from everystep import set_event, step, workflow
 
 CALLS: Counter[str] = Counter()
 
@@ -47,4 +47,16 @@ def order(o: dict[str, Any]) -> str:
 def checkout(o: dict[str, Any]) -> str:
     reservation = reserve(o)
     amount = pay(o)
+    return ship(reservation, amount)
+
+
+@workflow(name="repair.approval")
+def approval(o: dict[str, Any]) -> str:
+    """Publishes its state as it goes: a web handler reads it with get_event."""
+    reservation = reserve(o)
+    set_event("status", "reserved")
+    set_event("status", "approved")
+    set_event("approver", "ops")
+    amount = charge(o)
+    set_event("status", "charged")
     return ship(reservation, amount)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from everystep import step, workflow
+from everystep import set_event, step, workflow
 from tests.apps.repair_v1 import CALLS, reserve, ship
 
 
@@ -18,4 +18,15 @@ def charge(order: dict[str, Any]) -> int:
 def order(o: dict[str, Any]) -> str:
     reservation = reserve(o)
     amount = charge(o)
+    return ship(reservation, amount)
+
+
+@workflow(name="repair.approval")
+def approval(o: dict[str, Any]) -> str:
+    reservation = reserve(o)
+    set_event("status", "reserved")
+    set_event("status", "approved")
+    set_event("approver", "ops")
+    amount = charge(o)
+    set_event("status", "charged")
     return ship(reservation, amount)

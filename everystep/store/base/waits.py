@@ -85,6 +85,16 @@ class Event:
 
 
 @dataclasses.dataclass(frozen=True)
+class Sent:
+    """What a send did: the message's id, and whether this send stored it
+    (False: a message of the same idempotency key was there already, and
+    this one's payload was dropped)."""
+
+    id: int
+    stored: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class Links:
     """What a run's row says of its family and its waits."""
 
@@ -140,6 +150,11 @@ class Waits(Execution, Runs):
         waits for it, in one transaction; returns the message's id (the first
         one's, for a repeated ``idempotency_key``). ``SendRefused`` for a run
         that is unknown or finished (nothing stored)."""
+        return self.deliver(run_id, topic, payload_json, idempotency_key).id
+
+    def deliver(self, run_id: str, topic: str, payload_json: str, idempotency_key: str | None = None) -> Sent:
+        """``send``, saying also whether this message was stored or a repeat
+        of its idempotency key (an operator is told the difference)."""
         with self.connection() as conn, self._transaction(conn):
             return self._send_through(conn, self.sql, run_id, topic, payload_json, idempotency_key)
 
@@ -149,16 +164,16 @@ class Waits(Execution, Runs):
         """``send`` in a caller's open transaction: the message exists, and
         wakes the run, only once the caller commits."""
         with cls._caller_cursor(conn) as cursor:
-            return cls._send_through(cursor, cls.statements(), run_id, topic, payload_json, idempotency_key)
+            return cls._send_through(cursor, cls.statements(), run_id, topic, payload_json, idempotency_key).id
 
     @classmethod
     def _send_through(cls, conn: Any, sql: dict[str, str], run_id: str, topic: str, payload_json: str,
-                      idempotency_key: str | None) -> int:
+                      idempotency_key: str | None) -> Sent:
         return statements.run(conn, cls._send_statements(sql, run_id, topic, payload_json, idempotency_key))
 
     @classmethod
     def _send_statements(cls, sql: dict[str, str], run_id: str, topic: str, payload_json: str,
-                         idempotency_key: str | None) -> statements.Statements[int]:
+                         idempotency_key: str | None) -> statements.Statements[Sent]:
         """A send's statements, on any cursor: lock the run, refuse a
         finished one, find a message of the same key, insert, wake."""
         try:
@@ -176,11 +191,11 @@ class Waits(Execution, Runs):
         if idempotency_key is not None:
             found = yield statements.Statement(sql["message_by_key"], params)
             if found is not None:
-                return int(found["id"])
+                return Sent(int(found["id"]), stored=False)
         row = yield statements.Statement(sql["insert_message"], params)
         if run["status"] == "scheduled" and run["wait_key"] in (params["wait_key"], SEVERAL):
             yield statements.Statement(sql["wake_waiter"], params, all=True)
-        return int(row["id"])
+        return Sent(int(row["id"]), stored=True)
 
     # -- the waiting run's side ----------------------------------------------
 
@@ -265,8 +280,8 @@ class Waits(Execution, Runs):
         nothing, and a replay returns the recorded id. ``SendRefused`` (no
         step written) for a run that takes no messages."""
         def send(conn: Any) -> str:
-            message_id = self._send_through(conn, self.sql, run_id, topic, payload_json, idempotency_key)
-            return serde.dumps(message_id, "message id")
+            sent = self._send_through(conn, self.sql, run_id, topic, payload_json, idempotency_key)
+            return serde.dumps(sent.id, "message id")
 
         return self._record_with(claim, step, send, markers)
 
@@ -417,5 +432,5 @@ class Waits(Execution, Runs):
         return Event(row["key"], cls._json(row["value"]), cls._time(row["updated_at"]))
 
 
-__all__ = ["LOST", "ChildOutcome", "Event", "Links", "Message", "SEVERAL", "SendRefused", "Waits", "child_key",
-           "event_key", "message_key", "run_key"]
+__all__ = ["LOST", "ChildOutcome", "Event", "Links", "Message", "SEVERAL", "SendRefused", "Sent", "Waits",
+           "child_key", "event_key", "message_key", "run_key"]

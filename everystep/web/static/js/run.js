@@ -98,10 +98,13 @@ export function runPage(main, runId) {
   function onAction(run, action) {
     if (action.name === "kill") return runAction(run.id, action, { requeue: false });
     if (action.name === "fork") {
+      // An unfinished run's fork is a second live run: the server says so
+      // in the confirmation, and the fork is sent forced once confirmed.
+      if (action.confirm && !window.confirm(action.confirm)) return null;
       const failed = data.steps.find((step) => step.status === "failed");
       const step = window.prompt("Fork from step (its id): the steps before it are copied, it and the rest run "
                                  + "with the code deployed now", failed ? failed.step_id : "");
-      return step ? runAction(run.id, action, { step }) : null;
+      return step ? runAction(run.id, { ...action, confirm: null }, { step, force: Boolean(action.confirm) }) : null;
     }
     return runAction(run.id, action, {});
   }
