@@ -24,23 +24,12 @@ from everystep.models import (
 from everystep.runner import Outcome
 from everystep.store import Store, utcnow
 from tests.apps import waits as apps
-from tests.support.runs import crash_at, execute_run, resume
+from tests.support.runs import crash_at, execute_run, expire_wait, resume
 
 
 def _due_now(store: Store, run_id: str) -> bool:
     run = store.get_run(run_id)
     return run.status == SCHEDULED and (run.not_before is None or run.not_before <= utcnow())
-
-
-def _age(store: Store, run_id: str, step_id: str) -> None:
-    """Move a waiting step's timeout (and its run's not-before) into the past."""
-    past = utcnow() - dt.timedelta(seconds=1)
-    value = past.isoformat() if store.backend == "sqlite" else past
-    marker = "?" if store.backend == "sqlite" else "%s"
-    with store.connection() as conn:
-        conn.execute(f"UPDATE everystep_step SET wake_at = {marker} WHERE workflow_id = {marker} "
-                     f"AND step_id = {marker}", (value, run_id, step_id))
-        conn.execute(f"UPDATE everystep_workflow SET not_before = {marker} WHERE id = {marker}", (value, run_id))
 
 
 def test_recv_waits_holding_a_row_and_the_send_wakes_it(store: Store) -> None:
@@ -91,7 +80,7 @@ def test_recv_times_out_and_the_body_catches_it(store: Store) -> None:
     assert execute_run(store, run.id) == Outcome.RELEASED
     [recv] = store.get_steps(run.id)
     assert recv.wake_at == store.get_run(run.id).not_before != WAIT_FOREVER
-    _age(store, run.id, "1")
+    expire_wait(store, run.id, "1")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == "timed out"
     steps = store.get_steps(run.id)
