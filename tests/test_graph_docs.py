@@ -30,6 +30,7 @@ from tests.support.doc_workflows import PATCH_STEPS, load_example
 from tests.support.graphs import RECORD_KINDS, graph_nodes
 from tests.support.runs import crash_at, drain, execute_run, expire_wait
 
+
 @pytest.fixture
 def lite(tmp_path: Path) -> Iterator[Store]:
     store = connect(f"sqlite:///{tmp_path / 'docs.db'}")
