@@ -40,12 +40,12 @@ from .context import step_sort_key
 from .errors import EverystepError, StoreMisconfigured, StoreUnavailable, WorkflowArgumentsError
 from .cron import CronSchedule
 from .models import (
-    PRUNABLE_STATUSES, RUN_STATUSES, RUNNING, SCHEDULED, STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run,
-    StepRecord,
+    PRUNABLE_STATUSES, RUN_FILTERS, RUNNING, STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, WAITING,
+    Run, StepRecord,
 )
 from .observer import Observer
 from .store import Store, connect
-from .waiting import describe_wait, effect_uncertain, ended_wait, waiting_for
+from .waiting import describe_wait, effect_uncertain, ended_wait, in_status, waiting_for, waits_of
 from .lease import DEFAULT_LEASE
 from .worker import Worker, refuse_step_limits
 
@@ -268,8 +268,10 @@ def add_runs_arguments(parser: argparse.ArgumentParser, version_options: Sequenc
     """``runs``' options; a host whose parser has ``--version`` of its own
     (Django's commands) names the version filter otherwise."""
     # Plain strings: argparse lists the choices with repr() when refusing one.
-    parser.add_argument("--status", choices=[str(status) for status in RUN_STATUSES], metavar="STATUS",
-                        help=f"only runs in this status: {', '.join(RUN_STATUSES)} (default: all)")
+    parser.add_argument("--status", choices=[str(status) for status in RUN_FILTERS], metavar="STATUS",
+                        help=f"only runs in this status: {', '.join(RUN_FILTERS)} ({WAITING}: the scheduled runs "
+                        "not due yet, waiting for a message, a child, a sleep, a retry or a delayed start; "
+                        "default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
     parser.add_argument("--parent", metavar="RUN",
                         help="only the child runs this run (its id or a unique prefix) started (default: all)")
@@ -458,8 +460,9 @@ COUNT_CAP = 100_000
 def cmd_runs(store: Store, args: argparse.Namespace) -> int:
     if getattr(args, "parent", None):
         parent = store.find_run(args.parent)
+        now = dt.datetime.now(dt.timezone.utc)
         runs = [run for run in store.children(parent.id, limit=100_000)
-                if (args.status is None or run.status == args.status)
+                if (args.status is None or in_status(run, args.status, now))
                 and (args.workflow is None or run.name == args.workflow)
                 and (args.version is None or run.app_version == args.version)]
         truncated = False
@@ -468,7 +471,7 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
         runs = store.list_runs(status=args.status, name=args.workflow, limit=args.limit + 1, version=args.version)
         truncated = len(runs) > args.limit
         runs = runs[:args.limit]
-    waits = _waits_of(store, runs)
+    waits = waits_of(store, runs)
     if args.json:
         print_json([{**run.to_dict(), "waiting": waits.get(run.id)} for run in runs])
         return 0
@@ -480,17 +483,6 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
         of = f"more than {COUNT_CAP:,}" if total >= COUNT_CAP else f"{total:,}"
         print(f"showing the newest {len(runs)} of {of} runs (--limit N shows more)")
     return 0
-
-
-def _waits_of(store: Store, runs: list[Run]) -> dict[str, str]:
-    """What each waiting run of ``runs`` waits for, read in one query."""
-    now = dt.datetime.now(dt.timezone.utc)
-    waiting = [run for run in runs if run.status == SCHEDULED and run.not_before is not None and run.not_before > now]
-    if not waiting:
-        return {}
-    steps = store.steps_of_runs([run.id for run in waiting])
-    found = {run.id: waiting_for(run, steps.get(run.id, []), now) for run in waiting}
-    return {run_id: text for run_id, text in found.items() if text}
 
 
 def cmd_send(store: Store, args: argparse.Namespace) -> int:

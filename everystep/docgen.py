@@ -27,7 +27,7 @@ from . import cliutil, metrics
 from .vocabulary import INVALID_COMMAND
 from .models import (
     ACTIVE_STATUSES, CANCELLABLE_STATUSES, EXECUTION_ENDS, PRUNABLE_STATUSES, STEP_OPEN_STATUSES, STEP_WAITING,
-    TERMINAL_STATUSES, RequestStatus, RunStatus, StepStatus,
+    TERMINAL_STATUSES, WAITING, RequestStatus, RunStatus, StepStatus,
 )
 
 # -- text ----------------------------------------------------------------------
@@ -332,7 +332,10 @@ def statuses_markdown() -> str:
         "- *terminal*: where `wait()` returns.\n"
         "- *execution end*: where an execution ends a run (counted by `everystep_workflow_runs_total`).\n"
         "- *prunable*: `everystep prune` may delete it.\n"
-        "- *cancellable*: `everystep cancel` accepts it.",
+        "- *cancellable*: `everystep cancel` accepts it.\n\n"
+        f"`{WAITING}` is not a status: lists of runs (`everystep runs --status {WAITING}`, the console's "
+        "status filter) take it for the `scheduled` runs not due yet, waiting for a message, a child, a sleep, "
+        "a retry's backoff or a delayed start.",
         "## Step statuses\n\nStored in `everystep_step.status` (`everystep.models.StepStatus`).",
         _status_table(StepStatus, STEP_STATUS_MEANINGS, step_groups),
         "- *open*: no final outcome yet; the step's next record overwrites it.\n"

@@ -57,6 +57,13 @@ ACTIVE_STATUSES = (SCHEDULED, RUNNING, BLOCKED)
 PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED, CANCELLED)
 #: What ``everystep cancel`` accepts: everything not yet final.
 CANCELLABLE_STATUSES = ACTIVE_STATUSES
+#: Not a status of its own: the ``scheduled`` runs whose not-before time is
+#: ahead, waiting for a message, a child, a sleep, a retry's backoff or a
+#: delayed start (what the gauge of waiting runs counts). Lists of runs
+#: (``everystep runs --status``, the console) filter by it as by a status.
+WAITING = "waiting"
+#: What a list of runs may be filtered by: every status, ``waiting`` beside ``scheduled``.
+RUN_FILTERS = (SCHEDULED, WAITING, *(status for status in RUN_STATUSES if status != SCHEDULED))
 
 STEP_STARTED = StepStatus.STARTED
 STEP_DONE = StepStatus.DONE

@@ -1,15 +1,31 @@
-"""A run's lifecycle state in words, shared by ``everystep show`` and the
-console: what a scheduled run waits for, which waits a finished run left
-unended, and which step's effect is uncertain."""
+"""A run's lifecycle state in words, shared by ``everystep show``,
+``everystep runs`` and the console: what a scheduled run waits for, which
+waits a finished run left unended, and which step's effect is uncertain."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .models import (
     ACTIVE_STATUSES, RUNNING, SCHEDULED, STEP_AWAITING, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, STEP_WAITING,
-    WAIT_FOREVER, Run, StepRecord,
+    WAIT_FOREVER, WAITING, Run, StepRecord,
 )
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+def is_waiting(run: Run, now: dt.datetime) -> bool:
+    """A scheduled run not due yet (``models.WAITING``; the store's
+    ``--status waiting`` filter says the same in SQL)."""
+    return run.status == SCHEDULED and run.not_before is not None and run.not_before > now
+
+
+def in_status(run: Run, status: str, now: dt.datetime) -> bool:
+    """Whether ``run`` passes a list's status filter (a status or ``waiting``)."""
+    return is_waiting(run, now) if status == WAITING else run.status == status
 
 
 def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = None) -> str | None:
@@ -17,7 +33,7 @@ def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = Non
     message, a child run, a durable sleep, a retry's backoff, or its
     delayed start (None otherwise)."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    if run.status != SCHEDULED or run.not_before is None or run.not_before <= now:
+    if not is_waiting(run, now) or run.not_before is None:
         return None
     waits = [describe_wait(step) for step in steps if step.status == STEP_AWAITING]
     if waits:
@@ -30,6 +46,18 @@ def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = Non
     if any(step.status == STEP_SLEEPING and step.wake_at == run.not_before for step in steps):
         return f"sleeping until {until}"
     return f"delayed until {until}"
+
+
+def waits_of(store: Store, runs: Sequence[Run]) -> dict[str, str]:
+    """What each waiting run of ``runs`` waits for (``waiting_for``), their
+    steps read in one query: a list of runs says it beside each status."""
+    now = dt.datetime.now(dt.timezone.utc)
+    waiting = [run for run in runs if is_waiting(run, now)]
+    if not waiting:
+        return {}
+    steps = store.steps_of_runs([run.id for run in waiting], waiting_only=True)
+    found = {run.id: waiting_for(run, steps.get(run.id, []), now) for run in waiting}
+    return {run_id: text for run_id, text in found.items() if text}
 
 
 def describe_wait(step: StepRecord) -> str:
@@ -79,4 +107,5 @@ def effect_uncertain(run: Run, step: StepRecord) -> bool:
     return step.status == STEP_STARTED and run.status != RUNNING
 
 
-__all__ = ["describe_wait", "effect_uncertain", "ended_wait", "wait_kind", "waiting_for"]
+__all__ = ["describe_wait", "effect_uncertain", "ended_wait", "in_status", "is_waiting", "wait_kind", "waiting_for",
+           "waits_of"]

@@ -22,7 +22,7 @@ from everystep.models import COMPLETED, STEP_DONE, STEP_FAILED, STEP_SLEEPING, S
 from everystep.runner import Outcome
 from everystep.store import Store
 from tests.apps import async_steps as app
-from tests.support.runs import age_wait, crash_at, execute_run, resume, run_until_settled, worker_running
+from tests.support.runs import crash_at, execute_run, expire_wait, resume, run_until_settled, worker_running
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -107,7 +107,7 @@ def test_sleep_async_records_the_sleep_and_releases_the_run(store: Store) -> Non
     assert execute_run(store, run.id) == Outcome.RELEASED
     assert [(s.step_id, s.name, s.status) for s in store.get_steps(run.id)] == [
         ("1", "everystep.sleep", STEP_SLEEPING)]
-    age_wait(store, run.id, "1")
+    expire_wait(store, run.id, "1")
     assert execute_run(store, run.id) == COMPLETED
     assert store.get_run(run.id).result == "fetched after sleep"
 

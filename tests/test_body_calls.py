@@ -28,7 +28,7 @@ from everystep.store import Store
 from tests.apps import body_calls as apps
 from everystep.worker import Worker
 from everystep.patches import PATCH_STEP, marker_id
-from tests.support.runs import age_wait, crash_at, due_now, execute_run, resume, worker_running
+from tests.support.runs import crash_at, due_now, execute_run, expire_wait, resume, worker_running
 
 
 def _runs_of(store: Store, workflow: Any) -> list[Any]:
@@ -64,7 +64,7 @@ def test_a_body_send_then_a_sleep_stores_one_message(store: Store) -> None:
     target = schedule(apps.inbox, database=store)
     run = schedule(apps.sends_then_sleeps, target.id, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
-    age_wait(store, run.id, "2")
+    expire_wait(store, run.id, "2")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     [message] = store.messages(target.id)
     assert message.payload == {"n": 1}
@@ -76,7 +76,7 @@ def test_a_body_send_then_a_sleep_stores_one_message(store: Store) -> None:
 def test_a_body_schedule_then_a_sleep_creates_one_detached_run(store: Store) -> None:
     run = schedule(apps.schedules_then_sleeps, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
-    age_wait(store, run.id, "2")
+    expire_wait(store, run.id, "2")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     [leaf] = _runs_of(store, apps.leaf)
     assert store.get_run(run.id).result == leaf.id
@@ -135,7 +135,7 @@ def test_a_replay_sees_the_event_the_first_execution_read(store: Store) -> None:
         marker = "?" if store.backend == "sqlite" else "%s"
         conn.execute(f"UPDATE everystep_event SET value = {marker} WHERE workflow_id = {marker}",
                      ('"new"', target.id))
-    age_wait(store, run.id, "2")
+    expire_wait(store, run.id, "2")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == ["old", "new"]
 
@@ -145,7 +145,7 @@ def test_a_replay_sees_the_run_and_steps_the_first_execution_read(store: Store) 
     run = schedule(apps.reads_run_and_steps, target.id, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
     assert execute_run(store, target.id) == Outcome.RELEASED  # the target moves on: a waiting step appears
-    age_wait(store, run.id, "3")
+    expire_wait(store, run.id, "3")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == [SCHEDULED, []]
     assert [s.name for s in store.get_steps(run.id)] == ["everystep.get_run", "everystep.get_steps",
@@ -184,7 +184,7 @@ def test_get_event_with_a_timeout_times_out_as_outside_a_body(store: Store) -> N
     target = schedule(apps.inbox, database=store)
     run = schedule(apps.waits_for_event, target.id, 3600, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
-    age_wait(store, run.id, "1")
+    expire_wait(store, run.id, "1")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == "no event: TimeoutError"
 
@@ -224,7 +224,7 @@ def test_wait_in_a_body_is_a_durable_wait_for_the_run_s_end(store: Store) -> Non
     assert released.status == SCHEDULED and released.not_before < WAIT_FOREVER  # checked again soon
     assert store.links(run.id).wait_key == f"run:{target.id}"
     assert execute_run(store, target.id) == Outcome.COMPLETED
-    age_wait(store, run.id, "1")
+    expire_wait(store, run.id, "1")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == [COMPLETED, 5]
 
@@ -233,7 +233,7 @@ def test_wait_in_a_body_times_out_as_outside_a_body(store: Store) -> None:
     target = schedule(apps.inbox, database=store)
     run = schedule(apps.waits_for_run, target.id, 60, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
-    age_wait(store, run.id, "1")
+    expire_wait(store, run.id, "1")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == "timed out"
 
@@ -310,7 +310,7 @@ def test_an_async_body_records_its_calls_and_a_replay_repeats_none(store: Store)
     inbox = schedule(apps.inbox, database=store)
     run = schedule(apps.async_calls, inbox.id, publisher.id, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
-    age_wait(store, run.id, "6")
+    expire_wait(store, run.id, "6")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == [True, apps.leaf.name, SCHEDULED, 0, "ok"]
     assert len(store.messages(inbox.id)) == 1

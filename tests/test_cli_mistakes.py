@@ -172,7 +172,7 @@ def test_remote_to_a_runner_that_is_not_live_is_refused_at_once(cli: Cli, db_url
 
 def test_an_unknown_status_lists_the_plain_values(cli: Cli, tmp_path: Path) -> None:
     line = refused(cli("runs", "--status", "runing", "--database", f"sqlite:///{tmp_path / 'x.db'}"), 2,
-                   "invalid choice: 'runing' (choose from 'scheduled', 'running',")
+                   "invalid choice: 'runing' (choose from 'scheduled', 'waiting', 'running',")
     assert "RunStatus" not in line
 
 

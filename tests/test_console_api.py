@@ -25,7 +25,7 @@ from everystep.models import BLOCKED, COMPLETED, RUNNING, SCHEDULED, STEP_DONE, 
 from everystep.store import NewStep, Store, utcnow
 from tests.apps import shapes
 from tests.support.console import ConsoleServer, serve
-from tests.support.runs import claim_run, crash_at, execute_run
+from tests.support.runs import claim_run, crash_at, execute_run, leave_blocked
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,13 +43,7 @@ def client(console: ConsoleServer) -> Iterator[Any]:
 
 
 def blocked_run(store: Store) -> str:
-    run = schedule(shapes.payment, 5, database=store)
-    crash_at("1")
-    with pytest.raises(SimulatedCrash):
-        execute_run(store, run.id)
-    assert store.requeue(store.get_run(run.id).claim_as("tester"))
-    assert execute_run(store, run.id) == BLOCKED
-    return run.id
+    return leave_blocked(store, shapes.payment, 5)
 
 
 def in_flight(store: Store, wf: Any, *args: Any, after: str) -> str:
@@ -176,7 +170,7 @@ def test_fork_from_the_console_and_both_runs_say_so(console: ConsoleServer, clie
     new_id = forked.json()["new_run"]
     assert client.get(f"/api/runs/{new_id}").json()["run"]["forked_from"] == run.id
     source = client.get(f"/api/runs/{run.id}").json()["run"]
-    assert source["forks"] == [new_id] and source["app_version"] == run.app_version
+    assert source["forks"] == [{"id": new_id, "status": SCHEDULED}] and source["app_version"] == run.app_version
 
 
 def test_forking_an_unfinished_run_from_the_console_is_confirmed_and_forced(console: ConsoleServer,

@@ -21,7 +21,7 @@ from everystep.store import Store, utcnow
 from tests.apps.lifecycle_in_process import (
     plain, sleep_beside_a_failure, sleeps, sleeps_until, sleepy_branches, swallows_the_sleep,
 )
-from tests.support.runs import age_wait, claim_run, execute_run
+from tests.support.runs import claim_run, execute_run, expire_wait
 
 def test_a_sleep_records_its_wake_time_and_releases_the_run(store: Store) -> None:
     run = schedule(sleeps, 3600, database=store)
@@ -40,7 +40,7 @@ def test_a_sleep_that_is_over_returns_on_replay(store: Store) -> None:
     assert execute_run(store, run.id) == Outcome.RELEASED
     # An hour later, as far as the database is concerned.
     store.release(store.get_run(run.id).claim_as("nobody"), utcnow())  # refused: not running
-    age_wait(store, run.id, "2")
+    expire_wait(store, run.id, "2")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert [s.status for s in store.get_steps(run.id)] == [STEP_DONE, STEP_DONE, STEP_DONE]
 
@@ -77,13 +77,13 @@ def test_parallel_branches_go_on_while_one_sleeps_and_the_run_wakes_at_the_earli
     assert {sid: s.status for sid, s in steps.items()} == {
         "1.0.1": STEP_SLEEPING, "1.1.1": STEP_DONE, "1.1.2": STEP_DONE, "1.2.1": STEP_SLEEPING}
     assert store.get_run(run.id).not_before == steps["1.0.1"].wake_at
-    age_wait(store, run.id, "1.0.1")
+    expire_wait(store, run.id, "1.0.1")
     assert execute_run(store, run.id) == Outcome.RELEASED
     steps = {s.step_id: s for s in store.get_steps(run.id)}
     assert steps["1.0.1"].status == STEP_DONE and steps["1.0.2"].result == "a"
     assert steps["1.2.1"].status == STEP_SLEEPING
     assert store.get_run(run.id).not_before == steps["1.2.1"].wake_at
-    age_wait(store, run.id, "1.2.1")
+    expire_wait(store, run.id, "1.2.1")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == ("a", ("b1", "b2"), "c")
 
@@ -92,7 +92,7 @@ def test_a_sleeping_branch_outranks_a_failing_one(store: Store) -> None:
     run = schedule(sleep_beside_a_failure, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
     assert {s.step_id: s.status for s in store.get_steps(run.id)} == {"1.0.1": STEP_SLEEPING, "1.1.1": STEP_FAILED}
-    age_wait(store, run.id, "1.0.1")
+    expire_wait(store, run.id, "1.0.1")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == "caught"
 
@@ -104,7 +104,7 @@ def test_a_sleep_in_place_of_a_recorded_step_is_a_code_error(store: Store) -> No
         marker = "?" if store.backend == "sqlite" else "%s"
         conn.execute(f"UPDATE everystep_step SET name = 'elsewhere.step' WHERE workflow_id = {marker} "
                      "AND step_id = '2'", (run.id,))
-    age_wait(store, run.id, "2")
+    expire_wait(store, run.id, "2")
     assert execute_run(store, run.id) == Outcome.FAILED
     assert store.get_run(run.id).error["type"] == "everystep.errors.WorkflowCodeError"
 

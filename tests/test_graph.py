@@ -22,6 +22,7 @@ from everystep.graph.plan import Choice, Exit, Fork, Loop, StepCall, Try
 from everystep.models import StepRecord
 from everystep.store import Store, connect
 from tests.apps import shapes
+from tests.support.graphs import graph_nodes
 from tests.support.runs import crash_at, execute_run
 
 S = "tests.apps.shapes."
@@ -55,23 +56,8 @@ def steps_of(nodes: Any) -> list[tuple[str, ...]]:
 
 
 def drawn(graph: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every step and wait node in a built graph (including unplaced), depth first."""
-    found: list[dict[str, Any]] = []
-
-    def walk(nodes: list[dict[str, Any]]) -> None:
-        for node in nodes:
-            if node["kind"] in ("step", "wait"):
-                found.append(node)
-            for lane in node.get("lanes", []) + node.get("handlers", []):
-                walk(lane["nodes"])
-            for key in ("body", "orelse", "final", "next"):
-                walk(node.get(key, []))
-            for iteration in node.get("iterations", []):
-                walk(iteration)
-
-    walk(graph["nodes"])
-    walk(graph["unplaced"])
-    return found
+    """Every step, wait and patch node in a built graph (including unplaced), depth first."""
+    return graph_nodes(graph["nodes"]) + graph_nodes(graph["unplaced"])
 
 
 def by_id(graph: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -252,9 +238,10 @@ def test_without_source_the_records_are_drawn_with_the_reason(lite: Store) -> No
 
 # -- the property: nothing recorded is lost or doubled -------------------------------------------
 
-_ids = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(lambda parts: ".".join(map(str, parts)))
+_ids = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(lambda parts: ".".join(map(str, parts))) \
+    | st.sampled_from(["@patch:tax", "@patch:other"])
 _names = st.sampled_from([S + "fetch", S + "transform", S + "store_it", S + "flaky", S + "cleanup", "x.y",
-                         "everystep.sleep"])
+                         "everystep.sleep", "everystep.start", "everystep.child", "everystep.patch"])
 _records = st.lists(st.tuples(_ids, _names, st.sampled_from(["done", "failed", "started"])), max_size=12,
                     unique_by=lambda item: item[0])
 
@@ -262,10 +249,13 @@ _records = st.lists(st.tuples(_ids, _names, st.sampled_from(["done", "failed", "
 @settings(max_examples=150, deadline=None)
 @given(records=_records, active=st.booleans(),
        wf=st.sampled_from([shapes.linear, shapes.fanout, shapes.looping, shapes.branching,
-                           shapes.guarded, shapes.dynamic_fanout, shapes.nested_fork, shapes.napping]))
-def test_every_record_is_drawn_exactly_once(records: list[tuple[str, str, str]], active: bool, wf: Any) -> None:
+                           shapes.guarded, shapes.dynamic_fanout, shapes.nested_fork, shapes.napping,
+                           shapes.fan_in_shapes, shapes.patched_order]),
+       completed=st.booleans())
+def test_every_record_is_drawn_exactly_once(records: list[tuple[str, str, str]], active: bool, wf: Any,
+                                            completed: bool) -> None:
     rows = [StepRecord("r", step_id, name, status) for step_id, name, status in records]
-    graph = build_graph(analyse(wf), rows, active=active)
+    graph = build_graph(analyse(wf), rows, active=active, completed=completed and not active)
     placed = [node["id"] for node in drawn(graph) if node["record"] is not None]
     assert sorted(placed) == sorted(step_id for step_id, _, _ in records)
 
@@ -311,8 +301,11 @@ def test_messages_events_and_children_take_their_places_in_the_graph(lite: Store
     assert shape(waiting.parent_calls) == [
         ("StepCall", None, "everystep.start"), ("Wait", "child", "everystep.child"),
         ("StepCall", None, "tests.apps.waits.note")]
-    assert [(kind, function) for _, kind, function in shape(waiting.parent_of_three)][:3] == [
-        (None, "everystep.start")] * 3
+    starts, fan_in = analyse(waiting.parent_of_three).nodes[:3], analyse(waiting.parent_of_three).nodes[3]
+    assert [(type(n).__name__, n.function) for n in starts] == [("StepCall", "everystep.start")] * 3
+    # ``for handle in handles``: a list of child handles, so each ``handle.result()`` is a child wait.
+    assert isinstance(fan_in, Loop) and fan_in.count == 3 and isinstance(fan_in.body[0], Try)
+    assert [(type(n).__name__, n.kind) for n in fan_in.body[0].body] == [("Wait", "child")]
     # A run waiting in recv: its event step done, its wait waiting, nothing diverged.
     status, graph = run_graph(lite, waiting.checkout, "o-1")
     assert status == "released" and graph["unplaced"] == []
@@ -331,6 +324,26 @@ def test_the_wait_table_reads_a_handle_method_by_its_return_annotation(monkeypat
     nodes = analyse(shapes.awaiting_a_handle).nodes
     assert [(type(n).__name__, getattr(n, "kind", None)) for n in nodes] == [
         ("StepCall", None), ("Wait", "child"), ("Wait", "child"), ("StepCall", None), ("Exit", None)]
+
+
+def test_child_handles_are_followed_through_lists_and_loops() -> None:
+    """A fan-in reads every ``.result()`` as a child wait, whichever way the
+    handles are held: a comprehension over a list of them, ``enumerate``,
+    ``zip``, ``sorted``; loops over literals know their length."""
+
+    def kinds(nodes: Any) -> list[str]:
+        out: list[str] = []
+        for node in nodes:
+            if isinstance(node, Loop):
+                out.append(f"loop({node.count})[{','.join(kinds(node.body))}]")
+            else:
+                out.append(getattr(node, "kind", None) or getattr(node, "function", type(node).__name__))
+        return out
+
+    assert kinds(analyse(shapes.fan_in_shapes).nodes) == [
+        "loop(None)[everystep.start]", "loop(None)[child]", "loop(None)[child]", "loop(None)[child]",
+        "everystep.start", "everystep.start", "loop(2)[child]", S + "store_it", "Exit"]
+    assert analyse(shapes.looping).nodes[0].count is None  # a loop over an argument: only records tell
 
 
 def test_the_steps_a_running_run_has_reached_are_in_flight() -> None:

@@ -96,6 +96,7 @@ def test_the_rendered_sets_are_the_models_sets(backend: str) -> None:
     assert expected == {
         "active_statuses": "('scheduled', 'running', 'blocked')",
         "step_open_statuses": "('started', 'retrying', 'sleeping', 'waiting')",
+        "step_waiting_statuses": "('retrying', 'sleeping', 'waiting')",
     }
     for name, literal in expected.items():
         assert rendered.count(literal) == _uses(blocks, name), name

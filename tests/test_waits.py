@@ -24,7 +24,7 @@ from everystep.models import (
 from everystep.runner import Outcome
 from everystep.store import Store, utcnow
 from tests.apps import waits as apps
-from tests.support.runs import age_wait, crash_at, due_now, execute_run, resume
+from tests.support.runs import crash_at, due_now, execute_run, expire_wait, resume
 
 
 def test_recv_waits_holding_a_row_and_the_send_wakes_it(store: Store) -> None:
@@ -75,7 +75,7 @@ def test_recv_times_out_and_the_body_catches_it(store: Store) -> None:
     assert execute_run(store, run.id) == Outcome.RELEASED
     [recv] = store.get_steps(run.id)
     assert recv.wake_at == store.get_run(run.id).not_before != WAIT_FOREVER
-    age_wait(store, run.id, "1")
+    expire_wait(store, run.id, "1")
     assert execute_run(store, run.id) == Outcome.COMPLETED
     assert store.get_run(run.id).result == "timed out"
     steps = store.get_steps(run.id)

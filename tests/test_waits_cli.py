@@ -97,3 +97,35 @@ def test_show_says_a_cancelled_runs_wait_ended(db_url: str, store: Store, tmp_pa
     data = json.loads(everystep(db_url, tmp_path, subprocess_env, "show", parent.id, "--json").stdout)
     (step,) = [s for s in data["steps"] if s["name"] == "everystep.child"]
     assert step["wait_ended"].startswith("the run ended (cancelled) while waiting for child")
+
+
+def test_runs_lists_only_the_waiting_runs(db_url: str, store: Store, tmp_path: Path,
+                                          subprocess_env: dict[str, str]) -> None:
+    message = schedule(apps.approval, "w", database=store)
+    parent = schedule(apps.parent_calls, database=store)
+    due = schedule(apps.approval, "due now, not waiting", database=store)
+    done = schedule(apps.child_double, 5, database=store)
+    assert execute_run(store, message.id) == execute_run(store, parent.id) == Outcome.RELEASED
+    assert execute_run(store, done.id) == Outcome.COMPLETED
+    [child] = store.children(parent.id)  # scheduled and due: not waiting
+
+    listed = everystep(db_url, tmp_path, subprocess_env, "runs", "--status", "waiting")
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.splitlines()[1:]
+    assert [row.split()[0] for row in rows] == [parent.id, message.id]
+    assert f"scheduled (waiting for child {child.id})" in rows[0]
+    assert 'scheduled (waiting for message "approved")' in rows[1]
+    cut = everystep(db_url, tmp_path, subprocess_env, "runs", "--status", "waiting", "--limit", "1")
+    assert cut.stdout.splitlines()[-1] == "showing the newest 1 of 2 runs (--limit N shows more)"
+    scheduled = everystep(db_url, tmp_path, subprocess_env, "runs", "--status", "scheduled").stdout
+    assert all(run.id in scheduled for run in (message, parent, due, child)) and done.id not in scheduled
+
+    # Among a parent's children too: of two children, the one left waiting.
+    waiters = schedule(apps.parent_of_waiters, 2, database=store)
+    assert execute_run(store, waiters.id) == Outcome.RELEASED
+    first, second = sorted(store.children(waiters.id), key=lambda run: run.id)
+    assert execute_run(store, first.id) == Outcome.RELEASED
+    kids = everystep(db_url, tmp_path, subprocess_env, "runs", "--parent", waiters.id, "--status", "waiting")
+    assert [row.split()[0] for row in kids.stdout.splitlines()[1:]] == [first.id]
+    refused = everystep(db_url, tmp_path, subprocess_env, "runs", "--status", "asleep")
+    assert refused.returncode == 2 and "'waiting'" in refused.stderr

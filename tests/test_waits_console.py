@@ -75,6 +75,34 @@ def test_parent_and_children_link_both_ways(store: Store, client: Any) -> None:
     page = client.get(f"/api/runs/{parent.id}").json()
     assert page["run"]["waiting"] == f"waiting for child {child.id}"
     assert [(c["id"], c["status"]) for c in page["children"]] == [(child.id, "scheduled")]
-    starts = [node for node in _nodes(page["graph"]) if node.get("child")]
-    assert [node["child"] for node in starts] == [{"id": child.id, "status": "scheduled"}]
+    # The start and the wait for the child's end both name it, and link to it.
+    named = [(node["kind"], node["child"]) for node in _nodes(page["graph"]) if node.get("child")]
+    assert named == [(kind, {"id": child.id, "name": apps.child_double.name, "status": "scheduled"})
+                     for kind in ("step", "wait")]
     assert client.get(f"/api/runs/{child.id}").json()["run"]["parent_id"] == parent.id
+
+
+def test_the_runs_list_filters_waiting_runs_and_says_what_they_wait_for(store: Store, client: Any) -> None:
+    forever = schedule(apps.approval, "no timeout", database=store)
+    timed = schedule(apps.approval_with_timeout, 3600, database=store)
+    due = schedule(apps.approval, "due now, not waiting", database=store)
+    done = schedule(apps.child_double, 2, database=store)
+    assert execute_run(store, forever.id) == execute_run(store, timed.id) == Outcome.RELEASED
+    assert execute_run(store, done.id) == Outcome.COMPLETED
+
+    listed = client.get("/api/runs", params={"status": "waiting"}).json()
+    assert [(run["id"], run["status"]) for run in listed["runs"]] == [(timed.id, "scheduled"), (forever.id, "scheduled")]
+    assert listed["runs"][1]["waiting"] == 'waiting for message "approved"'
+    assert listed["runs"][0]["waiting"].startswith('waiting for message "approved" until ')
+    first = client.get("/api/runs", params={"status": "waiting", "limit": 1}).json()
+    rest = client.get("/api/runs", params={"status": "waiting", "limit": 1, "before": first["older"]}).json()
+    assert [run["id"] for run in first["runs"] + rest["runs"]] == [timed.id, forever.id] and rest["older"] is None
+    everything = {run["id"]: run["waiting"] for run in client.get("/api/runs").json()["runs"]}
+    assert everything[due.id] is None and everything[done.id] is None and everything[forever.id]
+    statuses = next(f for f in client.get("/api/meta").json()["filters"] if f["name"] == "status")["options"]
+    assert statuses[:3] == ["scheduled", "waiting", "running"]
+
+    # A wait without a timeout has no time to show (its not-before is a far-off sentinel).
+    page = client.get(f"/api/runs/{forever.id}").json()["run"]
+    assert page["not_before"] is None and page["waiting"] == 'waiting for message "approved"'
+    assert client.get(f"/api/runs/{timed.id}").json()["run"]["not_before"] == store.get_run(timed.id).not_before.isoformat()

@@ -9,18 +9,22 @@ unfinished, ``skipped`` once it is over). Control flow is settled by the
 records themselves:
 
 - a loop repeats for as long as the next iteration's first step was
-  recorded, then shows its body once more as the iteration that may come;
+  recorded, and no more times than its iterable has items when the source
+  says (``Loop.count``); while more may come, its body is shown once more
+  as the iteration that may come (``remaining``: how many, when known);
 - an ``if``/``match`` arm is the one whose steps were recorded; while none
   is, every arm is drawn as an alternative;
 - a recorded failure skips the rest of its block up to the ``try`` that
-  catches it (its handler is the one whose steps were recorded);
+  catches it (its handler is the one whose steps were recorded, or, when
+  the run recorded more after the failure, a handler that makes no step);
 - after a construct whose length cannot be known (a loop, unequal arms),
   positions are found again from the next recorded call of the same
   function.
 
-A wait (``plan.waits()``: a durable sleep, and every later kind of wait)
-is a node of kind ``wait`` with what it waits for and its wake time, in
-state ``waiting`` until its record says it ended (``done``).
+A wait (``plan.waits()``: a durable sleep, a message, a child's result) is
+a node of kind ``wait`` with what it waits for and its wake time, in state
+``waiting`` until its record says it ended (``done``). A ``patched()`` call
+is a node of kind ``patch`` holding its run's marker row and its answer.
 
 A recorded step whose function differs from the one the code now calls at
 that id is drawn ``diverged`` (replaying it raises ``WorkflowCodeError``).
@@ -41,7 +45,8 @@ from typing import Any
 
 from .. import registry
 from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepRecord
-from .plan import Choice, Exit, Fork, Loop, Node, Plan, StepCall, Try, Wait, wait_records
+from ..patches import PATCH_STEP, is_marker, marker_id, patch_of
+from .plan import Choice, Exit, Fork, Loop, Node, Patch, Plan, StepCall, Try, Wait, wait_records
 
 PENDING = "pending"
 SKIPPED = "skipped"
@@ -71,15 +76,17 @@ class _Walk:
     stop: str | None = None
 
 
-def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bool = False) -> dict[str, Any]:
+def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bool = False,
+                completed: bool = False) -> dict[str, Any]:
     """The graph of a run from its workflow's plan and its records (in the
     order they were recorded). ``active``: the run is not finished, so what
     it has not reached is still ahead of it. ``running``: an executor holds
     it now, so the steps it has reached without recording them yet are in
-    flight (see ``mark_in_flight``)."""
+    flight (see ``mark_in_flight``). ``completed``: the run returned, so
+    every failure it recorded was caught."""
     if not plan.ok:
         return recorded_graph(records, plan.reason or "the workflow's source could not be read")
-    walker = _Overlay(records, active)
+    walker = _Overlay(records, active, completed)
     walk = walker.sequence(list(plan.nodes or ()), _Scope(""), None)
     if running and active:
         mark_in_flight(walk.nodes)
@@ -146,6 +153,22 @@ def _wait(call: Wait | None, step_id: str | None, record: StepRecord | None, sta
     return node
 
 
+def _patch(call: Patch | None, step_id: str | None, record: StepRecord | None, state: str,
+           answer: Any = None) -> dict[str, Any]:
+    """A ``patched()`` call's node: ``answer`` is the recorded branch
+    (True: the new code's, False: the old code's; None: not asked yet)."""
+    node = _step(None, step_id, record, state)
+    node.update({
+        "kind": "patch",
+        "function": PATCH_STEP,
+        "patch": call.patch_id if call is not None else patch_of(record) if record is not None else None,
+        "label": call.label if call is not None else "patched",
+        "line": call.line if call is not None else None,
+        "answer": record.result if record is not None else answer,
+    })
+    return node
+
+
 def _wait_state(record: StepRecord) -> str:
     """A wait's record is final once done (or failed); until then it waits,
     whatever its row's status says (``sleeping``, …)."""
@@ -178,7 +201,8 @@ def _states(nodes: list[dict[str, Any]]) -> list[str]:
 
 
 class _Overlay:
-    def __init__(self, records: list[StepRecord], active: bool) -> None:
+    def __init__(self, records: list[StepRecord], active: bool, completed: bool = False) -> None:
+        self.completed = completed
         self.records = {record.step_id: record for record in records}
         self.order = {record.step_id: index for index, record in enumerate(records)}
         self.ahead = PENDING if active else SKIPPED
@@ -258,6 +282,8 @@ class _Overlay:
             return self._choice(node, scope, preview)
         if isinstance(node, Try):
             return self._try(node, scope, preview)
+        if isinstance(node, Patch):
+            return self._patch_call(node, preview)
         assert isinstance(node, Exit)
         # An exit records nothing, so whether the run got there is not known.
         return _Walk([{"kind": "exit", "label": node.text, "line": node.line}], 0,
@@ -301,6 +327,19 @@ class _Overlay:
             return _Walk([step])
         state = _wait_state(record)
         return _Walk([_wait(call, record.step_id, record, state)], 1, RAISED if state == STEP_FAILED else None)
+
+    def _patch_call(self, call: Patch, preview: str | None) -> _Walk:
+        """A patch's marker is per run, not per scope: the first ``patched``
+        call of its id holds the record; a later one (a loop, another
+        branch) gets the same answer without it."""
+        step_id = marker_id(call.patch_id) if call.patch_id is not None else None
+        record = self.records.get(step_id) if step_id is not None else None
+        if preview is not None or record is None:
+            return _Walk([_patch(call, step_id, None, preview or self.ahead)])
+        if step_id in self.used:
+            return _Walk([_patch(call, step_id, None, str(record.status), record.result)])
+        self._use(record.step_id)
+        return _Walk([_patch(call, step_id, record, str(record.status))], 1)
 
     def _locate_step(self, call: StepCall | Wait, scope: _Scope) -> str | None:
         if call.dynamic_name:
@@ -380,8 +419,9 @@ class _Overlay:
         body = list(loop.body)
         iterations: list[list[dict[str, Any]]] = []
         matched, stop = 0, None
+        most = len(self.records) + 1 if loop.count is None else min(loop.count, len(self.records) + 1)
         if preview is None:
-            for _ in range(len(self.records) + 1):
+            for _ in range(most):
                 if not self._trial(body, scope).matched:
                     break
                 walk = self.sequence(body, scope, None)
@@ -390,15 +430,19 @@ class _Overlay:
                 if walk.stop is not None:
                     stop = walk.stop
                     break
+        # How many iterations may still come (None: not known). A loop over a
+        # known number of items that recorded every one of them is over:
+        # nothing is drawn ahead of it, and positions after it stay known.
+        remaining = loop.count - len(iterations) if loop.count is not None else None
         upcoming: list[dict[str, Any]] = []
-        if stop is None:
+        if stop is None and remaining != 0:
             # The iteration that may come (for a finished run, only a loop
             # that never ran a step is drawn, so its content is seen).
             if preview is not None or self.ahead == PENDING or not iterations:
                 upcoming = self.sequence(body, scope.copy(), preview or self.ahead).nodes
             scope.certain = False  # how many more iterations is not known
         node = {"kind": "loop", "label": loop.text, "line": loop.line, "iterations": iterations,
-                "next": upcoming, "undecided": bool(upcoming) and preview is None}
+                "next": upcoming, "remaining": remaining, "undecided": bool(upcoming) and preview is None}
         return _Walk([node], matched, stop)
 
     def _choice(self, choice: Choice, scope: _Scope, preview: str | None) -> _Walk:
@@ -422,6 +466,7 @@ class _Overlay:
         return _Walk([node], 0, None)
 
     def _try(self, block: Try, scope: _Scope, preview: str | None) -> _Walk:
+        mark = self._mark()
         body = self.sequence(list(block.body), scope, preview)
         matched, stop = body.matched, body.stop
         handlers: list[dict[str, Any]] = []
@@ -436,12 +481,20 @@ class _Overlay:
                             for arm in block.handlers]
             else:
                 # Caught by a handler that records nothing (yet), or not at all.
-                handlers = [{"label": arm.label, "taken": False,
+                stepless = [arm for arm in block.handlers if not arm.body]
+                went_on = bool(stepless) and self._recorded_after(self._journal[mark:], scope.prefix)
+                if went_on and len(stepless) == 1:
+                    caught = stepless[0].label
+                elif went_on:
+                    caught = "a handler without steps"
+                handlers = [{"label": arm.label, "taken": went_on and len(stepless) == 1 and arm is stepless[0],
                              "nodes": self.sequence(list(arm.body), scope.copy(), self.ahead).nodes}
                             for arm in block.handlers]
-                if any(arm.body for arm in block.handlers):
+                if any(arm.body for arm in block.handlers) or went_on:
+                    # Where the next step lands is found from its record (an
+                    # enclosing try may have been the one that caught it).
                     scope.certain = False
-                stop = None if self.ahead == PENDING else RAISED
+                stop = None if self.ahead == PENDING or went_on else RAISED
         else:
             # No failure (yet): the handlers are what a failure would run,
             # still possible while part of the body is ahead. Their step ids
@@ -461,6 +514,19 @@ class _Overlay:
                 "undecided": preview is None and caught is None
                 and any(_has_ahead(lane["nodes"]) for lane in handlers)}
         return _Walk([node], matched + final.matched, final.stop or stop)
+
+    def _recorded_after(self, body_ids: list[str], prefix: str) -> bool:
+        """Whether the run recorded a step in this scope (or below it) after
+        the ones ``body_ids`` (a failed block's records): it went on past
+        the failure, which something caught (a run that completed caught
+        every failure it recorded)."""
+        if not body_ids:
+            return False
+        if self.completed:
+            return True
+        last = max(self.order[step_id] for step_id in body_ids)
+        return any(self.order[step_id] > last for step_id in self.records
+                   if step_id not in self.used and step_id.startswith(prefix))
 
 
 def mark_in_flight(nodes: list[dict[str, Any]]) -> bool:
@@ -483,6 +549,8 @@ def mark_in_flight(nodes: list[dict[str, Any]]) -> bool:
             if state == "done":
                 continue
             return False
+        if kind == "patch":
+            continue  # its marker is written with the run's next write: never in flight itself
         if kind == "fork":
             if state == "done":
                 continue
@@ -584,6 +652,8 @@ def _positions(nodes: list[Node]) -> int | None:
     for node in nodes:
         if isinstance(node, (StepCall, Wait, Fork)):
             count += 1
+        elif isinstance(node, Patch):
+            pass  # a marker takes no position
         elif isinstance(node, Choice):
             counts = {_positions(list(arm.body)) for arm in node.arms}
             if len(counts) != 1 or None in counts:
@@ -636,7 +706,9 @@ def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
                 fork["lanes"].append(lane)
                 fork["lanes"].sort(key=lambda l: (not l["index"].isdigit(), int(l["index"]) if l["index"].isdigit() else 0))
             target = lane["nodes"]
-        if record.name in waiting:
+        if is_marker(record):
+            target.append(_patch(None, record.step_id, record, str(record.status)))
+        elif record.name in waiting:
             target.append(_wait(None, record.step_id, record, _wait_state(record)))
         else:
             target.append(_step(None, record.step_id, record, record.status))

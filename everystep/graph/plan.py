@@ -18,18 +18,28 @@ be step calls awaited in their branch); an async body reads the same, an
 read in place, since the steps it calls are recorded in the same scope.
 
 Waits are read the same way: ``waits()`` is the one table of engine calls
-that make a run wait (a durable sleep today), each with the kind of wait it
-is and the step name its record carries. A call that resolves to one of them
-is a ``Wait`` node: it takes a position like a step, and the console draws it
-as a wait with its wake time, never as a step of the user's. A later kind of
-wait (a message, a child's result) is one more row there.
+that make a run wait (a durable sleep, a message, a child's result), each
+with the kind of wait it is and the step name its record carries. A call
+that resolves to one of them is a ``Wait`` node: it takes a position like a
+step, and the console draws it as a wait with its wake time, never as a
+step of the user's. ``patched(id)`` is a ``Patch`` node: its answer is
+recorded once per run and takes no position.
+
+A method of an object is resolved when the object's class is known from
+the source: a local assigned from a call whose return annotation names a
+class (``handle = start(...)``), a list of those (``[start(...) for x in
+xs]``, ``[start(a), start(b)]``) and the loop variable over such a list
+(``for handle in handles``, ``enumerate``/``zip`` of one included). A
+loop's ``count`` is how many items its iterable has when the source says
+(a literal, ``range`` of constants, a comprehension over one), so the graph
+knows when a fan-out is complete.
 
 Limits, reported rather than guessed at: a call through a variable or a
-method (``self.charge()``) cannot be resolved and is left out; a fork whose
-branches are built at run time (``parallel(*jobs)``) is marked dynamic and
-drawn from what was recorded. ``Plan.reason`` says why a body could not be
-read at all (no source, a lambda, a syntax error), in which case the caller
-falls back to the recorded steps alone.
+method whose object cannot be resolved (``self.charge()``) is left out; a
+fork whose branches are built at run time (``parallel(*jobs)``) is marked
+dynamic and drawn from what was recorded. ``Plan.reason`` says why a body
+could not be read at all (no source, a lambda, a syntax error), in which
+case the caller falls back to the recorded steps alone.
 """
 
 from __future__ import annotations
@@ -147,11 +157,14 @@ class Fork:
 
 @dataclass(frozen=True)
 class Loop:
-    """A ``for``/``while`` loop or comprehension whose body makes steps."""
+    """A ``for``/``while`` loop or comprehension whose body makes steps.
+    ``count``: at most how many times the body runs, when the source says
+    (``for width in (320, 1280)``: 2); None when only the records can tell."""
 
     body: tuple[Node, ...]
     text: str
     line: int | None
+    count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +201,17 @@ class Exit:
     line: int | None
 
 
-Node = Union[StepCall, Wait, Fork, Loop, Choice, Try, Exit]
+@dataclass(frozen=True)
+class Patch:
+    """A ``patched(id)`` call: its answer is recorded once per run, as a
+    marker row at ``@patch:<id>`` that takes no position in its scope."""
+
+    patch_id: str | None  # None: an id computed at run time
+    label: str
+    line: int | None
+
+
+Node = Union[StepCall, Wait, Fork, Loop, Choice, Try, Exit, Patch]
 
 
 @dataclass(frozen=True)
@@ -265,6 +288,48 @@ class _Instance:
     cls: type
 
 
+@dataclass(frozen=True)
+class _Elements:
+    """A list (tuple, generator) of objects of one class known statically:
+    ``[start(child, x) for x in xs]``; a loop over it gives ``_Instance``s."""
+
+    cls: type
+
+
+@dataclass(frozen=True, eq=False)
+class _Origin:
+    """Where a local gets a value: ``value`` itself, or (``element``) an
+    item of iterating over it, the ``index``-th of a tuple target."""
+
+    value: ast.AST
+    element: bool = False
+    index: int | None = None
+
+
+#: Builtins that give back the elements of their one argument, in some order.
+_SAME_ELEMENTS = (list, tuple, sorted, reversed)
+
+
+def _same_elements(target: Any) -> bool:
+    return any(target is builtin for builtin in _SAME_ELEMENTS)
+
+
+def _same(one: Any, other: Any) -> bool:
+    """The same object, or the same known class (never ``==`` on user objects)."""
+    return one is other or (type(one) is type(other) and isinstance(one, (_Instance, _Elements)) and one == other)
+
+
+def _elements(value: Any) -> Any:
+    return value if isinstance(value, _Elements) else _MISSING
+
+
+def _elements_of(items: list[Any]) -> Any:
+    """A collection's items, all objects of one known class: ``_Elements``."""
+    if items and all(isinstance(item, _Instance) and item.cls is items[0].cls for item in items):
+        return _Elements(items[0].cls)
+    return _MISSING
+
+
 def _user_function(obj: Any) -> bool:
     """A plain function worth reading in place: user code, not a library's."""
     if not isinstance(obj, types.FunctionType) or obj.__name__ == "<lambda>":
@@ -294,24 +359,28 @@ class _Reader:
                 pass
         self.local_defs: dict[str, ast.AST] = dict(outer_locals or {})
         self.assigned: set[str] = set()
-        # Locals assigned exactly once, from a call: their type may be known
-        # from the callee's return annotation (a handle whose methods wait).
-        self.made_by: dict[str, ast.Call] = {}
-        self._resolving: set[str] = set()
+        # Where each other local gets its values, one entry per place that
+        # assigns it (None where that cannot be read statically): what it
+        # holds is known when every entry agrees (a handle whose methods
+        # wait, a list of them, the element of such a list in a loop).
+        self.origins: dict[str, list[_Origin | None]] = {}
+        self._resolving: set[tuple[str, str]] = set()
         self._scan_locals(tree)
 
     # -- names -------------------------------------------------------------------------
 
     def _scan_locals(self, tree: ast.AST) -> None:
         """Local functions and lambdas by name; every other local assignment
-        shadows a global of the same name (and cannot be resolved)."""
-        stores: dict[str, int] = {}
-        calls: dict[str, ast.Call] = {}
+        shadows a global of the same name, and is resolved only from what
+        it is assigned (``origins``)."""
         args = getattr(tree, "args", None)
         if isinstance(args, ast.arguments):
             for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
                 if arg is not None:
                     self.assigned.add(arg.arg)
+                    self.origins.setdefault(arg.arg, []).append(None)
+        known: dict[int, _Origin] = {}  # by id() of the Name a value is stored in
+        stores: list[ast.Name] = []
         for node in ast.walk(tree):
             if node is tree:
                 continue
@@ -323,27 +392,46 @@ class _Reader:
                         self.local_defs[target.id] = node.value
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 self.assigned.add(node.id)
-                stores[node.id] = stores.get(node.id, 0) + 1
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                    and isinstance(node.value, ast.Call):
-                calls[node.targets[0].id] = node.value
+                stores.append(node)
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    known[id(target)] = _Origin(node.value)
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                known[id(node.target)] = _Origin(node.value)
+            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+                known[id(node.target)] = _Origin(node.iter, element=True)
+                if isinstance(node.target, ast.Tuple):  # for i, handle in enumerate(handles)
+                    for index, item in enumerate(node.target.elts):
+                        known[id(item)] = _Origin(node.iter, element=True, index=index)
+        for name in stores:
+            self.origins.setdefault(name.id, []).append(known.get(id(name)))
         self.assigned -= set(self.local_defs)
-        self.made_by = {name: call for name, call in calls.items() if stores.get(name) == 1}
 
     def resolve(self, expr: ast.AST) -> Any:
         """The object an expression names, statically; ``_MISSING`` if unknown.
-        A local def or lambda comes back as its ``ast`` node."""
+        A local def or lambda comes back as its ``ast`` node; an object of a
+        class known from a return annotation as an ``_Instance``, a list of
+        them as ``_Elements``."""
         if isinstance(expr, ast.Name):
             if expr.id in self.local_defs:
                 return self.local_defs[expr.id]
             if expr.id in self.assigned:
-                return self._instance(expr.id)
+                return self._local(expr.id)
             for scope in (self.closure, self.globals, vars(builtins)):
                 if expr.id in scope:
                     return scope[expr.id]
             return _MISSING
+        if isinstance(expr, ast.Await):
+            return self.resolve(expr.value)
         if isinstance(expr, ast.Call):
-            return _returned(self.resolve(expr.func))  # ``start(...).result()``
+            target = self.resolve(expr.func)
+            if _same_elements(target) and len(expr.args) == 1:
+                return _elements(self.resolve(expr.args[0]))  # list(handles), sorted(handles)
+            return _returned(target)  # ``start(...).result()``
+        if isinstance(expr, (ast.ListComp, ast.GeneratorExp)):
+            return _elements_of([self.resolve(expr.elt)])
+        if isinstance(expr, (ast.List, ast.Tuple)):
+            return _elements_of([self.resolve(item) for item in expr.elts])
         if isinstance(expr, ast.Attribute):
             base = self.resolve(expr.value)
             if isinstance(base, _Instance):
@@ -355,17 +443,74 @@ class _Reader:
                     return _MISSING
         return _MISSING
 
-    def _instance(self, name: str) -> Any:
-        """What a local assigned once from a call holds, when the callee's
-        return annotation says (an ``_Instance`` of that class)."""
-        call = self.made_by.get(name)
-        if call is None or name in self._resolving:
+    def _local(self, name: str) -> Any:
+        """What a local holds, when every assignment of it says the same."""
+        key = ("value", name)
+        origins = self.origins.get(name)
+        if not origins or key in self._resolving:
             return _MISSING
-        self._resolving.add(name)
+        self._resolving.add(key)
         try:
-            return _returned(self.resolve(call.func))
+            values = [self._origin_value(origin) if origin is not None else _MISSING for origin in origins]
         finally:
-            self._resolving.discard(name)
+            self._resolving.discard(key)
+        first = values[0]
+        return first if all(_same(value, first) for value in values) else _MISSING
+
+    def _origin_value(self, origin: _Origin) -> Any:
+        if not origin.element:
+            return self.resolve(origin.value)
+        iterable = origin.value
+        if origin.index is not None:
+            # enumerate(x) gives (index, element); zip(a, b) one element of each.
+            if not isinstance(iterable, ast.Call) or any(isinstance(arg, ast.Starred) for arg in iterable.args):
+                return _MISSING
+            target = self.resolve(iterable.func)
+            if target is enumerate and origin.index == 1 and iterable.args:
+                iterable = iterable.args[0]
+            elif target is zip and origin.index < len(iterable.args):
+                iterable = iterable.args[origin.index]
+            else:
+                return _MISSING
+        collection = self.resolve(iterable)
+        return _Instance(collection.cls) if isinstance(collection, _Elements) else _MISSING
+
+    def length(self, expr: ast.AST) -> int | None:
+        """How many items iterating over ``expr`` gives, when the source says
+        (a literal, ``range`` of constants, a comprehension over one, a local
+        assigned once from one); None otherwise."""
+        if isinstance(expr, (ast.List, ast.Tuple)):
+            return None if any(isinstance(item, ast.Starred) for item in expr.elts) else len(expr.elts)
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, (str, bytes)):
+            return len(expr.value)
+        if isinstance(expr, (ast.ListComp, ast.GeneratorExp)) and len(expr.generators) == 1 \
+                and not expr.generators[0].ifs:
+            return self.length(expr.generators[0].iter)
+        if isinstance(expr, ast.Name) and expr.id in self.assigned:
+            origins = self.origins.get(expr.id) or []
+            key = ("length", expr.id)
+            if len(origins) != 1 or origins[0] is None or origins[0].element or key in self._resolving:
+                return None
+            self._resolving.add(key)
+            try:
+                return self.length(origins[0].value)
+            finally:
+                self._resolving.discard(key)
+        if isinstance(expr, ast.Call) and expr.args and not any(isinstance(arg, ast.Starred) for arg in expr.args):
+            target = self.resolve(expr.func)
+            if target is range:
+                bounds = [arg.value for arg in expr.args if isinstance(arg, ast.Constant) and type(arg.value) is int]
+                try:
+                    return len(range(*bounds)) if len(bounds) == len(expr.args) else None
+                except (TypeError, ValueError):  # more than three, or a step of 0
+                    return None
+            if (_same_elements(target) or target is enumerate) and len(expr.args) == 1:
+                return self.length(expr.args[0])
+            if target is zip:
+                lengths = [self.length(arg) for arg in expr.args]
+                known = [length for length in lengths if length is not None]
+                return min(known) if len(known) == len(lengths) else None
+        return None
 
     def line(self, node: ast.AST) -> int | None:
         lineno = getattr(node, "lineno", None)
@@ -399,7 +544,8 @@ class _Reader:
             out = self.expr(node.iter)
             body = self.body(node.body)
             if body:
-                out.append(Loop(tuple(body), f"for {_text(node.target)} in {_text(node.iter)}", self.line(node)))
+                out.append(Loop(tuple(body), f"for {_text(node.target)} in {_text(node.iter)}", self.line(node),
+                                self.length(node.iter)))
             return out + self.body(node.orelse)
         if isinstance(node, ast.While):
             body = self.expr(node.test) + self.body(node.body)
@@ -442,8 +588,10 @@ class _Reader:
             for handler in node.handlers
         )
         orelse, final = self.body(node.orelse), self.body(node.finalbody)
-        if not any(arm.body for arm in handlers) and not orelse:
+        if not orelse and not any(arm.body for arm in handlers) and (not handlers or not body):
             return body + final  # no step depends on the outcome
+        # Kept when only the body makes steps, too: a failure a handler
+        # catches lets the run go on, where an uncaught one ends the block.
         return [Try(tuple(body), handlers, tuple(orelse), tuple(final), self.line(node))]
 
     # -- expressions, in evaluation order ---------------------------------------------------
@@ -481,7 +629,8 @@ class _Reader:
             else:
                 body += self.expr(node.elt)
             if body:
-                out.append(Loop(tuple(body), f"for {_text(first.target)} in {_text(first.iter)}", self.line(node)))
+                out.append(Loop(tuple(body), f"for {_text(first.target)} in {_text(first.iter)}", self.line(node),
+                                self.length(first.iter) if not others else None))
             return out
         out = []
         for child in ast.iter_child_nodes(node):
@@ -510,6 +659,12 @@ class _Reader:
         """What calling ``target`` (at ``node``) does, in steps."""
         from ..api import StepFunction, WorkflowFunction
 
+        if _is_patched(target):
+            if not self._budget():
+                return []
+            first = node.args[0] if isinstance(node, ast.Call) and node.args else None
+            patch_id = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+            return [Patch(patch_id, _text(node), self.line(node))]
         records = _engine_records(target)
         if records is not None:
             if not self._budget():
@@ -641,6 +796,12 @@ def _is_parallel(target: Any) -> bool:
     return target is api.parallel or target is api.gather
 
 
+def _is_patched(target: Any) -> bool:
+    from .. import patches
+
+    return target is patches.patched
+
+
 def _is_gather(target: Any) -> bool:
     from .. import api
 
@@ -655,7 +816,7 @@ def _local_returns(nodes: list[Node]) -> list[Node]:
         if isinstance(node, Exit) and node.text == "return":
             break  # whatever follows in this path is dead code
         if isinstance(node, Loop):
-            node = Loop(tuple(_local_returns(list(node.body))), node.text, node.line)
+            node = Loop(tuple(_local_returns(list(node.body))), node.text, node.line, node.count)
         elif isinstance(node, Choice):
             node = Choice(tuple(Arm(arm.label, tuple(_local_returns(list(arm.body)))) for arm in node.arms), node.line)
         elif isinstance(node, Try):
@@ -672,5 +833,5 @@ def _as_call(partial_call: ast.Call) -> ast.Call:
     return ast.copy_location(call, partial_call)
 
 
-__all__ = ["Arm", "Choice", "Exit", "Fork", "Loop", "Node", "Plan", "StepCall", "Try", "Wait", "WaitKind", "analyse",
-           "engine_steps", "wait_records", "waits"]
+__all__ = ["Arm", "Choice", "Exit", "Fork", "Loop", "Node", "Patch", "Plan", "StepCall", "Try", "Wait", "WaitKind",
+           "analyse", "engine_steps", "wait_records", "waits"]

@@ -7,9 +7,10 @@ browser builds the page with DOM text nodes, which is what keeps user data
 (arguments, results, errors) inert wherever it appears.
 
 Filters: ``RunFilter`` holds what the runs list can be narrowed by (status,
-workflow, id prefix). Queues are the next filter: a field here, a condition
-in the ``page_runs`` statements and an entry in ``FILTERS``; the browser
-builds its filter bar from ``FILTERS`` (served by ``/api/meta``).
+or ``waiting``: the scheduled runs not due yet; workflow, queue, id prefix).
+A filter is a field here, a condition in the ``page_runs`` statements and
+an entry in ``FILTERS``; the browser builds its filter bar from ``FILTERS``
+(served by ``/api/meta``).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from .. import dryrun, registry, serde
 from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
 from ..graph.plan import Plan
-from ..models import (BLOCKED, CANCELLABLE_STATUSES, RUN_STATUSES, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED,
-                      STEP_STARTED, Run, StepRecord)
+from ..models import (BLOCKED, CANCELLABLE_STATUSES, COMPLETED, RUN_FILTERS, RUN_STATUSES, RUNNING, SCHEDULED,
+                      STEP_DONE, STEP_FAILED, STEP_STARTED, WAIT_FOREVER, Run, StepRecord)
 from ..queues import queue_name
-from ..waiting import effect_uncertain, waiting_for
-from ..waits import START_STEP
+from ..waiting import effect_uncertain, waiting_for, waits_of
+from ..waits import CHILD_STEP, START_STEP
 from ..store import Store, utcnow
 from ..store.base import MAX_UUID, MIN_UUID, id_prefix_range
 from . import actions
@@ -53,7 +54,7 @@ class BadRequest(EverystepError):
 
 #: The runs list's filters, as the browser builds them.
 FILTERS: list[dict[str, Any]] = [
-    {"name": "status", "label": "Status", "kind": "select", "options": list(RUN_STATUSES)},
+    {"name": "status", "label": "Status", "kind": "select", "options": list(RUN_FILTERS)},
     {"name": "workflow", "label": "Workflow", "kind": "text", "placeholder": "module.workflow"},
     {"name": "queue", "label": "Queue", "kind": "text", "placeholder": "default"},
     {"name": "q", "label": "Run id", "kind": "text", "placeholder": "id prefix"},
@@ -70,8 +71,8 @@ class RunFilter:
     @classmethod
     def parse(cls, params: Any) -> RunFilter:
         status = (params.get("status") or "").strip() or None
-        if status is not None and status not in RUN_STATUSES:
-            raise BadRequest(f"unknown status {status[:40]!r}; expected one of: {', '.join(RUN_STATUSES)}")
+        if status is not None and status not in RUN_FILTERS:
+            raise BadRequest(f"unknown status {status[:40]!r}; expected one of: {', '.join(RUN_FILTERS)}")
         workflow = (params.get("workflow") or "").strip() or None
         prefix = (params.get("q") or "").strip().lower() or None
         if prefix is not None and not _PREFIX.match(prefix):
@@ -136,7 +137,8 @@ def error_line(error: dict[str, Any] | None) -> str | None:
     return f"{error.get('type', '?')}: {message[0] if message else ''}"[:300]
 
 
-def run_summary(run: Run) -> dict[str, Any]:
+def run_summary(run: Run, waiting: str | None = None) -> dict[str, Any]:
+    """A run as a list shows it; ``waiting``: what it waits for, if it does."""
     return {
         "id": run.id,
         "name": run.name,
@@ -152,6 +154,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "queue": run.queue,
         "priority": run.priority,
         "concurrency_key": run.concurrency_key,
+        "waiting": waiting,
     }
 
 
@@ -200,8 +203,9 @@ class Views:
         else:
             more_older, more_newer = len(runs) > limit, older is not None
             runs = runs[:limit]
+        waits = waits_of(self.store, runs)
         return {
-            "runs": [run_summary(run) for run in runs],
+            "runs": [run_summary(run, waits.get(run.id)) for run in runs],
             "counts": [count.to_dict() for count in self.counts.counts()] if with_counts else [],
             "older": encode_cursor(runs[-1]) if runs and more_older else None,
             "newer": encode_cursor(runs[0]) if runs and more_newer else None,
@@ -236,20 +240,24 @@ class Views:
             "attempts": getattr(run, "claim_epoch", None),
         })
         data["waiting"] = waiting_for(run, steps)
+        if run.not_before is not None and run.not_before >= WAIT_FOREVER:
+            data["not_before"] = None  # a wait without a timeout: due only when something ends it
         links = self.store.links(run.id)
         data["parent_id"] = links.parent_id
         data["deadline"] = _iso(links.deadline)
         children = self.store.children(run.id)
+        copied = self._copied(run, steps)
         graph = self.graph(run, steps)
-        _mark_child_starts(graph, {child.id: child.status for child in children})
-        data["forks"] = [fork.id for fork in self.store.forks_of(run.id)]
+        _annotate_nodes(graph, {child.id: child for child in children}, copied)
+        data["forks"] = [{"id": fork.id, "status": fork.status} for fork in self.store.forks_of(run.id)]
         return {
             "run": data,
             "children": [run_summary(child) for child in children],
             "events": [event.to_dict() for event in self.store.events(run.id)],
             "messages": [message.to_dict() for message in self.store.messages(run.id)],
             "send": run.status in CANCELLABLE_STATUSES,
-            "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step)} for step in steps],
+            "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step),
+                       "copied": step.step_id in copied} for step in steps],
             "graph": graph,
             "verdict": self.verdict(run, steps),
             "runner": runner,
@@ -273,11 +281,27 @@ class Views:
             plan = analyse(workflow)
             with self._lock:
                 self._plans[key] = plan
-        graph = build_graph(plan, steps, active=run.status in UNFINISHED, running=run.status == RUNNING)
+        graph = build_graph(plan, steps, active=run.status in UNFINISHED, running=run.status == RUNNING,
+                            completed=run.status == COMPLETED)
         if graph["file"]:
             relative = os.path.relpath(graph["file"])
             graph["file"] = relative if not relative.startswith("..") else graph["file"]
         return graph
+
+    def _copied(self, run: Run, steps: list[StepRecord]) -> set[str]:
+        """The steps a fork holds as copies of its source's records
+        (``admin.fork``): rows with the source's step id, function and
+        times. A source deleted since (retention) leaves the times: a copy
+        was completed before the fork was made."""
+        if not run.forked_from:
+            return set()
+        source = {step.step_id: step for step in self.store.get_steps(run.forked_from)}
+        if not source:
+            return {step.step_id for step in steps if step.completed_at is not None and run.created_at is not None
+                    and step.completed_at <= run.created_at}
+        return {step.step_id for step in steps if (original := source.get(step.step_id)) is not None
+                and (original.name, original.started_at, original.completed_at)
+                == (step.name, step.started_at, step.completed_at)}
 
     def verdict(self, run: Run, steps: list[StepRecord]) -> dict[str, Any] | None:
         """check-deploy's verdict on an unfinished run, with the code loaded here."""
@@ -361,21 +385,38 @@ def _detail(detail: dict[str, Any], now: float) -> dict[str, Any]:
             "age": max(now - published, 0.0) if isinstance(published, (int, float)) else None}
 
 
-def _mark_child_starts(graph: Any, statuses: dict[str, str]) -> None:
+def _annotate_nodes(graph: Any, children: dict[str, Run], copied: set[str]) -> None:
     """Give every node that recorded a child's start (``everystep.start``)
-    the child it started and that child's status, so the graph can draw it
-    as a node of its own linking to the child's page."""
+    or waited for a child's end the child it names (id, workflow, status),
+    so the graph names the child and links to its page; mark the nodes
+    whose records a fork copied from its source."""
     if isinstance(graph, dict):
         record = graph.get("record")
-        if isinstance(record, dict) and record.get("name") == START_STEP and record.get("status") == "done":
-            child = str(record.get("result"))
-            graph["child"] = {"id": child, "status": statuses.get(child)}
-        for value in graph.values():
-            if isinstance(value, (dict, list)):
-                _mark_child_starts(value, statuses)
+        if isinstance(record, dict):
+            child = _child_of(record)
+            if child is not None:
+                known = children.get(child)
+                graph["child"] = {"id": child, "name": known.name if known else None,
+                                  "status": known.status if known else None}
+            if record.get("step_id") in copied:
+                graph["copied"] = True
+        for key, value in graph.items():
+            if key != "record" and isinstance(value, (dict, list)):  # a record holds user data, no node
+                _annotate_nodes(value, children, copied)
     elif isinstance(graph, list):
         for item in graph:
-            _mark_child_starts(item, statuses)
+            _annotate_nodes(item, children, copied)
+
+
+def _child_of(record: dict[str, Any]) -> str | None:
+    """The child run a step record names: the one a start made (its result),
+    the one a wait waits for (its argument)."""
+    if record.get("name") == START_STEP and record.get("status") == STEP_DONE:
+        return str(record.get("result"))
+    args = record.get("args")
+    if record.get("name") == CHILD_STEP and isinstance(args, list) and args:
+        return str(args[0])
+    return None
 
 
 def resolve_command(run_id: str, step_id: str) -> str:

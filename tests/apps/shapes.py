@@ -188,3 +188,29 @@ def explode(message: str) -> None:
 @workflow
 def exploding(message: str) -> None:
     explode(message)
+
+
+@workflow
+def fan_in_shapes(keys: list[str]) -> Any:
+    """Children started and awaited in the ways a fan-in is written: the
+    graph reads every ``.result()`` here as a child wait."""
+    handles = [everystep.start(linear, key) for key in keys]
+    firsts = [handle.result() for handle in handles]
+    for index, handle in enumerate(handles):
+        firsts.append((index, handle.result()))
+    for key, handle in zip(keys, handles):
+        firsts.append((key, handle.result()))
+    pair = [everystep.start(linear, "a"), everystep.start(linear, "b")]
+    again = [handle.result() for handle in sorted(pair, key=str)]
+    return store_it([firsts, again])
+
+
+@workflow
+def patched_order(key: str) -> str:
+    """A patch asked twice (the same answer, one marker) around a step."""
+    fetch(key)
+    if everystep.patched("tax"):
+        transform(key)
+    for _ in range(2):
+        everystep.patched("tax")
+    return store_it(key)

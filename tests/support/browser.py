@@ -49,7 +49,9 @@ def page_errors() -> list[str]:
 
 
 def open_page(browser: Any, errors: list[str], **context_options: Any) -> Any:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, **context_options)
+    """A page in a context of its own (1400 by 1000 unless ``viewport`` says otherwise)."""
+    context_options.setdefault("viewport", {"width": 1400, "height": 1000})
+    context = browser.new_context(**context_options)
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))

@@ -1,4 +1,5 @@
 """Helpers to drive runs in-process: claim one specific run and execute it,
+expire a wait, drain every due run,
 or let a threaded worker work them off."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from everystep import runner
+from everystep import runner, schedule
 from everystep.errors import SimulatedCrash
 from everystep.models import SCHEDULED, Run
 from everystep.store import Store, utcnow
@@ -54,18 +55,6 @@ def crash_at(target: str) -> list[tuple[Any, str]]:
     return seen
 
 
-def age_wait(store: Store, run_id: str, step_id: str) -> None:
-    """Move a waiting step's wake time (a sleep's, a timeout's) and its
-    run's not-before into the past: the database says the wait is over."""
-    past = utcnow() - dt.timedelta(seconds=1)
-    value = past.isoformat() if store.backend == "sqlite" else past
-    marker = "?" if store.backend == "sqlite" else "%s"
-    with store.connection() as conn:
-        conn.execute(f"UPDATE everystep_step SET wake_at = {marker} WHERE workflow_id = {marker} "
-                     f"AND step_id = {marker}", (value, run_id, step_id))
-        conn.execute(f"UPDATE everystep_workflow SET not_before = {marker} WHERE id = {marker}", (value, run_id))
-
-
 def due_now(store: Store, run_id: str) -> bool:
     """Whether the run is scheduled and claimable now."""
     run = store.get_run(run_id)
@@ -77,6 +66,46 @@ def resume(store: Store, run_id: str, claimer: str = "tester") -> str:
     operator or a drain) and executed again from the top."""
     assert store.requeue(store.get_run(run_id).claim_as(claimer))
     return execute_run(store, run_id, claimer)
+
+
+def leave_blocked(store: Store, wf: Any, *args: Any) -> str:
+    """A run of ``wf`` blocked on its first step: the process died right
+    after that unsafe step's effect, and the next claim found it uncertain."""
+    run = schedule(wf, *args, database=store)
+    crash_at("1")
+    try:
+        execute_run(store, run.id)
+    except SimulatedCrash:
+        pass
+    else:
+        raise AssertionError(f"run {run.id} did not die after its first step")
+    assert store.requeue(store.get_run(run.id).claim_as("tester"))
+    assert execute_run(store, run.id) == "blocked"
+    return run.id
+
+
+def expire_wait(store: Store, run_id: str, step_id: str) -> None:
+    """Move a waiting step's timeout (and its run's not-before) into the
+    past: the run is due, and its wait times out when it is executed."""
+    past = utcnow() - dt.timedelta(seconds=1)
+    value = past.isoformat() if store.backend == "sqlite" else past
+    marker = "?" if store.backend == "sqlite" else "%s"
+    with store.connection() as conn:
+        conn.execute(f"UPDATE everystep_step SET wake_at = {marker} WHERE workflow_id = {marker} "
+                     f"AND step_id = {marker}", (value, run_id, step_id))
+        conn.execute(f"UPDATE everystep_workflow SET not_before = {marker} WHERE id = {marker}", (value, run_id))
+
+
+def drain(store: Store, rounds: int = 50) -> None:
+    """Execute every due run (children, and the parents they wake) until none is left."""
+    for _ in range(rounds):
+        due = [run for run in store.list_runs(status=SCHEDULED, limit=1000)
+               if run.not_before is None or run.not_before <= utcnow()]
+        if not due:
+            return
+        for run in due:
+            execute_run(store, run.id)
+    raise AssertionError("runs still due after draining")
 
 
 def run_until_settled(store: Store, run_id: str, limit: int = 10) -> list[str]:

@@ -35,7 +35,8 @@ class ConsoleReads(Runs):
         """One page of runs, newest first, keyset-paginated.
 
         Without a status the order is the primary key (UUIDv7: creation
-        order); with one, ``(created_at, id)`` along the status index. A
+        order); with one (or ``waiting``: the scheduled runs not due yet),
+        ``(created_at, id)`` along the status index. A
         cursor is the ``(created_at, id)`` of the last row seen: rows older
         than it (``older_than``) or newer (``newer_than``, fetched oldest
         first and returned newest first).
@@ -53,8 +54,8 @@ class ConsoleReads(Runs):
             cursor_at = self._time_param(cursor[0]) if cursor[0] is not None else self._time_bound(newer)
         statement = ("page_runs_status_" if status else "page_runs_") + ("newer" if newer else "older")
         params = {
-            "status": status, "name": name or None, "queue": queue or None, "lo": id_range[0], "hi": id_range[1],
-            "cursor_id": cursor_id, "cursor_at": cursor_at, "limit": int(limit),
+            **self._status_filter(status), "name": name or None, "queue": queue or None, "lo": id_range[0],
+            "hi": id_range[1], "cursor_id": cursor_id, "cursor_at": cursor_at, "limit": int(limit),
         }
         runs = [self._run(row) for row in self._fetchall(statement, params)]
         return runs[::-1] if newer else runs
@@ -99,12 +100,15 @@ class ConsoleReads(Runs):
         values, freqs = row["status_values"] or [], row["status_shares"] or []
         return float(row["estimated_rows"]), {str(value): float(freq) for value, freq in zip(values, freqs)}
 
-    def steps_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[StepRecord]]:
-        """The recorded steps of several runs in one query, by run id."""
+    def steps_of_runs(self, run_ids: Sequence[str], waiting_only: bool = False) -> dict[str, list[StepRecord]]:
+        """The recorded steps of several runs in one query, by run id;
+        ``waiting_only``: only the rows still waiting (``models.STEP_WAITING``),
+        which say what a waiting run waits for."""
         found: dict[str, list[StepRecord]] = {checked_run_id(run_id): [] for run_id in run_ids}
         if not found:
             return found
-        for row in self._fetchall("steps_of_runs", {"ids": self._names(list(found))}):
+        statement = "waiting_steps_of_runs" if waiting_only else "steps_of_runs"
+        for row in self._fetchall(statement, {"ids": self._names(list(found))}):
             record = self._step(row)
             found.setdefault(record.workflow_id, []).append(record)
         return found

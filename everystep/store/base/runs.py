@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import EverystepError, RunNotFound
-from ...models import Attempt, Run, StepRecord
+from ...models import SCHEDULED, WAITING, Attempt, Run, StepRecord
 from ...queues import Placement
 from . import statements
 from .core import Row, StoreCore
-from .values import checked_run_id, new_run_id
+from .values import checked_run_id, new_run_id, utcnow
 
 
 class Runs(StoreCore):
@@ -98,16 +98,26 @@ class Runs(StoreCore):
 
     def list_runs(self, status: str | None = None, name: str | None = None, limit: int = 100,
                   version: str | None = None) -> list[Run]:
-        rows = self._fetchall("list_runs", {"status": status, "name": name, "limit": limit, "version": version})
+        """Runs newest first; ``status`` is a status or ``waiting`` (``models.RUN_FILTERS``)."""
+        rows = self._fetchall("list_runs", {**self._status_filter(status), "name": name, "limit": limit,
+                                            "version": version})
         return [self._run(row) for row in rows]
 
     def count_runs(self, status: str | None = None, name: str | None = None, cap: int = 100_000,
                    version: str | None = None) -> int:
         """Runs matching the filters of ``list_runs``, counted exactly up to
         ``cap`` (the cost is bounded by it)."""
-        row = self._fetchone("count_runs_upto", {"status": status, "name": name, "cap": int(cap), "version": version})
+        row = self._fetchone("count_runs_upto", {**self._status_filter(status), "name": name, "cap": int(cap),
+                                                 "version": version})
         assert row is not None
         return int(row["total"])
+
+    def _status_filter(self, status: str | None) -> dict[str, Any]:
+        """The ``status`` and ``waiting_at`` parameters of a list filtered by
+        ``status``: ``waiting`` is a scheduled run not due before now."""
+        if status == WAITING:
+            return {"status": str(SCHEDULED), "waiting_at": self._time_param(utcnow())}
+        return {"status": status, "waiting_at": None}
 
     def get_steps(self, run_id: str) -> list[StepRecord]:
         """A run's recorded steps, each with its retried attempts."""

@@ -38,6 +38,7 @@ STEP_COLUMNS = (
 STATUS_SETS: dict[str, tuple[str, ...]] = {
     "active_statuses": models.ACTIVE_STATUSES,
     "step_open_statuses": models.STEP_OPEN_STATUSES,
+    "step_waiting_statuses": models.STEP_WAITING,
 }
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)

@@ -109,6 +109,7 @@ SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s
 SELECT {run_columns} FROM everystep_workflow
 WHERE (%(status)s IS NULL OR status = %(status)s) AND (%(name)s IS NULL OR name = %(name)s)
   AND (%(version)s IS NULL OR app_version = %(version)s)
+  AND (%(waiting_at)s IS NULL OR not_before > %(waiting_at)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -117,6 +118,7 @@ SELECT count(*) AS total FROM (
     SELECT 1 FROM everystep_workflow
     WHERE (%(status)s IS NULL OR status = %(status)s) AND (%(name)s IS NULL OR name = %(name)s)
       AND (%(version)s IS NULL OR app_version = %(version)s)
+      AND (%(waiting_at)s IS NULL OR not_before > %(waiting_at)s)
     LIMIT %(cap)s
 ) AS capped
 
@@ -544,6 +546,7 @@ LIMIT %(limit)s
 -- name: page_runs_status_older
 SELECT {run_columns} FROM everystep_workflow
 WHERE status = %(status)s
+  AND (%(waiting_at)s IS NULL OR not_before > %(waiting_at)s)
   AND created_at <= %(cursor_at)s AND (created_at, id) < (%(cursor_at)s, %(cursor_id)s)
   AND id >= %(lo)s AND id <= %(hi)s
   AND (%(name)s IS NULL OR name = %(name)s)
@@ -554,6 +557,7 @@ LIMIT %(limit)s
 -- name: page_runs_status_newer
 SELECT {run_columns} FROM everystep_workflow
 WHERE status = %(status)s
+  AND (%(waiting_at)s IS NULL OR not_before > %(waiting_at)s)
   AND created_at >= %(cursor_at)s AND (created_at, id) > (%(cursor_at)s, %(cursor_id)s)
   AND id >= %(lo)s AND id <= %(hi)s
   AND (%(name)s IS NULL OR name = %(name)s)
@@ -576,6 +580,11 @@ SELECT -1.0 AS estimated_rows, NULL AS status_values, NULL AS status_shares
 
 -- name: steps_of_runs
 SELECT {step_columns} FROM everystep_step WHERE workflow_id IN %(ids)s ORDER BY workflow_id, id
+
+-- name: waiting_steps_of_runs
+SELECT {step_columns} FROM everystep_step
+WHERE workflow_id IN %(ids)s AND status IN {step_waiting_statuses}
+ORDER BY workflow_id, id
 
 -- name: prune_count
 SELECT count(*) AS runs, (SELECT count(*) FROM everystep_step AS s

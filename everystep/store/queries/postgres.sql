@@ -60,10 +60,13 @@ WHERE name = %(name)s AND idempotency_key = %(idempotency_key)s
 SELECT {run_columns} FROM everystep_workflow WHERE id = %(id)s
 
 -- name: list_runs
+-- `everystep runs`; waiting_at, when given (`--status waiting`), keeps the
+-- scheduled runs not due before it: those that wait.
 SELECT {run_columns} FROM everystep_workflow
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
   AND (%(version)s::text IS NULL OR app_version = %(version)s)
+  AND (%(waiting_at)s::timestamptz IS NULL OR not_before > %(waiting_at)s::timestamptz)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -75,6 +78,7 @@ SELECT count(*) AS total FROM (
     WHERE (%(status)s::text IS NULL OR status = %(status)s)
       AND (%(name)s::text IS NULL OR name = %(name)s)
       AND (%(version)s::text IS NULL OR app_version = %(version)s)
+      AND (%(waiting_at)s::timestamptz IS NULL OR not_before > %(waiting_at)s::timestamptz)
     LIMIT %(cap)s
 ) AS capped
 
@@ -601,6 +605,7 @@ LIMIT %(limit)s
 -- `scheduled`, its partial index), keyset on (created_at, id).
 SELECT {run_columns} FROM everystep_workflow
 WHERE status = %(status)s
+  AND (%(waiting_at)s::timestamptz IS NULL OR not_before > %(waiting_at)s::timestamptz)
   AND created_at <= %(cursor_at)s::timestamptz
   AND (created_at, id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid)
   AND id >= %(lo)s::uuid AND id <= %(hi)s::uuid
@@ -612,6 +617,7 @@ LIMIT %(limit)s
 -- name: page_runs_status_newer
 SELECT {run_columns} FROM everystep_workflow
 WHERE status = %(status)s
+  AND (%(waiting_at)s::timestamptz IS NULL OR not_before > %(waiting_at)s::timestamptz)
   AND created_at >= %(cursor_at)s::timestamptz
   AND (created_at, id) > (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid)
   AND id >= %(lo)s::uuid AND id <= %(hi)s::uuid
@@ -642,6 +648,13 @@ WHERE c.oid = 'everystep_workflow'::regclass
 
 -- name: steps_of_runs
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = ANY(%(ids)s::uuid[]) ORDER BY workflow_id, id
+
+-- name: waiting_steps_of_runs
+-- What a page of waiting runs waits for (`everystep runs`, the console's
+-- list): their waiting rows only, however long their histories.
+SELECT {step_columns} FROM everystep_step
+WHERE workflow_id = ANY(%(ids)s::uuid[]) AND status IN {step_waiting_statuses}
+ORDER BY workflow_id, id
 
 -- name: prune_count
 -- What `everystep prune` would delete (its --dry-run and progress total).

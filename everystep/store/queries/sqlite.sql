@@ -52,6 +52,7 @@ SELECT {run_columns} FROM everystep_workflow WHERE id = :id
 SELECT {run_columns} FROM everystep_workflow
 WHERE (:status IS NULL OR status = :status) AND (:name IS NULL OR name = :name)
   AND (:version IS NULL OR app_version = :version)
+  AND (:waiting_at IS NULL OR not_before > :waiting_at)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
@@ -60,6 +61,7 @@ SELECT count(*) AS total FROM (
     SELECT 1 FROM everystep_workflow
     WHERE (:status IS NULL OR status = :status) AND (:name IS NULL OR name = :name)
       AND (:version IS NULL OR app_version = :version)
+      AND (:waiting_at IS NULL OR not_before > :waiting_at)
     LIMIT :cap
 )
 
@@ -518,6 +520,7 @@ LIMIT :limit
 -- name: page_runs_status_older
 SELECT {run_columns} FROM everystep_workflow
 WHERE status = :status
+  AND (:waiting_at IS NULL OR not_before > :waiting_at)
   AND created_at <= :cursor_at AND (created_at, id) < (:cursor_at, :cursor_id)
   AND id >= :lo AND id <= :hi
   AND (:name IS NULL OR name = :name)
@@ -528,6 +531,7 @@ LIMIT :limit
 -- name: page_runs_status_newer
 SELECT {run_columns} FROM everystep_workflow
 WHERE status = :status
+  AND (:waiting_at IS NULL OR not_before > :waiting_at)
   AND created_at >= :cursor_at AND (created_at, id) > (:cursor_at, :cursor_id)
   AND id >= :lo AND id <= :hi
   AND (:name IS NULL OR name = :name)
@@ -550,6 +554,11 @@ SELECT -1.0 AS estimated_rows, NULL AS status_values, NULL AS status_shares
 -- name: steps_of_runs
 SELECT {step_columns} FROM everystep_step
 WHERE workflow_id IN (SELECT value FROM json_each(:ids))
+ORDER BY workflow_id, id
+
+-- name: waiting_steps_of_runs
+SELECT {step_columns} FROM everystep_step
+WHERE workflow_id IN (SELECT value FROM json_each(:ids)) AND status IN {step_waiting_statuses}
 ORDER BY workflow_id, id
 
 -- name: prune_count

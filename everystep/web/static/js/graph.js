@@ -1,9 +1,13 @@
 // The step graph: recorded steps as nodes (status, duration, errors), the
 // part of the body not reached yet as dashed nodes, parallel branches as
 // lanes side by side, loops and if/try blocks as frames around what they
-// decide. The shapes come from the server (everystep.graph.overlay).
+// decide. A node that starts a child run or waits for one names the child
+// and links to its page; a loop whose every iteration is one node (a
+// fan-out of starts, a fan-in of waits) lays its iterations out side by
+// side. The shapes come from the server (everystep.graph.overlay).
 
-import { ago, h, seconds, shortId, when } from "./dom.js";
+import { runHref } from "./api.js";
+import { ago, h, seconds, shortId, statusBadge, when } from "./dom.js";
 
 const STATE_TEXT = {
   done: "done", failed: "failed", started: "uncertain", pending: "not reached yet",
@@ -57,6 +61,7 @@ function renderNode(node, path, ctx) {
     case "loop": return loopNode(node, path, ctx);
     case "choice": return choiceNode(node, path, ctx);
     case "try": return tryNode(node, path, ctx);
+    case "patch": return patchNode(node, path, ctx);
     case "exit": return h("div", { class: "exit", text: node.label });
     default: return null;
   }
@@ -68,7 +73,6 @@ function stepNode(node, path, ctx) {
   const meta = [];
   if (record && record.duration !== null && record.duration !== undefined) meta.push(seconds(record.duration));
   if (node.in_flight) meta.push("in flight");
-  if (node.child) meta.push(`child ${shortId(node.child.id)} · ${node.child.status}`);
   if (node.state === "started") meta.push("effect uncertain");
   if (node.state === "diverged") meta.push(`now calls ${node.expected}`);
   const error = record && record.error ? `${record.error.type}: ${record.error.message}` : null;
@@ -84,9 +88,33 @@ function stepNode(node, path, ctx) {
   h("span", { class: "node-label", text: node.label }),
   node.unsafe ? h("span", { class: "tag", text: "unsafe" }) : null,
   node.exactly_once ? h("span", { class: "tag", text: "exactly once" }) : null,
+  copiedTag(node),
   meta.length ? h("span", { class: "node-meta", text: meta.join(" · ") }) : null,
   error ? h("span", { class: "node-error", text: error }) : null);
-  return el;
+  return withChild(el, node);
+}
+
+// A fork's copy of its source's record: replayed, never run by the fork.
+function copiedTag(node) {
+  return node.copied ? h("span", { class: "tag copied", title: "copied from the run this one was forked from",
+                                   text: "copied" }) : null;
+}
+
+function workflowShort(name) {
+  return name ? name.slice(name.lastIndexOf(".") + 1) : "";
+}
+
+// The child run a node started or waits for: a link to its page, beside
+// the node (a link cannot sit inside the node's button).
+function withChild(el, node) {
+  const child = node.child;
+  if (!child) return el;
+  return h("div", { class: "node-with-child" }, el,
+    h("a", { class: "child-link", href: runHref(child.id), title: `child run ${child.id}${child.name ? ` (${child.name})` : ""}`,
+             dataset: { child: child.id } },
+      h("span", { class: "mono", text: `child ${shortId(child.id)}` }),
+      child.name ? h("span", { class: "child-workflow", text: workflowShort(child.name) }) : null,
+      child.status ? statusBadge(child.status) : null));
 }
 
 // A wait (a durable sleep, …): what it waits for and until when. It is
@@ -95,7 +123,8 @@ function waitNode(node, path, ctx) {
   const key = nodeKey(node, path);
   const record = node.record;
   const topic = node.wait === "message" && record && Array.isArray(record.args) ? record.args[0] : null;
-  const what = topic ? `message "${topic}"` : (WAIT_TEXT[node.wait] || node.wait);
+  const childName = node.wait === "child" && node.child ? workflowShort(node.child.name) || shortId(node.child.id) : null;
+  const what = topic ? `message "${topic}"` : childName ? `child ${childName}` : (WAIT_TEXT[node.wait] || node.wait);
   const meta = [];
   if (node.until) {
     meta.push(node.state === "waiting" ? `wakes ${ago(node.until)}, ${when(node.until)}` : `until ${when(node.until)}`);
@@ -105,7 +134,7 @@ function waitNode(node, path, ctx) {
   if (node.state === "done" && record && record.duration !== null && record.duration !== undefined) {
     meta.push(`waited ${seconds(record.duration)}`);
   }
-  return h("button", {
+  const el = h("button", {
     type: "button",
     class: `node wait wait-${node.wait} state-${node.state}${key === ctx.selected ? " selected" : ""}`,
     title: `${what}${node.id ? ` · step ${node.id}` : ""} · ${STATE_TEXT[node.state] || node.state}`,
@@ -115,7 +144,25 @@ function waitNode(node, path, ctx) {
   h("span", { class: "node-id", text: node.id || (node.state === "skipped" ? "–" : "?") }),
   h("span", { class: "node-label" }, h("span", { class: "wait-kind", text: what }), " ",
     h("code", { class: "wait-call", text: node.label })),
+  copiedTag(node),
   meta.length ? h("span", { class: "node-meta", text: meta.join(" · ") }) : null);
+  return withChild(el, node);
+}
+
+// patched(id): the branch this run takes, recorded once (new code or old).
+function patchNode(node, path, ctx) {
+  const key = nodeKey(node, path);
+  const answer = node.answer === true ? "new code" : node.answer === false ? "old code" : "not asked yet";
+  return h("button", {
+    type: "button",
+    class: `node patch state-${node.state}${key === ctx.selected ? " selected" : ""}`,
+    title: `patch ${node.patch || "?"}: ${answer}`,
+    dataset: { key, state: node.state, step: node.id || "", patch: node.patch || "", answer: String(node.answer) },
+    onclick: () => ctx.onSelect(node, key),
+  },
+  h("span", { class: "node-id", text: "patch" }),
+  h("span", { class: "node-label" }, h("code", { text: node.label }), " → ", h("span", { class: "patch-answer", text: answer })),
+  copiedTag(node));
 }
 
 function lanes(list, path, ctx, cls) {
@@ -140,19 +187,34 @@ function forkNode(node, path, ctx) {
     lanes(node.lanes, path, ctx, "fork-lanes"));
 }
 
+// One node per iteration: a fan-out (starts) or a fan-in (waits, each in
+// its try), drawn as a grid of iterations rather than a long column.
+function isFan(node) {
+  const single = (nodes) => nodes.length === 1 && ["step", "wait", "try"].includes(nodes[0].kind);
+  return node.iterations.length > 1 && node.iterations.every(single) && (!node.next || !node.next.length || single(node.next));
+}
+
 function loopNode(node, path, ctx) {
-  const el = h("div", { class: "block loop" },
-    h("div", { class: "block-head" }, h("span", { class: "block-kind", text: "loop" }), h("code", { text: node.label })));
+  const fan = isFan(node);
+  const el = h("div", { class: `block loop${fan ? " fan" : ""}` },
+    h("div", { class: "block-head" }, h("span", { class: "block-kind", text: "loop" }), h("code", { text: node.label }),
+      fan ? h("span", { class: "hint", text: `${node.iterations.length} iterations` }) : null));
+  const holder = fan ? h("div", { class: "iterations" }) : el;
+  if (fan) el.append(holder);
   node.iterations.forEach((iteration, index) => {
-    const box = h("div", { class: "iteration" }, h("div", { class: "lane-label", text: `iteration ${index + 1}` }));
+    // In a grid the node's own id says the order: the label is a tooltip.
+    const box = h("div", { class: "iteration", title: `iteration ${index + 1}` },
+      fan ? null : h("div", { class: "lane-label", text: `iteration ${index + 1}` }));
     renderNodes(box, iteration, `${path}.i${index}`, ctx);
-    el.append(box);
+    holder.append(box);
   });
   if (node.next && node.next.length) {
-    const box = h("div", { class: "iteration upcoming" },
-      h("div", { class: "lane-label", text: node.iterations.length ? "next iteration, if any" : "each iteration" }));
+    const more = node.remaining;
+    const label = !node.iterations.length ? "each iteration"
+      : more > 1 ? `next iteration (${more} still to come)` : more === 1 ? "next iteration (the last)" : "next iteration, if any";
+    const box = h("div", { class: "iteration upcoming" }, h("div", { class: "lane-label", text: label }));
     renderNodes(box, node.next, `${path}.next`, ctx);
-    el.append(box);
+    holder.append(box);
   }
   return el;
 }
@@ -203,7 +265,7 @@ export function findNode(graph, key) {
     nodes.forEach((node, index) => {
       const here = `${path}.${index}`;
       if (found) return;
-      if ((node.kind === "step" || node.kind === "wait") && nodeKey(node, here) === key) found = node;
+      if (["step", "wait", "patch"].includes(node.kind) && nodeKey(node, here) === key) found = node;
       for (const [i, lane] of (node.lanes || []).entries()) visit(lane.nodes, `${here}.${i}`);
       for (const [i, lane] of (node.handlers || []).entries()) visit(lane.nodes, `${here}.h.${i}`);
       (node.iterations || []).forEach((iteration, i) => visit(iteration, `${here}.i${i}`));

@@ -148,14 +148,21 @@ export function runPage(main, runId) {
       ["Runner", runnerCell()],
     ];
     if (run.not_before) rows.splice(1, 0, ["Not before", h("span", {}, timeCell(run.not_before), " ", h("span", { class: "hint", text: when(run.not_before) }))]);
+    // A wait without a timeout has no time to show: what ends it, as `show` says.
+    else if (run.waiting) rows.splice(1, 0, ["Waits", h("span", { class: "waits", text: `${run.waiting.replace(/^waiting /, "")}, with no timeout` })]);
     if (run.attempts !== null && run.attempts !== undefined) rows.push(["Claims", String(run.attempts)]);
     if (run.idempotency_key) rows.push(["Idempotency key", h("code", { text: run.idempotency_key })]);
     if (run.deadline) rows.push(["Deadline", h("span", {}, timeCell(run.deadline), " ", h("span", { class: "hint", text: when(run.deadline) }))]);
     if (run.parent_id) rows.push(["Parent", h("a", { class: "mono parent-link", href: runHref(run.parent_id), text: run.parent_id })]);
     rows.push(["Version", run.app_version ? h("code", { text: run.app_version }) : "—"]);
-    if (run.forked_from) rows.push(["Forked from", h("a", { class: "mono", href: runHref(run.forked_from), text: run.forked_from })]);
+    if (run.forked_from) {
+      const copied = data.steps.filter((step) => step.copied).length;
+      rows.push(["Forked from", h("span", {}, h("a", { class: "mono", href: runHref(run.forked_from), text: run.forked_from }),
+        h("span", { class: "hint", text: ` ${copied} step${copied === 1 ? "" : "s"} copied from it (marked copied)` }))]);
+    }
     if (run.forks && run.forks.length) {
-      rows.push(["Forks", h("span", {}, run.forks.map((id) => h("a", { class: "mono fork", href: runHref(id), text: id })))]);
+      rows.push(["Forks", h("ul", { class: "forks" }, run.forks.map((fork) => h("li", { dataset: { fork: fork.id } },
+        h("a", { class: "mono fork", href: runHref(fork.id), text: fork.id }), " ", statusBadge(fork.status))))]);
     }
     replace(summary, rows.map(([term, value]) => [h("dt", { text: term }), h("dd", {}, value)]));
   }
@@ -233,13 +240,17 @@ export function runPage(main, runId) {
   // Children (each linking to its page, with its status), the events the
   // run published and the messages sent to it.
   function renderFamily() {
-    const table = (cls, headers, rows) => h("table", { class: cls },
-      h("thead", {}, h("tr", {}, headers.map((text) => h("th", { text })))), h("tbody", {}, rows));
+    // Each cell carries its column's name: a phone shows the rows as cards, headers hidden.
+    const table = (cls, headers, rows) => {
+      for (const row of rows) [...row.cells].forEach((cell, index) => { cell.dataset.label = headers[index]; });
+      return h("div", { class: "table-scroll" }, h("table", { class: cls },
+        h("thead", {}, h("tr", {}, headers.map((text) => h("th", { text })))), h("tbody", {}, rows)));
+    };
     const parts = [];
     if (data.children.length) {
       parts.push(h("section", { class: "data children" }, h("h3", { text: "Child runs" }),
         table("children", ["Run", "Status", "Workflow"], data.children.map((child) => h("tr", { dataset: { child: child.id } },
-          h("td", {}, h("a", { class: "mono", href: runHref(child.id), text: child.id })),
+          h("td", { class: "run-id" }, h("a", { class: "mono", href: runHref(child.id), title: child.id, text: child.id })),
           h("td", {}, statusBadge(child.status)), h("td", { class: "workflow", text: child.name }))))));
     }
     if (data.events.length) {
@@ -282,15 +293,16 @@ export function runPage(main, runId) {
       const took = step.completed_at && step.started_at ? (Date.parse(step.completed_at) - Date.parse(step.started_at)) / 1000 : null;
       const outcome = step.error ? `${step.error.type}: ${step.error.message}` : step.status === "done" ? pretty(step.result) : "";
       return h("tr", { dataset: { step: step.step_id } },
-        h("td", {}, h("button", { type: "button", class: "linkish mono", text: step.step_id,
+        h("td", { class: "step-id" }, h("button", { type: "button", class: "linkish mono", text: step.step_id,
                                   onclick: () => select(null, `id:${step.step_id}`) })),
-        h("td", { class: "mono small", text: step.name }),
-        h("td", {}, h("span", { class: `badge state-${step.status}`, text: step.status }),
-          step.effect_uncertain ? h("span", { class: "tag uncertain", text: "effect uncertain" }) : null),
-        h("td", { class: "attempt", text: String(step.attempt || 1) }),
-        h("td", { text: when(step.started_at) }),
-        h("td", { text: took !== null ? seconds(took) : "" }),
-        h("td", { class: step.error ? "error-cell" : "args-cell" }, h("span", { text: outcome.length > 200 ? `${outcome.slice(0, 199)}…` : outcome })));
+        h("td", { class: "function mono small", text: step.name }),
+        h("td", { class: "status" }, h("span", { class: `badge state-${step.status}`, text: step.status }),
+          step.effect_uncertain ? h("span", { class: "tag uncertain", text: "effect uncertain" }) : null,
+          step.copied ? h("span", { class: "tag copied", title: "copied from the run this one was forked from", text: "copied" }) : null),
+        h("td", { class: "attempt", dataset: { attempt: String(step.attempt || 1) }, text: String(step.attempt || 1) }),
+        h("td", { class: "started", text: when(step.started_at) }),
+        h("td", { class: "took", text: took !== null ? seconds(took) : "" }),
+        h("td", { class: `outcome ${step.error ? "error-cell" : "args-cell"}` }, h("span", { text: outcome.length > 200 ? `${outcome.slice(0, 199)}…` : outcome })));
     });
     replace(steps, head, h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 7, class: "empty", text: "No step recorded yet." }))));
   }

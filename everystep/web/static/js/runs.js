@@ -1,5 +1,6 @@
-// The runs list: counts per status, filters (built from /api/meta), id
-// prefix search, keyset pages, live rows.
+// The runs list: counts per status, filters (built from /api/meta; the
+// status filter has "waiting" too: scheduled runs not due yet), id prefix
+// search, keyset pages, live rows (a waiting run says what it waits for).
 
 import { Live, get, href, runHref } from "./api.js";
 import { count, h, replace, seconds, statusBadge, timeCell, toast } from "./dom.js";
@@ -123,6 +124,7 @@ export async function runsPage(main, options = {}) {
           h("a", { href: `${runHref(run.id)}#step=${encodeURIComponent(step.step_id)}`, class: "resolve-link",
                    text: "resolve…" }))))
         : h("td", { class: `last ${run.error ? "error-cell" : "args-cell"}`, title: run.error || run.args_preview },
+          run.waiting ? h("div", { class: "wait-note", text: run.waiting }) : null,
           h("span", { text: run.error || run.args_preview }));
       return h("tr", { dataset: { run: run.id, status: run.status } },
         h("td", { class: "run-id" }, h("a", { href: runHref(run.id), class: "mono", title: run.id, text: run.id })),
