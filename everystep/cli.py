@@ -197,8 +197,8 @@ def build_parser() -> OneLineParser:
                      help=f"give up on one run's replay after S seconds (default {dryrun.DEFAULT_TIMEOUT:g})")
 
     sub = _command(commands, "remote", "send a command to a supervisor on any host, through the database",
-                   "Send status, kill, scale, reload or drain to the supervisor holding RUNNER, through a request "
-                   "row (and NOTIFY on PostgreSQL), and print its reply.")
+                   f"Send {', '.join(relay.COMMANDS[:-1])} or {relay.COMMANDS[-1]} to the supervisor holding RUNNER, "
+                   "through a request row (and NOTIFY on PostgreSQL), and print its reply.")
     sub.add_argument("runner", metavar="RUNNER", help="the supervisor's runner name (see 'everystep runners')")
     sub.add_argument("remote_command", metavar="COMMAND", choices=relay.COMMANDS,
                      help=f"one of: {', '.join(relay.COMMANDS)}")

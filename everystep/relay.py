@@ -1,7 +1,7 @@
 """Operator requests relayed to a supervisor through the database.
 
 The control socket reaches a supervisor on its own host. From any other host
-(the console, ``everystep request``) an operator reaches it through the
+(the console, ``everystep remote``) an operator reaches it through the
 database instead: a request row addressed to the runner's name, plus a
 NOTIFY so the supervisor hears of it at once::
 
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 #: The NOTIFY channel of new requests (PostgreSQL); the payload is the runner's name.
 REQUEST_CHANNEL = "everystep_request"
 
-#: Commands a supervisor accepts through the database: those of its control
-#: socket (``supervisor.commands``), which validates their arguments.
+#: Commands a supervisor accepts through the database: the verbs of its
+#: control socket (``supervisor.verbs``), which validate their arguments.
 COMMANDS: tuple[str, ...] = tuple(Command)
 
 #: How long a requester waits for a reply before expiring its request.
@@ -91,7 +91,7 @@ def describe_outcome(request: OperatorRequest) -> str:
     """One line for an operator: the reply, or why there is none."""
     if request.status == RequestStatus.ANSWERED and request.reply is not None:
         if request.reply.get("ok"):
-            if request.command == "status" and isinstance(request.reply.get("children"), list):
+            if request.command == Command.STATUS and isinstance(request.reply.get("children"), list):
                 return describe_status(request.reply)
             details = ", ".join(f"{key} {_plain(value)}" for key, value in request.reply.items() if key != "ok")
             return "ok" + (f": {details}" if details else "")

@@ -4,9 +4,11 @@ The library never imports the supervisor, yet it speaks of it: the relay
 (``everystep remote``, the console) submits the supervisor's commands, and
 the metrics name the commands it counts and the reasons it replaces a
 child. Those vocabularies live here, and the supervisor imports them: a new
-``ctl`` verb or restart reason is one line in this file, and every list of
-them (the relay's accepted commands, the CLI's choices, the metric labels
-made known at start) follows.
+restart reason is one line in this file, and a new ``ctl`` verb one line
+here besides its declaration in the supervisor (``supervisor.verbs``, its
+request and reply in ``supervisor.protocol``). Every list of them follows:
+the relay's accepted commands and ``everystep remote``'s choices and help,
+the metric labels made known at start.
 """
 
 from __future__ import annotations

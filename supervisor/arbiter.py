@@ -15,7 +15,7 @@ shared with the threaded worker); the runs held between children and what
 becomes of one whose child died (``Ledger``, applying ``fate.decide``, a
 pure function); how children are talked to (``ChildChannels``); the
 deadlines it enforces (``Deadlines``) and the fenced children it kills
-(``FenceWatch``); what operators may ask (``commands``, ``reload``); what
+(``FenceWatch``); what operators may ask (``verbs``, ``reload``); what
 it says about itself (``reporting``).
 
 Fork safety: before forking, the parent closes its pooled database
@@ -45,7 +45,7 @@ from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
 
 from . import child as child_process
-from . import commands, reporting, titles
+from . import reporting, titles, verbs
 from .budgets import Budgets
 from .channels import ChildChannels
 from .children import Child, describe_exit
@@ -93,9 +93,9 @@ class Arbiter:
                               takeover=config.takeover, logger=logger, who=self.who, queues=config.queues,
                               versions=versions.served(config.serve_versions))
         self.ledger = Ledger(store, config.name, self.who, self.loop, lambda: bool(self.stopping))
-        handle_request = functools.partial(commands.handle, self)
+        handle_request = functools.partial(verbs.handle, self)
         self.control = ControlServer(config.socket, handle_request, self.selector, idle_timeout=config.control_timeout,
-                                     on_request=functools.partial(commands.count, config.name))
+                                     on_request=functools.partial(verbs.count, config.name))
         self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)
         self.fences = FenceWatch(store, config.name, self.loop.lease.beat_every)
         self.remote = RemoteControl(store, config.name, self.loop.lease.instance, handle_request,

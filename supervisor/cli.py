@@ -37,7 +37,7 @@ from everystep.store import Store, connect
 from . import ctl
 from .claim_ahead import SHORT_RUN
 from .config import MAX_PROCS, Config, default_socket_path
-from .states import Command
+from .verbs import VERBS
 
 PROG = "everystep-supervisor"
 METRICS_DIR_PREFIX = "everystep-metrics-"
@@ -171,24 +171,10 @@ def build_ctl_parser() -> OneLineParser:
                         help="seconds to wait for a reply (default 10)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=OneLineParser)
     actions.required = True
-    actions.add_parser(Command.STATUS, help="children, their runs and steps",
-                       description="The supervisor's children: state, run, workflow, step, time in step, RSS, CPU.")
-    kill = actions.add_parser(Command.KILL, help="kill the child running RUN",
-                              description="SIGKILL the child executing RUN; its step in flight is recorded as "
-                                          "failed (StepKilled), or, with --requeue, the run goes back to the queue.")
-    kill.add_argument("run_id", metavar="RUN", help="the run's id")
-    kill.add_argument("--requeue", action="store_true",
-                      help="requeue the run instead of recording its step as failed (default: off)")
-    scale = actions.add_parser(Command.SCALE, help="set the number of children",
-                               description=f"Set the number of children, 0 to {MAX_PROCS}; busy ones leave after "
-                                           "their run.")
-    scale.add_argument("procs", type=int, metavar="N", help=f"0 to {MAX_PROCS}")
-    actions.add_parser(Command.RELOAD, help="re-import the app and replace every child (like SIGHUP)",
-                       description="Re-import the --app modules and replace every child; the reply says whether "
-                                   "the import worked (exit 2 with the failing file and line if not).")
-    actions.add_parser(Command.DRAIN, help="stop gracefully (like SIGTERM)",
-                       description="Stop claiming; each child finishes its step and requeues its run, then the "
-                                   "supervisor exits.")
+    for verb in VERBS.values():
+        sub = actions.add_parser(verb.command, help=verb.summary, description=verb.description)
+        verb.arguments(sub)
+        sub.set_defaults(verb=verb)
     for sub in actions.choices.values():
         sub.add_argument("--socket", default=argparse.SUPPRESS, metavar="PATH", help=argparse.SUPPRESS)
         sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

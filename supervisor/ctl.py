@@ -1,4 +1,8 @@
-"""``everystep-supervisor ctl``: talk to a running supervisor's control socket."""
+"""``everystep-supervisor ctl``: talk to a running supervisor's control socket.
+
+What each verb sends and how its reply reads is the verb's (``verbs.VERBS``);
+this is the exchange on the socket, the status table, and the exit codes.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +14,16 @@ from everystep.cliutil import fail, format_table, print_json
 
 from .protocol import (
     MAX_CONTROL_LINE,
-    DrainReply,
     ErrorReply,
-    KillReply,
-    KillRequest,
     LineReader,
     ProtocolError,
-    REQUESTS,
-    ReloadReply,
     Reply,
     Request,
-    ScaleReply,
-    ScaleRequest,
     StatusReply,
     decode_reply,
     frame,
     parse,
 )
-from .states import Command
 
 PROG = "everystep-supervisor ctl"
 
@@ -99,36 +95,16 @@ def render_status(reply: StatusReply) -> str:
     return f"{head}\n{table}"
 
 
-def build_request(args: argparse.Namespace) -> Request:
-    if args.action == Command.KILL:
-        return KillRequest(run=args.run_id, requeue=args.requeue)
-    if args.action == Command.SCALE:
-        return ScaleRequest(procs=args.procs)
-    return REQUESTS[args.action]()  # a command without arguments
-
-
-def describe(reply: Reply) -> str:
-    """One human line (or the status table) for a successful reply."""
-    if isinstance(reply, StatusReply):
-        return render_status(reply)
-    if isinstance(reply, KillReply):
-        return f"killed child {reply.slot} (pid {reply.pid}) running {reply.run}: {reply.action}"
-    if isinstance(reply, ScaleReply):
-        return f"scaled from {reply.previous} to {reply.procs} children"
-    if isinstance(reply, ReloadReply):
-        return (f"reloaded {', '.join(reply.modules) or 'no modules'}; replacing {reply.replacing} "
-                f"child{'ren' if reply.replacing != 1 else ''}")
-    if isinstance(reply, DrainReply):
-        return f"draining: {reply.busy} busy child{'ren' if reply.busy != 1 else ''} finish their step, then it stops"
-    return str(reply)
-
-
 def main(args: argparse.Namespace) -> int:
-    reply, raw = request(args.socket, build_request(args), timeout=args.timeout)
+    """Send the request of ``args.verb`` (the ``verbs.Verb`` its subcommand
+    declared: ``cli.build_ctl_parser``) and print its reply: the verb's
+    line, or the raw JSON; a refusal exits 2."""
+    verb = args.verb
+    reply, raw = request(args.socket, verb.request_from(args), timeout=args.timeout)
     if args.json:
         print_json(raw)
         return 0 if raw.get("ok") else 2
     if isinstance(reply, ErrorReply):
         fail(reply.error, prog=PROG)
-    print(describe(reply))
+    print(verb.describe(reply))
     return 0

@@ -1,8 +1,9 @@
 """The supervisor's parts of the reference, rendered from its code: its
-command line and ``ctl`` (the parsers), the control socket (the request
-and reply dataclasses of ``supervisor.protocol``), its exit codes and the
-environment it reads. ``GENERATED`` is ``everystep.docgen.GENERATED`` and
-these: the documentation hook and the tests use it.
+command line and ``ctl`` (the parsers), the control socket (its verbs,
+``supervisor.verbs``, with their request and reply dataclasses), its exit
+codes and the environment it reads. ``GENERATED`` is
+``everystep.docgen.GENERATED`` and these: the documentation hook and the
+tests use it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from everystep.docgen import code, table, text
 
 from . import cli, protocol
 from .states import ChildState
+from .verbs import VERBS
 
 #: Environment variables the supervisor reads (besides the library's).
 ENVIRONMENT: tuple[docgen.Variable, ...] = (
@@ -67,20 +69,17 @@ def _fields_table(cls: type[Any]) -> str:
 
 
 def control_socket() -> str:
-    """Every command of the control socket: its request (from
-    ``protocol.REQUESTS``), the ``ctl`` help for it, and its reply (from
-    ``protocol.REPLIES``)."""
-    ctl = {name: (sub, summary) for name, sub, summary in docgen.subcommands(cli.build_ctl_parser())}
+    """Every verb of the control socket (``verbs.VERBS``): what it does, its
+    request and its reply."""
     out = []
-    for command, request in protocol.REQUESTS.items():
-        sub, summary = ctl[command]
+    for command, verb in VERBS.items():
+        request, reply = verb.request, verb.reply
         out.append(f"## {code(command)}")
-        out.append(f"*{text(summary)}*. {text(sub.description or '')}")
+        out.append(f"*{text(verb.summary)}*. {text(verb.description)}")
         out.append("Request fields (besides `\"cmd\": \"" + command + "\"`):" if _fields(request)
                    else "Request: `{\"cmd\": \"" + command + "\"}`, no other field.")
         if _fields(request):
             out.append(_fields_table(request))
-        reply = protocol.REPLIES[command]
         out.append("Reply fields (besides `\"ok\": true`):")
         out.append(_fields_table(reply))
         if any(name == "children" for name, _k, _d in _fields(reply)):

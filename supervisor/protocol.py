@@ -32,7 +32,8 @@ death, in the same ``select`` as everything else.
 
 Control socket: a ``Request`` per line (``{"cmd": "kill", "run": "…",
 "requeue": false}``), a ``Reply`` per line (``{"ok": true, …}`` or
-``{"ok": false, "error": "one line"}``).
+``{"ok": false, "error": "one line"}``). ``CONTROL`` pairs each request with
+its reply; ``verbs`` says what each one does.
 """
 
 from __future__ import annotations
@@ -249,13 +250,6 @@ class DrainRequest(Request):
     TAG: ClassVar[str] = Command.DRAIN
 
 
-#: Every request by its command: one per ``Command`` (``test_protocol`` holds them to it).
-REQUESTS: dict[str, type[Request]] = {
-    cls.TAG: cls for cls in (StatusRequest, KillRequest, ScaleRequest, ReloadRequest, DrainRequest)
-}
-COMMANDS: tuple[str, ...] = tuple(Command)
-
-
 # Control replies.
 
 @dataclass(frozen=True)
@@ -332,16 +326,27 @@ class DrainReply(Reply):
     busy: int = 0
 
 
+#: Every control request with the reply it gets: the one pairing, one per
+#: ``Command`` (``tests/test_verbs.py`` holds them to it). What a verb means
+#: to an operator (its ``ctl`` arguments, its handler) is in ``verbs``.
+CONTROL: tuple[tuple[type[Request], type[Reply]], ...] = (
+    (StatusRequest, StatusReply),
+    (KillRequest, KillReply),
+    (ScaleRequest, ScaleReply),
+    (ReloadRequest, ReloadReply),
+    (DrainRequest, DrainReply),
+)
+#: Every request by its command.
+REQUESTS: dict[str, type[Request]] = {request.TAG: request for request, _reply in CONTROL}
+#: Every reply by the command it answers.
+REPLIES: dict[str, type[Reply]] = {request.TAG: reply for request, reply in CONTROL}
+COMMANDS: tuple[str, ...] = tuple(Command)
+
 M = TypeVar("M")
 
 _MESSAGES: tuple[type[Message], ...] = (Dispatch, Exit, Ready, StepStarted, StepEnded, Finishing, Done, Bye,
                                         *REQUESTS.values())
 _BY_TAG: dict[tuple[str, str], type[Message]] = {(cls.KEY, cls.TAG): cls for cls in _MESSAGES}
-#: Every reply by the command it answers.
-REPLIES: dict[str, type[Reply]] = {
-    Command.STATUS: StatusReply, Command.KILL: KillReply, Command.SCALE: ScaleReply, Command.RELOAD: ReloadReply,
-    Command.DRAIN: DrainReply,
-}
 
 
 def encode(message: Message | Reply) -> bytes:

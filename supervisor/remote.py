@@ -1,10 +1,10 @@
 """Operator requests from the database, and what this supervisor publishes.
 
 The control socket serves operators on this host. Operators elsewhere (the
-console, ``everystep request``) write a request row addressed to this
+console, ``everystep remote``) write a request row addressed to this
 supervisor's name instead (see ``everystep.relay`` for the exchange); this
 module takes those rows, passes each to the very function that answers the
-control socket (``supervisor.commands.handle``, given here as ``handle``)
+control socket (``supervisor.verbs.handle``, given here as ``handle``)
 and writes the reply back. It also publishes the supervisor's children (run,
 workflow, step, since when) on its ``everystep_runner`` row, which is how
 the console shows what every supervisor on every host is doing.

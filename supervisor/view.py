@@ -1,6 +1,6 @@
 """What the operator-facing parts see of the arbiter.
 
-``reporting`` (what the supervisor says about itself), ``commands`` (what
+``reporting`` (what the supervisor says about itself), ``verbs`` (what
 operators may ask) and ``reload`` take the arbiter as one of these
 protocols, not as the whole object: they read what is listed here and act
 through it (the three acts ``Operable`` names, the claim loop's names on a

@@ -29,8 +29,6 @@ from ..vocabulary import Command
 
 logger = logging.getLogger("everystep.console")
 
-#: Supervisor commands the console sends (the supervisor validates them again).
-RUNNER_COMMANDS: tuple[str, ...] = (Command.KILL, Command.SCALE)
 MAX_PROCS = 256
 
 
@@ -207,21 +205,36 @@ RUN_HANDLERS: dict[str, Callable[[Store, str, dict[str, Any], str], dict[str, An
 }
 
 
+def _scale_arguments(args: dict[str, Any]) -> dict[str, Any]:
+    procs = args.get("procs")
+    if isinstance(procs, str) and procs.strip().isdigit():
+        procs = int(procs)
+    if not isinstance(procs, int) or isinstance(procs, bool) or not 0 <= procs <= MAX_PROCS:
+        raise ValueError(f"scale needs procs: an integer from 0 to {MAX_PROCS}")
+    return {"procs": procs}
+
+
+def _kill_arguments(args: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(args.get("run"), str) or not args["run"]:
+        raise ValueError("kill needs run: the id of the run to kill")
+    return {"run": args["run"], "requeue": bool(args.get("requeue", False))}
+
+
+#: The supervisor commands the console sends, each with the check of its
+#: arguments (the supervisor validates them again).
+RUNNER_ARGUMENTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    Command.KILL: _kill_arguments,
+    Command.SCALE: _scale_arguments,
+}
+RUNNER_COMMANDS: tuple[str, ...] = tuple(RUNNER_ARGUMENTS)
+
+
 def runner_command(store: Store, runner: str, command: str, args: dict[str, Any], who: str) -> dict[str, Any]:
     """Send ``command`` to a live supervisor; returns the request to wait on."""
-    if command not in RUNNER_COMMANDS:
+    check = RUNNER_ARGUMENTS.get(command)
+    if check is None:
         raise ValueError(f"unknown supervisor command {command[:40]!r}; expected one of: {', '.join(RUNNER_COMMANDS)}")
-    if command == Command.SCALE:
-        procs = args.get("procs")
-        if isinstance(procs, str) and procs.strip().isdigit():
-            procs = int(procs)
-        if not isinstance(procs, int) or isinstance(procs, bool) or not 0 <= procs <= MAX_PROCS:
-            raise ValueError(f"scale needs procs: an integer from 0 to {MAX_PROCS}")
-        args = {"procs": procs}
-    elif command == Command.KILL:
-        if not isinstance(args.get("run"), str) or not args["run"]:
-            raise ValueError("kill needs run: the id of the run to kill")
-        args = {"run": args["run"], "requeue": bool(args.get("requeue", False))}
+    args = check(args)
     target = next((info for info in store.list_runners() if info.name == runner), None)
     if target is None or target.expired:
         raise ActionRefused(f"runner {runner} is not alive (no heartbeat within its lease)")
@@ -237,6 +250,38 @@ def _children(n: Any) -> str:
     return f"{n} child" if n == 1 else f"{n} children"
 
 
+def _killed(reply: dict[str, Any]) -> str:
+    then = ("the run was requeued" if reply.get("action") == "requeued"
+            else f"its {reply.get('action', 'in-flight step recorded as StepKilled')}")
+    return (f"ok, killed child {reply.get('slot', '?')} (pid {reply.get('pid', '?')}) running run "
+            f"{reply.get('run', '?')}; {then}.")
+
+
+def _scaled(reply: dict[str, Any]) -> str:
+    procs, previous = reply.get("procs"), reply.get("previous")
+    if procs == previous:
+        return f"ok, already at {_children(procs)}."
+    return f"ok, scaled from {previous} to {_children(procs)}."
+
+
+def _reloaded(reply: dict[str, Any]) -> str:
+    modules = ", ".join(str(module) for module in reply.get("modules") or []) or "no module"
+    return f"ok, reloaded {modules}; replacing {_children(reply.get('replacing', 0))}."
+
+
+def _draining(reply: dict[str, Any]) -> str:
+    return f"ok, draining; {_children(reply.get('busy', 0))} still busy."
+
+
+#: A supervisor's ok reply as a sentence, by command; any other reads "ok.".
+SENTENCES: dict[str, Callable[[dict[str, Any]], str]] = {
+    Command.KILL: _killed,
+    Command.SCALE: _scaled,
+    Command.RELOAD: _reloaded,
+    Command.DRAIN: _draining,
+}
+
+
 def outcome(request: relay.OperatorRequest) -> str:
     """A supervisor's answer to a request, as a sentence for the operator
     ("ok, scaled from 1 to 2 children."); what is not an ok reply (a
@@ -244,22 +289,8 @@ def outcome(request: relay.OperatorRequest) -> str:
     reply = request.reply
     if request.status != relay.RequestStatus.ANSWERED or not isinstance(reply, dict) or not reply.get("ok"):
         return relay.describe_outcome(request)
-    if request.command == Command.KILL:
-        then = ("the run was requeued" if reply.get("action") == "requeued"
-                else f"its {reply.get('action', 'in-flight step recorded as StepKilled')}")
-        return (f"ok, killed child {reply.get('slot', '?')} (pid {reply.get('pid', '?')}) running run "
-                f"{reply.get('run', '?')}; {then}.")
-    if request.command == Command.SCALE:
-        procs, previous = reply.get("procs"), reply.get("previous")
-        if procs == previous:
-            return f"ok, already at {_children(procs)}."
-        return f"ok, scaled from {previous} to {_children(procs)}."
-    if request.command == Command.RELOAD:
-        modules = ", ".join(str(module) for module in reply.get("modules") or []) or "no module"
-        return f"ok, reloaded {modules}; replacing {_children(reply.get('replacing', 0))}."
-    if request.command == Command.DRAIN:
-        return f"ok, draining; {_children(reply.get('busy', 0))} still busy."
-    return "ok."
+    sentence = SENTENCES.get(request.command)
+    return sentence(reply) if sentence is not None else "ok."
 
 
 __all__ = ["ACTIONS", "ActionRefused", "RUN_HANDLERS", "RunAction", "available", "outcome", "runner_command"]
