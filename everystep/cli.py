@@ -648,12 +648,12 @@ def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
 
 def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
     before = store.get_run(args.run_id)
-    run = admin.cancel(store, args.run_id, args.reason)
+    done = admin.cancel_counting(store, args.run_id, args.reason)
     if before.status == RUNNING and before.claimed_by:
-        print(f"run {run.id} cancelled; it was running under {before.claimed_by}: a supervisor kills its child "
-              "now, a threaded worker stops at the next step boundary")
+        print(f"run {done.run.id} cancelled{done.cascade_phrase()}; it was running under {before.claimed_by}: "
+              "a supervisor kills its child now, a threaded worker stops at the next step boundary")
     else:
-        print(f"run {run.id} cancelled (it was {before.status})")
+        print(f"run {done.run.id} cancelled (it was {before.status}){done.cascade_phrase()}")
     return 0
 
 

@@ -75,3 +75,11 @@ def test_parent_and_children_link_both_ways(store: Store, client: Any) -> None:
     starts = [node for node in _nodes(page["graph"]) if node.get("child")]
     assert [node["child"] for node in starts] == [{"id": child.id, "status": "scheduled"}]
     assert client.get(f"/api/runs/{child.id}").json()["run"]["parent_id"] == parent.id
+
+
+def test_the_cancel_action_counts_the_children_it_cancelled(store: Store, client: Any) -> None:
+    parent = schedule(apps.parent_of_waiters, 2, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    answer = client.act(f"/api/runs/{parent.id}/cancel")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["message"] == f"run {parent.id} cancelled, and its 2 unfinished children"

@@ -130,9 +130,9 @@ def cancel(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[st
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise ValueError("reason must be text")
-    run = admin.cancel(store, run_id, reason if reason else f"cancelled from the console by {who}")
-    logger.info("console: %s cancelled run %s", who, run.id)
-    return {"run": run.to_dict(), "message": f"run {run.id} cancelled"}
+    done = admin.cancel_counting(store, run_id, reason if reason else f"cancelled from the console by {who}")
+    logger.info("console: %s cancelled run %s%s", who, done.run.id, done.cascade_phrase())
+    return {"run": done.run.to_dict(), "message": f"run {done.run.id} cancelled{done.cascade_phrase()}"}
 
 
 def rerun(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:

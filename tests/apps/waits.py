@@ -139,6 +139,13 @@ def parent_of_waiters(children: int) -> Any:
 
 
 @workflow
+def parent_of_parents(children: int, grandchildren: int) -> Any:
+    """Children that each wait for children of their own."""
+    handles = [everystep.start(parent_of_waiters, grandchildren) for _ in range(children)]
+    return note([handle.result() for handle in handles])
+
+
+@workflow
 def parent_of_spinner(seconds: float) -> Any:
     return note(everystep.call(child_spins, seconds))
 
