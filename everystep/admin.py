@@ -203,8 +203,8 @@ def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING) -> 
     before it or at it: that effect may have happened, and the fork would
     repeat it or block on it; resolve it first). Everything is written in
     one transaction. Returns the new run and how many steps were copied."""
+    from . import new_run
     from .patches import PATCH_STEP, is_marker
-    from .versions import version_for
 
     with store.locked_run(run_id) as (conn, run):
         steps = store.steps_in(conn, run.id)
@@ -222,6 +222,8 @@ def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING) -> 
                 f"{uncertain} (started, no outcome recorded): resolve it first "
                 f"(everystep resolve-step {run.id} {uncertain} --result JSON | --error MESSAGE | --discard)")
         positional = run.args if args is _MISSING else (args if isinstance(args, list) else [args])
-        args_json = serde.dumps(list(positional), "arguments of the fork")
-        new, copied = store.fork_run(conn, run, cut, args_json, version_for(run.name), PATCH_STEP)
+        options = new_run.decide(run.name, positional, queue=run.queue, priority=run.priority,
+                                 concurrency_key=run.concurrency_key, what="arguments of the fork")
+        new, copied = store.fork_run(conn, run, cut, options.args_json, options.placement, options.app_version,
+                                     options.deadline, PATCH_STEP)
     return new, copied

@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -55,7 +56,7 @@ from .store import NewStep, utcnow
 from .store.base.waits import child_key, message_key
 
 if TYPE_CHECKING:
-    from .queues import Placement
+    from .new_run import NewRun
     from .store import Store
 
 RECV_STEP = "everystep.recv"
@@ -255,9 +256,10 @@ class ChildHandle:
         return self.run_id
 
 
-def start_child(name: str, args_json: str, idempotency_key: str | None, placement: Placement,
-                deadline: dt.datetime | None, step_name: str | None = None) -> ChildHandle:
-    """See ``everystep.start``: inside a workflow only."""
+def start_child(decide: Callable[[], NewRun], step_name: str | None = None) -> ChildHandle:
+    """See ``everystep.start``: inside a workflow only. ``decide`` gives the
+    child's options (``everystep.new_run``), called only when the child is
+    started, never on a replay of the step."""
     ctx = _workflow_context("start")
     ex = ctx.execution
     step_id = runner._next_id(ex, ctx, step_name)
@@ -267,9 +269,11 @@ def start_child(name: str, args_json: str, idempotency_key: str | None, placemen
             raise runner._diverged(ex, step_id, recorded.name, START_STEP)
         return ChildHandle(str(runner._replay(ex, recorded)))
     runner._may_start(ex, step_id, START_STEP)
-    entry = NewStep(step_id, START_STEP, serde.dumps([name], "start"), "{}", utcnow(), status=STEP_DONE)
-    write = _call(ex, lambda: ex.store.start_child(ex.claim, entry, name, args_json, idempotency_key, placement,
-                                                   deadline))
+    child = decide()
+    entry = NewStep(step_id, START_STEP, serde.dumps([child.name], "start"), "{}", utcnow(), status=STEP_DONE)
+    write = _call(ex, lambda: ex.store.start_child(ex.claim, entry, child.name, child.args_json,
+                                                   child.idempotency_key, child.placement, child.deadline,
+                                                   child.app_version))
     assert write is not None
     ex.outcomes[step_id] = write.record
     return ChildHandle(str(runner._replay(ex, write.record)))

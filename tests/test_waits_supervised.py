@@ -163,6 +163,24 @@ def test_a_deadline_kills_a_spinning_step(db_url, store, supervisors):
     assert error_type(step.error) == "everystep.errors.Cancelled"
 
 
+def test_a_run_scheduled_on_the_command_line_keeps_its_workflows_timeout(db_url, store, supervisors,
+                                                                        subprocess_env):
+    """``@workflow(timeout=2)``, scheduled by ``everystep schedule`` with no
+    deadline of its own: cancelled at its deadline, its step killed."""
+    sup = supervisors(db_url, procs=1, app=APP).start()
+    done = subprocess.run([sys.executable, "-m", "everystep.cli", "schedule", apps.spins_past_its_timeout.name, "[600]",
+                           "--app", APP, "--database", db_url],
+                          env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    assert store.links(run_id).deadline is not None
+    cancelled = wait_run(store, run_id, (CANCELLED,), timeout=120, supervisor=sup)
+    assert cancelled.error["message"] == "deadline"
+    step = wait_until(lambda: (lambda steps: steps[0] if steps and steps[0].status == STEP_FAILED else None)(
+        store.get_steps(run_id)), "the cut-off step to be recorded")
+    assert error_type(step.error) == "everystep.errors.Cancelled"
+
+
 def test_a_waiting_run_survives_a_supervisor_restart(db_url, store, supervisors):
     first = supervisors(db_url, procs=1, app=APP).start()
     run = schedule(apps.approval, "restart", database=store)

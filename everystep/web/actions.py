@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import admin, registry, relay, serde, versions, waits
+from .. import admin, new_run, registry, relay, serde, waits
 from ..errors import EverystepError
 from ..models import BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
@@ -139,7 +139,7 @@ def rerun(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str
     run = store.get_run(run_id)
     if registry.workflow_names() and registry.get_workflow(run.name) is None:
         raise admin.AdminError(f"workflow {run.name!r} is not registered by the code loaded in this console")
-    new = store.schedule(run.name, serde.dumps(list(run.args), "arguments"), app_version=versions.version_for(run.name))
+    new = new_run.schedule(store, new_run.decide(run.name, run.args))
     logger.info("console: %s ran %s again as new run %s", who, run.id, new.id)
     return {"run": new.to_dict(), "message": f"scheduled run {new.id}", "new_run": new.id}
 

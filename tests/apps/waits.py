@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import everystep
-from everystep import ChildFailed, RecvTimeout, step, workflow
+from everystep import ChildFailed, RecvTimeout, step, versions, workflow
 
 
 @step
@@ -157,8 +157,32 @@ def parent_of_spinners(children: int, seconds: float) -> Any:
     return note([handle.result() for handle in handles])
 
 
+@step
+def release() -> str | None:
+    """The ``--app-version`` of the process that runs this step."""
+    return versions.app_version()
+
+
+@workflow
+def child_release() -> Any:
+    return release()
+
+
+@workflow
+def parent_of_releases(children: int) -> Any:
+    """Children that each say which release ran them."""
+    handles = [everystep.start(child_release) for _ in range(children)]
+    return note([handle.result() for handle in handles])
+
+
 @workflow(timeout=3600)
 def spins(seconds: float) -> Any:
+    return spin(seconds)
+
+
+@workflow(timeout=2)
+def spins_past_its_timeout(seconds: float) -> Any:
+    """Declares a 2 s timeout whoever schedules it."""
     return spin(seconds)
 
 

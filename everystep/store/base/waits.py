@@ -224,11 +224,12 @@ class Waits(Execution, Runs):
         return StepWrite(self._written(claim, step, None, row), ours=True)
 
     def start_child(self, claim: Claim, step: NewStep, name: str, args_json: str, idempotency_key: str | None,
-                    placement: Any, deadline: dt.datetime | None) -> StepWrite | None:
+                    placement: Any, deadline: dt.datetime | None, app_version: str | None) -> StepWrite | None:
         """The ``start`` step: schedule the child run (its parent recorded,
-        its deadline the earlier of ``deadline`` and the parent's) and record
-        the step with the child's id as its result, in one transaction fenced
-        by ``claim``; a replay finds the step and never schedules again."""
+        its deadline the earlier of ``deadline`` and the parent's, its code
+        version ``app_version``, else the parent's) and record the step with
+        the child's id as its result, in one transaction fenced by
+        ``claim``; a replay finds the step and never schedules again."""
         params = self._params(**self._claim_params(claim))
         try:
             with self.connection() as conn, self._transaction(conn):
@@ -238,8 +239,10 @@ class Waits(Execution, Runs):
                 inherited = self._time(owned["deadline"])
                 if inherited is not None and (deadline is None or inherited < deadline):
                     deadline = inherited
+                if app_version is None:
+                    app_version = owned["app_version"]
                 child = self._schedule_through(conn, name, args_json, idempotency_key, None, placement,
-                                               parent_id=claim.run_id, deadline=deadline)
+                                               app_version, parent_id=claim.run_id, deadline=deadline)
                 step = dataclasses.replace(step, result_json=serde.dumps(child.id, "child run id"))
                 row = self._record_in(conn, claim, step)
                 if row is None:
