@@ -22,6 +22,10 @@ from .cron import CronSchedule
 from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord
 from .new_run import aware, positive_seconds
+# Decided with a new run's other options (everystep.new_run); still importable from here.
+from .new_run import check_arguments as check_arguments
+from .new_run import run_deadline as run_deadline
+from .new_run import workflow_placement as workflow_placement
 from .provider import ConnectionProvider, connection_provider
 from .queues import Placement
 from .retry import RetryPolicy
@@ -358,18 +362,32 @@ def schedule(
     ``conn`` nor ``database`` is given, the run is inserted through the
     host's connection, in whatever transaction it has open.
     """
-    new = new_run.decide(_workflow_name(wf), args, idempotency_key=idempotency_key, run_at=run_at, delay=delay,
-                         queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
-                         deadline=deadline, timeout=timeout)
+    name, args_json, not_before, placement, version, ends = _prepared(
+        wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
     if conn is not None:
-        return borrowed.schedule(conn, new.name, new.args_json, new.idempotency_key, new.not_before, new.placement,
-                                 new.app_version, deadline=new.deadline)
+        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement, version,
+                                 deadline=ends)
     provider = _provided(database)
     if provider is not None:
         with provider() as provided:
-            return borrowed.schedule(provided, new.name, new.args_json, new.idempotency_key, new.not_before,
-                                     new.placement, new.app_version, deadline=new.deadline)
-    return new_run.schedule(_store(database), new)
+            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement, version,
+                                     deadline=ends)
+    return _store(database).schedule(name, args_json, idempotency_key, not_before, placement, version, deadline=ends)
+
+
+def _prepared(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key: str | None,
+              run_at: dt.datetime | None, delay: float | dt.timedelta | None, queue: str | None,
+              priority: int | None, concurrency_key: str | None, app_version: str | None,
+              deadline: dt.datetime | None, timeout: float | dt.timedelta | None,
+              ) -> tuple[str, str, dt.datetime | None, Placement, str | None, dt.datetime | None]:
+    """A new run's options as ``everystep.new_run.decide`` decides them for
+    every way of starting one (checked before anything is written): its
+    workflow name, arguments as JSON, not-before time, placement, code
+    version and deadline."""
+    new = new_run.decide(_workflow_name(wf), args, idempotency_key=idempotency_key, run_at=run_at, delay=delay,
+                         queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
+                         deadline=deadline, timeout=timeout)
+    return new.name, new.args_json, new.not_before, new.placement, new.app_version, new.deadline
 
 
 async def schedule_async(
@@ -403,11 +421,10 @@ async def schedule_async(
             schedule, wf, *args, idempotency_key=idempotency_key, database=database, run_at=run_at, delay=delay,
             queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
             deadline=deadline, timeout=timeout)
-    new = new_run.decide(_workflow_name(wf), args, idempotency_key=idempotency_key, run_at=run_at, delay=delay,
-                         queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
-                         deadline=deadline, timeout=timeout)
-    return await borrowed.schedule_async(conn, new.name, new.args_json, new.idempotency_key, new.not_before,
-                                         new.placement, new.app_version, deadline=new.deadline)
+    name, args_json, not_before, placement, version, ends = _prepared(
+        wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
+    return await borrowed.schedule_async(conn, name, args_json, idempotency_key, not_before, placement, version,
+                                         deadline=ends)
 
 
 # -- waiting on the world ------------------------------------------------------
