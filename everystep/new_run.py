@@ -172,5 +172,5 @@ def positive_seconds(value: float | dt.timedelta, what: str) -> float:
     return float(seconds)
 
 
-__all__ = ["NewRun", "aware", "check_arguments", "check_call", "decide", "not_before", "positive_seconds", "run_deadline",
-           "schedule", "workflow_placement"]
+__all__ = ["NewRun", "aware", "check_arguments", "check_call", "decide", "not_before", "positive_seconds",
+           "run_deadline", "schedule", "workflow_placement"]
