@@ -8,6 +8,7 @@ anything that does not fit, so a mistyped command can never corrupt a run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from . import serde
@@ -113,7 +114,8 @@ def _live_holder_refusal(run: Run, holder: RunnerInfo) -> str:
 
 def cancel(store: Store, run_id: str, reason: str | None = None) -> Run:
     """Cancel a run that is not finished: it ends ``cancelled`` (a final
-    status) with ``Cancelled(reason)`` as its error, at once.
+    status) with ``Cancelled(reason)`` as its error, at once, and so do its
+    unfinished children and theirs (``cancel_counting`` says how many).
 
     A scheduled run (delayed, sleeping, waiting to retry) or a blocked one
     simply stops there. A running run's execution can write nothing more
@@ -124,6 +126,35 @@ def cancel(store: Store, run_id: str, reason: str | None = None) -> Run:
     its effect is uncertain); a threaded worker stops at the next step
     boundary. A finished run is refused with ``AdminError``.
     """
+    return cancel_counting(store, run_id, reason).run
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """A cancelled run and the unfinished runs below it cancelled with it."""
+
+    run: Run
+    #: Its own children cancelled with it.
+    children: int = 0
+    #: Every run below it cancelled with it: its children, theirs, and so on.
+    descendants: int = 0
+
+    def cascade_phrase(self) -> str:
+        """", and its 3 unfinished children" (what an operator is told
+        beside the run itself), or nothing when it had none."""
+        if not self.descendants:
+            return ""
+        if self.descendants == self.children:
+            return f", and its {_children(self.children)}"
+        return f", and {self.descendants} unfinished runs under it (its {_children(self.children)} and theirs)"
+
+
+def _children(count: int) -> str:
+    return f"{count} unfinished {'child' if count == 1 else 'children'}"
+
+
+def cancel_counting(store: Store, run_id: str, reason: str | None = None) -> Cancellation:
+    """``cancel``, returning how many runs below the run it cancelled too."""
     if reason is not None and (not isinstance(reason, str) or not reason.strip()):
         raise AdminError("the cancel reason must not be empty (leave it out for the default)")
     with store.locked_run(run_id) as (conn, run):
@@ -139,21 +170,25 @@ def cancel(store: Store, run_id: str, reason: str | None = None) -> Run:
         if parent is not None:
             # A parent waiting for this child wakes to its end (ChildFailed).
             store.wake_waiter(parent, child_key(run.id), conn)
-    _cancel_children(store, run.id, error)
-    return store.get_run(run_id)
+    children, descendants = _cancel_children(store, run.id, error)
+    return Cancellation(store.get_run(run_id), children, descendants)
 
 
-def _cancel_children(store: Store, run_id: str, error: Cancelled) -> None:
+def _cancel_children(store: Store, run_id: str, error: Cancelled) -> tuple[int, int]:
     """Cancel a cancelled run's unfinished children, and theirs, each in a
     transaction of its own (a child's own end locks child then parent:
     holding both here could deadlock with it). A child that ends meanwhile
-    is left as it ended."""
+    is left as it ended. Returns how many children, and how many runs in
+    all below ``run_id``, this cancelled."""
+    children = descendants = 0
     for child in store.active_children(run_id):
         try:
-            cancel(store, child, f"parent run {run_id} was cancelled ({error})")
+            below = cancel_counting(store, child, f"parent run {run_id} was cancelled ({error})")
         except AdminError:
             continue
-
+        children += 1
+        descendants += 1 + below.descendants
+    return children, descendants
 
 
 def send(store: Store, run_id: str, topic: str, payload: Any, key: str | None = None) -> tuple[Sent, str]:
@@ -191,9 +226,8 @@ def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING,
     with ``WorkflowArgumentsError``, as ``schedule`` refuses them.
     Everything is written in one transaction. Returns the new run and how
     many steps were copied."""
-    from .api import check_arguments
+    from . import new_run
     from .patches import PATCH_STEP, is_marker
-    from .versions import version_for
 
     with store.locked_run(run_id) as (conn, run):
         steps = store.steps_in(conn, run.id)
@@ -213,9 +247,10 @@ def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING,
                 f"{uncertain} (started, no outcome recorded): resolve it first "
                 f"(everystep resolve-step {run.id} {uncertain} --result JSON | --error MESSAGE | --discard)")
         positional = list(run.args) if args is _MISSING else (args if isinstance(args, list) else [args])
-        check_arguments(run.name, positional)
-        args_json = serde.dumps(positional, "arguments of the fork")
-        new, copied = store.fork_run(conn, run, cut, args_json, version_for(run.name), PATCH_STEP)
+        options = new_run.decide(run.name, positional, queue=run.queue, priority=run.priority,
+                                 concurrency_key=run.concurrency_key, what="arguments of the fork")
+        new, copied = store.fork_run(conn, run, cut, options.args_json, options.placement, options.app_version,
+                                     options.deadline, PATCH_STEP)
         _publish_copied_events(store, conn, new.id)
     return new, copied
 

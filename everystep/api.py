@@ -10,19 +10,23 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
-import inspect
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import aio, body_calls, borrowed, registry, resources, runner, serde, versions, waits
+from . import aio, body_calls, borrowed, new_run, registry, resources, runner, waits
 from . import transactional as transactional_steps
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
 from .cron import CronSchedule
-from .errors import EverystepError, WorkflowArgumentsError
+from .errors import EverystepError
 from .models import TERMINAL_STATUSES, Run, StepRecord, row_fields, row_from_fields
+from .new_run import aware, positive_seconds
+# Decided with a new run's other options (everystep.new_run); still importable from here.
+from .new_run import check_arguments as check_arguments
+from .new_run import run_deadline as run_deadline
+from .new_run import workflow_placement as workflow_placement
 from .provider import ConnectionProvider, connection_provider
 from .queues import Placement
 from .retry import RetryPolicy
@@ -146,10 +150,13 @@ def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None, c
         raise EverystepError("timezone= applies to a cron schedule: give cron= too")
     schedule = CronSchedule.parse(cron, timezone) if cron is not None else None
     placement = Placement.of(queue, priority)
-    seconds = _seconds(timeout, "workflow timeout") if timeout is not None else None
+    seconds = positive_seconds(timeout, "workflow timeout") if timeout is not None else None
 
     def decorate(fn: Callable[..., Any]) -> WorkflowFunction:
-        wf = WorkflowFunction(fn, name or registry.qualified_name(fn), schedule, placement, seconds)
+        qualified = name or registry.qualified_name(fn)
+        if schedule is not None:  # each tick's run gets the tick time: refused now, not at every tick
+            new_run.check_call(fn, qualified, [schedule.next_after(utcnow())])
+        wf = WorkflowFunction(fn, qualified, schedule, placement, seconds)
         registry.register_workflow(wf.name, wf)
         return wf
 
@@ -279,7 +286,7 @@ def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> Non
 @declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
 def sleep_until(when: dt.datetime, everystep_id: str | None = None) -> None:
     """Wait until ``when`` (an aware datetime), durably: see ``sleep``."""
-    runner.sleep_until(_aware(when, "sleep_until"), everystep_id)
+    runner.sleep_until(aware(when, "sleep_until"), everystep_id)
 
 
 @declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
@@ -296,29 +303,9 @@ async def sleep_async(seconds: float | dt.timedelta, everystep_id: str | None = 
 async def sleep_until_async(when: dt.datetime, everystep_id: str | None = None) -> None:
     """``sleep_until`` in an async workflow: see ``sleep_async``."""
     if runner_context() is None:
-        await asyncio.sleep(max((_aware(when, "sleep_until") - utcnow()).total_seconds(), 0.0))
+        await asyncio.sleep(max((aware(when, "sleep_until") - utcnow()).total_seconds(), 0.0))
         return
     await aio.in_thread(sleep_until, when, everystep_id)
-
-
-def _aware(when: Any, what: str) -> dt.datetime:
-    if not isinstance(when, dt.datetime) or when.tzinfo is None or when.utcoffset() is None:
-        raise EverystepError(f"{what} needs an aware datetime (with a time zone), not {when!r}")
-    return when.astimezone(dt.timezone.utc)
-
-
-def _not_before(run_at: dt.datetime | None, delay: float | dt.timedelta | None) -> dt.datetime | None:
-    if run_at is not None and delay is not None:
-        raise EverystepError("give run_at= or delay=, not both")
-    if run_at is not None:
-        return _aware(run_at, "run_at")
-    if delay is None:
-        return None
-    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds < 0:
-        raise EverystepError(f"delay must be a finite number of seconds, 0 or more, not {delay!r}")
-    return utcnow() + dt.timedelta(seconds=seconds)
 
 
 def _workflow_name(wf: WorkflowFunction | str | Callable[..., Any]) -> str:
@@ -425,17 +412,14 @@ def _prepared(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key
               priority: int | None, concurrency_key: str | None, app_version: str | None,
               deadline: dt.datetime | None, timeout: float | dt.timedelta | None,
               ) -> tuple[str, str, dt.datetime | None, Placement, str | None, dt.datetime | None]:
-    """A new run, validated before anything is written: its workflow name,
-    arguments as JSON, not-before time, placement, app version and deadline."""
-    name = _workflow_name(wf)
-    check_arguments(name, args)
-    args_json = serde.dumps(list(args), f"arguments of workflow {name}")
-    if idempotency_key is not None and not isinstance(idempotency_key, str):
-        raise EverystepError("idempotency_key must be a string")
-    not_before = _not_before(run_at, delay)
-    placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
-    version = app_version or versions.version_for(name)
-    return name, args_json, not_before, placement, version, run_deadline(name, deadline, timeout)
+    """A new run's options as ``everystep.new_run.decide`` decides them for
+    every way of starting one (checked before anything is written): its
+    workflow name, arguments as JSON, not-before time, placement, code
+    version and deadline."""
+    new = new_run.decide(_workflow_name(wf), args, idempotency_key=idempotency_key, run_at=run_at, delay=delay,
+                         queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
+                         deadline=deadline, timeout=timeout)
+    return new.name, new.args_json, new.not_before, new.placement, new.app_version, new.deadline
 
 
 @declare(BodyRule.RECORDED, 'A detached run inserted in the transaction that records the step; a replay returns the same run.')
@@ -476,55 +460,6 @@ async def schedule_async(
         wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
     return await borrowed.schedule_async(conn, name, args_json, idempotency_key, not_before, placement, version,
                                          deadline=ends)
-
-
-def check_arguments(name: str, args: Sequence[Any]) -> None:
-    """Refuse (``WorkflowArgumentsError``) positional ``args`` that the
-    workflow registered as ``name`` cannot take, before a run is written;
-    a workflow not importable here is not checked."""
-    wf = registry.get_workflow(name)
-    if not isinstance(wf, WorkflowFunction):
-        return
-    try:
-        signature = inspect.signature(wf.fn)
-    except (TypeError, ValueError):  # a callable without one (a builtin): nothing to check against
-        return
-    try:
-        signature.bind(*args)
-    except TypeError as exc:
-        bare = signature.replace(  # the names say enough; annotations may be unevaluated strings
-            parameters=[p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()],
-            return_annotation=inspect.Signature.empty)
-        raise WorkflowArgumentsError(
-            f"workflow {name}{bare} cannot take {len(args)} argument(s) {_preview(args)}: {exc}") from None
-
-
-def _preview(args: Sequence[Any]) -> str:
-    text = repr(list(args))
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def run_deadline(name: str, deadline: dt.datetime | None, timeout: float | dt.timedelta | None) -> dt.datetime | None:
-    """A new run's deadline: ``deadline``, else ``timeout`` seconds from
-    now, else the workflow's own ``timeout`` (None: no deadline)."""
-    if deadline is not None and timeout is not None:
-        raise EverystepError("give deadline= or timeout=, not both")
-    if deadline is not None:
-        return _aware(deadline, "deadline")
-    if timeout is None:
-        wf = registry.get_workflow(name)
-        timeout = wf.timeout if isinstance(wf, WorkflowFunction) else None
-    if timeout is None:
-        return None
-    return utcnow() + dt.timedelta(seconds=_seconds(timeout, "timeout"))
-
-
-def _seconds(value: float | dt.timedelta, what: str) -> float:
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds <= 0:
-        raise EverystepError(f"{what} must be a positive number of seconds, not {value!r}")
-    return float(seconds)
 
 
 # -- waiting on the world ------------------------------------------------------
@@ -600,17 +535,23 @@ async def get_event_async(run_id: str, key: str, timeout: float = 0, database: s
 @declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
 def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = None, queue: str | None = None,
           priority: int | None = None, concurrency_key: str | None = None, deadline: dt.datetime | None = None,
-          timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> waits.ChildHandle:
+          timeout: float | dt.timedelta | None = None, app_version: str | None = None,
+          everystep_id: str | None = None) -> waits.ChildHandle:
     """Inside a workflow: start a child run of ``wf`` (a durable step: a
     replay returns the same child, never schedules a second). The child
-    records this run as its parent; its deadline is the earlier of its own
+    records this run as its parent, and this run's code version unless
+    ``app_version`` says another (so the runners serving this run's release
+    run its children); its deadline is the earlier of its own
     (``deadline``/``timeout``, or its workflow's) and this run's. Returns a
     handle whose ``result()`` waits for the child's end."""
     name = _workflow_name(wf)
-    args_json = serde.dumps(list(args), f"arguments of workflow {name}")
-    placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
-    return waits.start_child(name, args_json, idempotency_key, placement, run_deadline(name, deadline, timeout),
-                             everystep_id)
+
+    def child() -> new_run.NewRun:
+        return new_run.decide(name, args, idempotency_key=idempotency_key, queue=queue, priority=priority,
+                              concurrency_key=concurrency_key, app_version=app_version, deadline=deadline,
+                              timeout=timeout, child=True)
+
+    return waits.start_child(child, everystep_id)
 
 
 @declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.")
@@ -648,13 +589,6 @@ async def send_async(run_id: str, topic: str, payload: Any, idempotency_key: str
         return await aio.in_thread(send, run_id, topic, payload, idempotency_key, database, None, everystep_id)
     return await borrowed.send_async(conn, run_id, topic, waits.message_json(topic, payload, idempotency_key),
                                      idempotency_key)
-
-
-def workflow_placement(name: str) -> Placement:
-    """The queue and priority a registered workflow declares (the default
-    queue for a name not registered here)."""
-    wf = registry.get_workflow(name)
-    return wf.placement if isinstance(wf, WorkflowFunction) else Placement()
 
 
 @declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.')

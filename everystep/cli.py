@@ -16,9 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, patches, queue_commands, registry, relay, resources, retention, serde, versions
-from .api import check_arguments, workflow_placement
-from .queues import Placement
+from . import admin, dryrun, new_run, patches, queue_commands, registry, relay, resources, retention, serde, versions
 from .cliutil import (
     EXIT_CODES,
     EXIT_UNAVAILABLE,
@@ -90,28 +88,7 @@ def build_parser() -> OneLineParser:
     sub = _command(commands, "schedule", "schedule runs of a workflow",
                    "Insert scheduled runs of WORKFLOW (committed at once); prints the run id, or every id with "
                    "--json.")
-    sub.add_argument("workflow", metavar="WORKFLOW", help="registered workflow name (module.qualname)")
-    sub.add_argument(
-        "args", nargs="?", default="[]", metavar="ARGS_JSON",
-        help="a JSON array of positional arguments, or any other JSON value as the single argument (default: [])",
-    )
-    sub.add_argument("--idempotency-key", metavar="KEY",
-                     help="schedule at most one run of this workflow with this key (default: none)")
-    sub.add_argument("--count", type=count(1, MAX_COUNT), default=1, metavar="N",
-                     help=f"schedule N identical runs, 1 to {MAX_COUNT:,} (default 1)")
-    sub.add_argument("--json", action="store_true", help="print the ids as a JSON array (default: one line)")
-    sub.add_argument("--app-version", metavar="V", default=None,
-                     help="the code version the runs record (default: a hash of the workflow's code and steps)")
-    sub.add_argument("--queue", metavar="NAME", help="the queue to put the runs in (default: the workflow's)")
-    sub.add_argument("--priority", type=int, metavar="N",
-                     help="larger is claimed first within the queue (default: the workflow's, else 0)")
-    sub.add_argument("--concurrency-key", metavar="KEY",
-                     help="the key its queue's --key-concurrency limits (default: none)")
-    when = sub.add_mutually_exclusive_group()
-    when.add_argument("--at", metavar="ISO8601",
-                      help="not before this time, with its offset: 2030-01-01T09:00+01:00 (default: now)")
-    when.add_argument("--in", dest="in_", metavar="DURATION",
-                      help="not before this long from now: 90s, 10m, 2h, 30d (default: now)")
+    add_schedule_arguments(sub)
 
     queue_commands.add_parsers(commands, _command)
 
@@ -264,6 +241,39 @@ def _given_before_or_after(commands: argparse._SubParsersAction[OneLineParser]) 
 # management commands), declared once here and shared with it.
 
 
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """``schedule``'s options (``manage.py everystep_schedule`` takes the same)."""
+    parser.add_argument("workflow", metavar="WORKFLOW", help="registered workflow name (module.qualname)")
+    parser.add_argument(  # not dest "args": Django's commands take their positionals under that name
+        "args_json", nargs="?", default="[]", metavar="ARGS_JSON",
+        help="a JSON array of positional arguments, or any other JSON value as the single argument (default: [])",
+    )
+    parser.add_argument("--idempotency-key", metavar="KEY",
+                        help="schedule at most one run of this workflow with this key (default: none)")
+    parser.add_argument("--count", type=count(1, MAX_COUNT), default=1, metavar="N",
+                        help=f"schedule N identical runs, 1 to {MAX_COUNT:,} (default 1)")
+    parser.add_argument("--json", action="store_true", help="print the ids as a JSON array (default: one line)")
+    parser.add_argument("--app-version", metavar="V", default=None,
+                        help="the code version the runs record (default: a hash of the workflow's code and steps)")
+    parser.add_argument("--queue", metavar="NAME", help="the queue to put the runs in (default: the workflow's)")
+    parser.add_argument("--priority", type=int, metavar="N",
+                        help="larger is claimed first within the queue (default: the workflow's, else 0)")
+    parser.add_argument("--concurrency-key", metavar="KEY",
+                        help="the key its queue's --key-concurrency limits (default: none)")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--at", metavar="ISO8601",
+                      help="not before this time, with its offset: 2030-01-01T09:00+01:00 (default: now)")
+    when.add_argument("--in", dest="in_", metavar="DURATION",
+                      help="not before this long from now: 90s, 10m, 2h, 30d (default: now)")
+    ends = parser.add_mutually_exclusive_group()
+    ends.add_argument("--timeout", type=seconds(0.001), metavar="S",
+                      help="cancel each run still unfinished S seconds after it is scheduled "
+                           "(default: the workflow's @workflow(timeout=), else none)")
+    ends.add_argument("--deadline", metavar="ISO8601",
+                      help="cancel each run still unfinished at this time, with its offset: "
+                           "2030-01-01T18:00+01:00 (default: as --timeout)")
+
+
 def add_runs_arguments(parser: argparse.ArgumentParser, version_options: Sequence[str] = ("--version",)) -> None:
     """``runs``' options; a host whose parser has ``--version`` of its own
     (Django's commands) names the version filter otherwise."""
@@ -405,13 +415,8 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
     if registry.get_workflow(args.workflow) is None:
         known = ", ".join(registry.workflow_names()) or "none (pass --app MODULE)"
         raise EverystepError(f"unknown workflow {args.workflow!r}; registered: {known}")
-    value = parse_json(args.args, "ARGS_JSON")
+    value = parse_json(args.args_json, "ARGS_JSON")
     positional = value if isinstance(value, list) else [value]
-    try:
-        check_arguments(args.workflow, positional)
-    except EverystepError as exc:
-        raise EverystepError(f"{exc} (ARGS_JSON is the JSON array of its positional arguments: "
-                             "'[[1, 2]]' passes one list)") from None
     if args.idempotency_key is not None:
         # An empty key is almost always an unset shell variable: it would
         # silently merge every run scheduled that way into the first one.
@@ -419,13 +424,15 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
             raise EverystepError("--idempotency-key must not be empty")
         if args.count > 1:
             raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
-    args_json = serde.dumps(positional, "ARGS_JSON")
-    not_before = _not_before(args.at, args.in_)
-    placement = Placement.of(args.queue, args.priority, args.concurrency_key,
-                             defaults=workflow_placement(args.workflow))
-    version = args.app_version or versions.version_for(args.workflow)
-    runs = [store.schedule(args.workflow, args_json, args.idempotency_key, not_before, placement, version)
-            for _ in range(args.count)]
+    try:
+        new = new_run.decide(args.workflow, positional, idempotency_key=args.idempotency_key,
+                             run_at=_not_before(args.at, args.in_), queue=args.queue, priority=args.priority,
+                             concurrency_key=args.concurrency_key, app_version=args.app_version or None,
+                             deadline=_iso_time(args.deadline, "--deadline"), timeout=args.timeout, what="ARGS_JSON")
+    except WorkflowArgumentsError as exc:
+        raise EverystepError(f"{exc} (ARGS_JSON is the JSON array of its positional arguments: "
+                             "'[[1, 2]]' passes one list)") from None
+    runs = [new_run.schedule(store, new) for _ in range(args.count)]
     if args.json:
         print_json([run.id for run in runs])
     elif len(runs) == 1:
@@ -439,14 +446,20 @@ def _not_before(at: str | None, within: str | None) -> dt.datetime | None:
     """``--at ISO8601`` (an offset is required) or ``--in DURATION``."""
     if within is not None:
         return dt.datetime.now(dt.timezone.utc) + retention.parse_duration(within)
-    if at is None:
+    return _iso_time(at, "--at")
+
+
+def _iso_time(text: str | None, option: str) -> dt.datetime | None:
+    """An ISO 8601 time given on the command line, with its offset (required)."""
+    if text is None:
         return None
     try:
-        when = dt.datetime.fromisoformat(at.strip())
+        when = dt.datetime.fromisoformat(text.strip())
     except ValueError:
-        raise EverystepError(f"--at {at!r} is not an ISO 8601 time (e.g. 2030-01-01T09:00:00+01:00)") from None
+        raise EverystepError(f"{option} {text!r} is not an ISO 8601 time (e.g. 2030-01-01T09:00:00+01:00)") from None
     if when.tzinfo is None or when.utcoffset() is None:
-        raise EverystepError(f"--at {at!r} has no time zone offset: add one (+01:00, Z), so it means one moment")
+        raise EverystepError(f"{option} {text!r} has no time zone offset: add one (+01:00, Z), so it means one "
+                             "moment")
     return when.astimezone(dt.timezone.utc)
 
 
@@ -660,12 +673,12 @@ def cmd_resolve_step(store: Store, args: argparse.Namespace) -> int:
 
 def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
     before = store.find_run(args.run_id)
-    run = admin.cancel(store, before.id, args.reason)
+    done = admin.cancel_counting(store, before.id, args.reason)
     if before.status == RUNNING and before.claimed_by:
-        print(f"run {run.id} cancelled; it was running under {before.claimed_by}: a supervisor kills its child "
-              "now, a threaded worker stops at the next step boundary")
+        print(f"run {done.run.id} cancelled{done.cascade_phrase()}; it was running under {before.claimed_by}: "
+              "a supervisor kills its child now, a threaded worker stops at the next step boundary")
     else:
-        print(f"run {run.id} cancelled (it was {before.status})")
+        print(f"run {done.run.id} cancelled (it was {before.status}){done.cascade_phrase()}")
     return 0
 
 

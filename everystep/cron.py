@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import registry, serde, versions
+from . import new_run
 from .errors import EverystepError
 from .outage import OutageLog
 
@@ -193,12 +193,9 @@ class Ticker:
         return created
 
     def _enqueue(self, name: str, tick: dt.datetime) -> list[Run]:
-        workflow = registry.get_workflow(name)
-        placement = getattr(workflow, "placement", None)
-        timeout = getattr(workflow, "timeout", None)  # @workflow(timeout=): each tick's run gets its deadline
-        deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=timeout) if timeout else None
-        run, created = self.store.schedule_tick(name, serde.dumps([tick], f"tick of {name}"), tick, tick_key(tick),
-                                                placement, deadline, versions.version_for(name))
+        new = new_run.decide(name, [tick], what=f"tick of {name}")
+        run, created = self.store.schedule_tick(name, new.args_json, tick, tick_key(tick), new.placement,
+                                                new.deadline, new.app_version)
         self._next[name] = self.schedules[name].next_after(tick)
         if created:
             self.enqueued += 1

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import registry
-from .api import workflow_placement
+from .new_run import workflow_placement
 from .cliutil import format_table, print_json
 from .errors import EverystepError
 from .queues import DEFAULT_QUEUE, QueueSettings, format_rate, parse_rate, queue_name

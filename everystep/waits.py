@@ -38,6 +38,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -62,7 +63,7 @@ from .store import NewStep, utcnow
 from .store.base.waits import child_key, event_key, message_key, run_key
 
 if TYPE_CHECKING:
-    from .queues import Placement
+    from .new_run import NewRun
     from .store import Store
 
 RECV_STEP = "everystep.recv"
@@ -381,9 +382,10 @@ class ChildHandle:
         return self.run_id
 
 
-def start_child(name: str, args_json: str, idempotency_key: str | None, placement: Placement,
-                deadline: dt.datetime | None, step_name: str | None = None) -> ChildHandle:
-    """See ``everystep.start``: inside a workflow only."""
+def start_child(decide: Callable[[], NewRun], step_name: str | None = None) -> ChildHandle:
+    """See ``everystep.start``: inside a workflow only. ``decide`` gives the
+    child's options (``everystep.new_run``), called only when the child is
+    started, never on a replay of the step."""
     ctx = _workflow_context("start")
     ex = ctx.execution
     step_id = runner.next_step_id(ex, ctx, step_name)
@@ -391,10 +393,12 @@ def start_child(name: str, args_json: str, idempotency_key: str | None, placemen
     if recorded is not None:
         return ChildHandle(str(runner.replay_outcome(ex, recorded)))
     runner.may_start(ex, step_id, START_STEP)
-    entry = NewStep(step_id, START_STEP, serde.dumps([name], "start"), "{}", utcnow(), status=STEP_DONE)
+    child = decide()
+    entry = NewStep(step_id, START_STEP, serde.dumps([child.name], "start"), "{}", utcnow(), status=STEP_DONE)
     runner.crash_point(ctx, step_id)  # before its one transaction: a crash starts no child
-    write = _call(ex, lambda markers: ex.store.start_child(ex.claim, entry, name, args_json, idempotency_key,
-                                                           placement, deadline, markers))
+    write = _call(ex, lambda markers: ex.store.start_child(ex.claim, entry, child.name, child.args_json,
+                                                           child.idempotency_key, child.placement, child.deadline,
+                                                           child.app_version, markers))
     assert write is not None
     ex.outcomes[step_id] = write.record
     return ChildHandle(str(runner.replay_outcome(ex, write.record)))

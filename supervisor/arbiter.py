@@ -22,8 +22,8 @@ Fork safety: before forking, the parent closes its pooled database
 connections and its LISTEN connection (and calls ``Config.before_fork``
 hooks), so no child can inherit a live connection and finalize it, which
 would terminate the parent's session. They reopen lazily afterwards, and a
-claim follows at once in case a notification arrived while LISTEN was
-closed. Every deadline uses ``time.monotonic()``.
+claim and a fence check follow at once in case a notification arrived
+while LISTEN was closed. Every deadline uses ``time.monotonic()``.
 """
 
 from __future__ import annotations
@@ -177,8 +177,7 @@ class Arbiter:
             self.ledger.drop(self.fences.enforce(now, self.children.values(), list(self.ledger.ready), every))
         self._spawn_missing()
         if not self.stopping and self.listener.maintain(now):
-            self.loop.wake()
-            self.fences.wake()  # a fence notice may have been missed too
+            self._listening_again()
         self._dispatch(now)
         self._periodic(now)
 
@@ -281,7 +280,15 @@ class Arbiter:
     def _after_fork(self) -> None:
         if not self.stopping:
             self.listener.open()
-        self.loop.wake()  # a notification may have come while LISTEN was closed
+        self._listening_again()
+
+    def _listening_again(self) -> None:
+        """LISTEN was closed (around a fork, or lost): whatever was notified
+        meanwhile was missed, a newly scheduled run or a held run cancelled
+        or taken (a cancelled parent's children, whose first kill forked a
+        replacement), so claim and check the held runs at once."""
+        self.loop.wake()
+        self.fences.wake()
 
     def _free_slot(self) -> int:
         used = {kid.slot for kid in self.children.values()}

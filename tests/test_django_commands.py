@@ -2,8 +2,8 @@
 matters: ``everystep_supervisor --burst`` executes what a committed atomic
 block scheduled (its children use the ORM on connections of their own, never
 one inherited from the parent), ``everystep_worker`` runs and drains,
-``everystep_runs`` and ``everystep_resolve_step`` behave like their
-``everystep`` counterparts, and the example project's own test suite passes
+``everystep_runs``, ``everystep_schedule`` and ``everystep_resolve_step``
+behave like their ``everystep`` counterparts, and the example project's own test suite passes
 under Django's test runner. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from django.db import transaction  # noqa: E402
 import everystep  # noqa: E402
 from everystep.errors import SimulatedCrash  # noqa: E402
 from everystep.models import BLOCKED, COMPLETED, SCHEDULED  # noqa: E402
-from everystep.store import connect  # noqa: E402
+from everystep.store import connect, utcnow  # noqa: E402
+from tests.apps import defaults  # noqa: E402
+from tests.support.defaults import assert_defaults  # noqa: E402
 from tests.support.django_project import MANAGE, Project, django_project, project  # noqa: E402,F401
 from tests.support.runs import crash_at, execute_run, resume  # noqa: E402
 from tests.support.supervisor import short_socket_dir  # noqa: E402
@@ -158,6 +160,21 @@ def test_runs_lists_like_everystep_runs(project: Project) -> None:
     listed = project.manage("everystep_runs", "--status", "scheduled")
     assert listed.returncode == 0 and first.id in listed.stdout and blocked.id not in listed.stdout
     assert project.manage("everystep_runs", "--status", "nonsense").returncode == 2
+
+
+def test_schedule_applies_the_workflows_defaults_like_the_cli(project: Project) -> None:
+    out = io.StringIO()
+    before = utcnow()
+    call_command("everystep_schedule", defaults.timed.name, "[1]", "--app", "tests.apps.defaults", stdout=out)
+    after = utcnow()
+    store = connect(project.url)
+    try:
+        assert_defaults(store, out.getvalue().strip(), before, after)
+    finally:
+        store.close()
+    with pytest.raises(CommandError, match="cannot take 2 argument") as refused:
+        call_command("everystep_schedule", defaults.timed.name, "[1, 2]", "--app", "tests.apps.defaults")
+    assert refused.value.returncode == 2
 
 
 def test_resolve_step_resolves_and_refuses_like_the_cli(project: Project) -> None:

@@ -293,5 +293,7 @@ def test_readme_is_short_and_starts_people_off() -> None:
     text = (ROOT / "README.md").read_text()
     missing = [command for command in README_COMMANDS if command not in text]
     assert not missing, f"README.md lacks {missing}"
+    # The test command is what CI runs for the whole suite.
+    assert README_COMMANDS[1] in (ROOT / ".ci" / "run").read_text()
     count = len(text.splitlines())
     assert count <= README_LIMIT, f"README.md has {count} lines; at most {README_LIMIT}"

@@ -47,6 +47,20 @@ def test_a_cron_workflow_is_registered_with_its_schedule() -> None:
             registry._workflows.pop(new_year.name, None)
 
 
+def test_a_cron_workflow_that_cannot_take_its_tick_is_refused_when_declared() -> None:
+    """Each tick's run is scheduled with the tick time as its one argument,
+    checked like any schedule's: a body without room for it is refused at
+    once, not at every tick, and is not registered."""
+    from everystep import registry
+    from everystep.errors import WorkflowArgumentsError
+
+    with pytest.raises(WorkflowArgumentsError, match="tests.lifecycle.no_tick.*cannot take 1 argument"):
+        @workflow(name="tests.lifecycle.no_tick", cron="0 * * * *")
+        def no_tick() -> None:
+            return None
+    assert registry.get_workflow("tests.lifecycle.no_tick") is None
+
+
 class FakeClock:
     def __init__(self, now: dt.datetime) -> None:
         self.now = now

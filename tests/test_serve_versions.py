@@ -4,6 +4,7 @@ in flight stay on the code that started them while new runs go to the new."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,9 +12,12 @@ import pytest
 from everystep import registry, schedule, versions
 from everystep.api import WorkflowFunction
 from everystep.models import COMPLETED
+from everystep.runner import Outcome
 from everystep.store import connect
-from tests.apps import patch_v1, patch_v2
-from tests.support.supervisor import supervisors  # noqa: F401
+from tests.apps import patch_v1, patch_v2, waits
+from tests.support.cli import run_in_process
+from tests.support.runs import execute_run
+from tests.support.supervisor import supervisors, wait_run  # noqa: F401
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.backends("sqlite", "postgres")]
@@ -57,6 +61,30 @@ def test_two_supervisors_each_take_only_their_versions_runs(db_url: str, supervi
         for runner in (blue, green):
             if runner.proc is not None and runner.proc.poll() is None:
                 runner.stop()
+
+
+def test_a_childs_runs_on_its_parents_release(db_url: str, supervisors: Any, subprocess_env: dict[str, str]) -> None:
+    """Release 1.0 is running when a 2.0 run (executed here) starts three
+    children: they record 2.0, so the 1.0 supervisor never takes them, and
+    the 2.0 supervisor started afterwards runs them all."""
+    store = connect(db_url)
+    old = supervisors(db_url, procs=2, app="tests.apps.waits",
+                      args=["--app-version", "1.0", "--serve-versions", "current"]).start()
+    new = supervisors(db_url, procs=2, app="tests.apps.waits",
+                      args=["--app-version", "2.0", "--serve-versions", "current"])
+    try:
+        parent = schedule(waits.parent_of_releases, 3, database=store, app_version="2.0")
+        assert execute_run(store, parent.id) == Outcome.RELEASED
+        children = store.children(parent.id)
+        assert [child.app_version for child in children] == ["2.0"] * 3
+        listed = run_in_process(["show", children[0].id, "--database", db_url], subprocess_env, Path.cwd())
+        assert "version    2.0" in listed.stdout
+        new.start()
+        done = wait_run(store, parent.id, (COMPLETED,), timeout=120, supervisor=new)
+        assert done.result == ["2.0"] * 3, old.log()[-3000:]
+        assert {store.get_run(child.id).claimed_by for child in children} == {new.name}
+    finally:
+        store.close()
 
 
 def test_current_serves_the_versions_of_the_loaded_code() -> None:

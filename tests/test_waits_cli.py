@@ -52,6 +52,41 @@ def test_send_runs_and_show(db_url: str, store: Store, tmp_path: Path, subproces
     assert [m.payload for m in store.messages(run.id)] == [{"amount": 3}]
 
 
+def _waiting_tree(store: Store, top_id: str) -> list[str]:
+    """Execute ``top_id`` and every run below it until each waits; their ids."""
+    below: list[str] = []
+    pending = [top_id]
+    while pending:
+        run_id = pending.pop()
+        assert execute_run(store, run_id) == Outcome.RELEASED
+        kids = [kid.id for kid in store.children(run_id)]
+        below += kids
+        pending += kids
+    return below
+
+
+def test_cancel_counts_the_children_it_cancelled(db_url: str, store: Store, tmp_path: Path,
+                                                 subprocess_env: dict[str, str]) -> None:
+    parent = schedule(apps.parent_of_waiters, 3, database=store)
+    assert len(_waiting_tree(store, parent.id)) == 3
+    done = everystep(db_url, tmp_path, subprocess_env, "cancel", parent.id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"run {parent.id} cancelled (it was scheduled), and its 3 unfinished children\n"
+
+    top = schedule(apps.parent_of_parents, 2, 1, database=store)
+    below = _waiting_tree(store, top.id)
+    assert len(below) == 4
+    everystep(db_url, tmp_path, subprocess_env, "cancel", below[-1])  # one grandchild ended before
+    done = everystep(db_url, tmp_path, subprocess_env, "cancel", top.id)
+    assert done.stdout == (f"run {top.id} cancelled (it was scheduled), and 3 unfinished runs under it "
+                           "(its 2 unfinished children and theirs)\n")
+    assert {store.get_run(run_id).status for run_id in below} == {"cancelled"}
+
+    alone = schedule(apps.child_waits, database=store)
+    done = everystep(db_url, tmp_path, subprocess_env, "cancel", alone.id)
+    assert done.stdout == f"run {alone.id} cancelled (it was scheduled)\n"
+
+
 def test_refused_sends_exit_2_with_one_line(db_url: str, store: Store, tmp_path: Path,
                                            subprocess_env: dict[str, str]) -> None:
     done = schedule(apps.child_double, 1, database=store)

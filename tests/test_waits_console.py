@@ -106,3 +106,11 @@ def test_the_runs_list_filters_waiting_runs_and_says_what_they_wait_for(store: S
     page = client.get(f"/api/runs/{forever.id}").json()["run"]
     assert page["not_before"] is None and page["waiting"] == 'waiting for message "approved"'
     assert client.get(f"/api/runs/{timed.id}").json()["run"]["not_before"] == store.get_run(timed.id).not_before.isoformat()
+
+
+def test_the_cancel_action_counts_the_children_it_cancelled(store: Store, client: Any) -> None:
+    parent = schedule(apps.parent_of_waiters, 2, database=store)
+    assert execute_run(store, parent.id) == Outcome.RELEASED
+    answer = client.act(f"/api/runs/{parent.id}/cancel")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["message"] == f"run {parent.id} cancelled, and its 2 unfinished children"

@@ -118,6 +118,39 @@ def test_cancel_cascades_to_a_running_child(db_url, store, supervisors, subproce
     assert store.get_run(parent.id).status == CANCELLED
 
 
+def test_a_cancelled_parent_kills_every_running_child_at_once(db_url, store, supervisors, subprocess_env,
+                                                              tmp_path):
+    """Five children, each in a long step; the parent is cancelled. The
+    first child killed is respawned at once, and the parent's LISTEN
+    connection is closed around that fork: here the fork is held open until
+    the whole cascade has committed (``hold_forks_while_cancelling``), so
+    the other four cancels notify nobody. The docs promise a cancelled
+    run's step is killed within milliseconds on PostgreSQL and a poll
+    interval elsewhere; with ``--lease 600`` the periodic fence check
+    comes only every 150 s, so killing them all within the (generous) 60 s
+    wait means the supervisor looked again once it listened again."""
+    gate = tmp_path / "fork-gate"
+    gate.mkdir()
+    env = {**subprocess_env, "EVERYSTEP_TEST_FORK_GATE": str(gate)}
+    sup = supervisors(db_url, procs=5, app=APP, env=env, args=["--lease", "600"]).start()
+    parent = schedule(apps.parent_of_spinners, 5, 600, database=store)
+    children = wait_until(lambda: (lambda kids: kids if len(kids) == 5 else None)(store.children(parent.id)),
+                          "five children")
+    pids = [sup.busy_child(child.id)["pid"] for child in children]
+    (gate / "cancelling").touch()
+    result = subprocess.run([sys.executable, "-m", "everystep.cli", "cancel", parent.id, "--database", db_url],
+                            env=subprocess_env, capture_output=True, text=True, timeout=120)
+    (gate / "cancelled").touch()
+    assert result.returncode == 0, result.stderr
+    assert all(store.get_run(child.id).status == CANCELLED for child in children)
+    wait_for_pids_gone(pids, timeout=60)
+    for child in children:
+        step = wait_until(lambda: (lambda steps: steps[0] if steps and steps[0].status == STEP_FAILED else None)(
+            store.get_steps(child.id)), f"child {child.id}'s cut-off step to be recorded")
+        assert error_type(step.error) == "everystep.errors.Cancelled"
+    assert sup.log().count("was cancelled; killing child") == 5
+
+
 def test_a_deadline_kills_a_spinning_step(db_url, store, supervisors):
     sup = supervisors(db_url, procs=1, app=APP).start()
     run = schedule(apps.spins, 600, timeout=2, database=store)
@@ -127,6 +160,24 @@ def test_a_deadline_kills_a_spinning_step(db_url, store, supervisors):
     assert cancelled.error["message"] == "deadline"
     step = wait_until(lambda: (lambda steps: steps[0] if steps and steps[0].status == STEP_FAILED else None)(
         store.get_steps(run.id)), "the cut-off step to be recorded")
+    assert error_type(step.error) == "everystep.errors.Cancelled"
+
+
+def test_a_run_scheduled_on_the_command_line_keeps_its_workflows_timeout(db_url, store, supervisors,
+                                                                        subprocess_env):
+    """``@workflow(timeout=2)``, scheduled by ``everystep schedule`` with no
+    deadline of its own: cancelled at its deadline, its step killed."""
+    sup = supervisors(db_url, procs=1, app=APP).start()
+    done = subprocess.run([sys.executable, "-m", "everystep.cli", "schedule", apps.spins_past_its_timeout.name, "[600]",
+                           "--app", APP, "--database", db_url],
+                          env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    assert store.links(run_id).deadline is not None
+    cancelled = wait_run(store, run_id, (CANCELLED,), timeout=120, supervisor=sup)
+    assert cancelled.error["message"] == "deadline"
+    step = wait_until(lambda: (lambda steps: steps[0] if steps and steps[0].status == STEP_FAILED else None)(
+        store.get_steps(run_id)), "the cut-off step to be recorded")
     assert error_type(step.error) == "everystep.errors.Cancelled"
 
 

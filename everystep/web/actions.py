@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import admin, registry, relay, serde, versions
+from .. import admin, new_run, registry, relay, serde
 from ..errors import EverystepError
 from ..models import ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, RUNNING, Run
 from ..store import Store
@@ -141,16 +141,16 @@ def cancel(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[st
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise ValueError("reason must be text")
-    run = admin.cancel(store, run_id, reason if reason else f"cancelled from the console by {who}")
-    logger.info("console: %s cancelled run %s", who, run.id)
-    return {"run": run.to_dict(), "message": f"run {run.id} cancelled"}
+    done = admin.cancel_counting(store, run_id, reason if reason else f"cancelled from the console by {who}")
+    logger.info("console: %s cancelled run %s%s", who, done.run.id, done.cascade_phrase())
+    return {"run": done.run.to_dict(), "message": f"run {done.run.id} cancelled{done.cascade_phrase()}"}
 
 
 def rerun(store: Store, run_id: str, body: dict[str, Any], who: str) -> dict[str, Any]:
     run = store.get_run(run_id)
     if registry.workflow_names() and registry.get_workflow(run.name) is None:
         raise admin.AdminError(f"workflow {run.name!r} is not registered by the code loaded in this console")
-    new = store.schedule(run.name, serde.dumps(list(run.args), "arguments"), app_version=versions.version_for(run.name))
+    new = new_run.schedule(store, new_run.decide(run.name, run.args))
     logger.info("console: %s ran %s again as new run %s", who, run.id, new.id)
     return {"run": new.to_dict(), "message": f"scheduled run {new.id}", "new_run": new.id}
 

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import everystep
-from everystep import ChildFailed, RecvTimeout, step, workflow
+from everystep import ChildFailed, RecvTimeout, step, versions, workflow
 
 
 @step
@@ -139,12 +139,50 @@ def parent_of_waiters(children: int) -> Any:
 
 
 @workflow
+def parent_of_parents(children: int, grandchildren: int) -> Any:
+    """Children that each wait for children of their own."""
+    handles = [everystep.start(parent_of_waiters, grandchildren) for _ in range(children)]
+    return note([handle.result() for handle in handles])
+
+
+@workflow
 def parent_of_spinner(seconds: float) -> Any:
     return note(everystep.call(child_spins, seconds))
 
 
+@workflow
+def parent_of_spinners(children: int, seconds: float) -> Any:
+    """``children`` children each busy in one long step, awaited in turn."""
+    handles = [everystep.start(child_spins, seconds) for _ in range(children)]
+    return note([handle.result() for handle in handles])
+
+
+@step
+def release() -> str | None:
+    """The ``--app-version`` of the process that runs this step."""
+    return versions.app_version()
+
+
+@workflow
+def child_release() -> Any:
+    return release()
+
+
+@workflow
+def parent_of_releases(children: int) -> Any:
+    """Children that each say which release ran them."""
+    handles = [everystep.start(child_release) for _ in range(children)]
+    return note([handle.result() for handle in handles])
+
+
 @workflow(timeout=3600)
 def spins(seconds: float) -> Any:
+    return spin(seconds)
+
+
+@workflow(timeout=2)
+def spins_past_its_timeout(seconds: float) -> Any:
+    """Declares a 2 s timeout whoever schedules it."""
     return spin(seconds)
 
 
@@ -180,6 +218,25 @@ def kill_once(ctx: Any, step_id: str) -> None:
     marker.write_text(str(os.getpid()))
     os.kill(os.getpid(), signal.SIGKILL)
 
+
+def hold_forks_while_cancelling() -> None:
+    """Before each fork of the supervisor parent (``EVERYSTEP_TEST_FORK_GATE=DIR``):
+    a fork begun while ``DIR/cancelling`` exists waits for ``DIR/cancelled``.
+    The parent closes its LISTEN connection around every fork, so the
+    cancels committed meanwhile (the rest of a cascade, once the first
+    child killed is respawned) notify nobody, as under a big app whose
+    fork takes long."""
+    from pathlib import Path
+
+    from tests.support.waiting import wait_for_file
+
+    gate = Path(os.environ["EVERYSTEP_TEST_FORK_GATE"])
+    if (gate / "cancelling").exists():
+        wait_for_file(gate / "cancelled", timeout=120)
+
+
+if os.environ.get("EVERYSTEP_TEST_FORK_GATE"):
+    os.register_at_fork(before=hold_forks_while_cancelling)
 
 if os.environ.get("EVERYSTEP_TEST_KILL_ONCE"):
     from everystep import runner as _runner

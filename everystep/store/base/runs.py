@@ -177,8 +177,8 @@ class Runs(StoreCore):
         rows = conn.execute(self.sql["steps_for_update"], {"run_id": checked_run_id(run_id)}).fetchall()
         return [self._step(row) for row in rows]
 
-    def fork_run(self, conn: Any, source: Run, cut: StepRecord, args_json: str, app_version: str | None,
-                 marker_name: str) -> tuple[Run, int]:
+    def fork_run(self, conn: Any, source: Run, cut: StepRecord, args_json: str, placement: Placement,
+                 app_version: str | None, deadline: dt.datetime | None, marker_name: str) -> tuple[Run, int]:
         """In ``conn``'s transaction (``locked_run`` of ``source``): a new
         scheduled run of ``source``'s workflow, ``forked_from`` it, holding
         a copy of every step ``source`` recorded before ``cut`` was recorded
@@ -186,9 +186,11 @@ class Runs(StoreCore):
         Returns the new run and how many steps were copied."""
         assert cut.completed_at is not None
         params = self._params(
-            id=new_run_id(), name=source.name, args=args_json, queue=source.queue, priority=source.priority,
-            concurrency_key=source.concurrency_key, app_version=app_version, run_id=checked_run_id(source.id),
-            step_id=cut.step_id, cut=self._time_param(cut.completed_at), patch_name=marker_name,
+            id=new_run_id(), name=source.name, args=args_json, queue=placement.queue, priority=placement.priority,
+            concurrency_key=placement.concurrency_key, app_version=app_version,
+            deadline=self._time_param(deadline) if deadline is not None else None,
+            run_id=checked_run_id(source.id), step_id=cut.step_id, cut=self._time_param(cut.completed_at),
+            patch_name=marker_name,
         )
         row = conn.execute(self.sql["insert_fork"], params).fetchone()
         copied = conn.execute(self.sql["fork_steps"], params).rowcount

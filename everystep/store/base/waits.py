@@ -258,16 +258,19 @@ class Waits(Execution, Runs):
         return self._record_with(claim, step, lambda conn, owned: publish(conn), markers, locked=True)
 
     def start_child(self, claim: Claim, step: NewStep, name: str, args_json: str, idempotency_key: str | None,
-                    placement: Any, deadline: dt.datetime | None, markers: Sequence[Marker] = ()) -> StepWrite | None:
+                    placement: Any, deadline: dt.datetime | None, app_version: str | None,
+                    markers: Sequence[Marker] = ()) -> StepWrite | None:
         """The ``start`` step: schedule the child run (its parent recorded,
-        its deadline the earlier of ``deadline`` and the parent's) and record
-        the step with the child's id as its result, in one transaction fenced
-        by ``claim``; a replay finds the step and never schedules again."""
+        its deadline the earlier of ``deadline`` and the parent's, its code
+        version ``app_version``, else the parent's) and record the step with
+        the child's id as its result, in one transaction fenced by
+        ``claim``; a replay finds the step and never schedules again."""
         def schedule_child(conn: Any, owned: Row) -> str:
             inherited = self._time(owned["deadline"])
             ends = inherited if inherited is not None and (deadline is None or inherited < deadline) else deadline
+            version = app_version if app_version is not None else owned["app_version"]
             child = self._schedule_through(conn, name, args_json, idempotency_key, None, placement,
-                                           parent_id=claim.run_id, deadline=ends)
+                                           version, parent_id=claim.run_id, deadline=ends)
             return serde.dumps(child.id, "child run id")
 
         return self._record_with(claim, step, schedule_child, markers, locked=True)

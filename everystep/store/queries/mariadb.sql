@@ -68,12 +68,12 @@ RETURNING {run_columns}
 
 -- name: insert_fork
 -- A run forked from run_id (everystep fork): the same workflow, in the
--- same queue, scheduled now; its copied steps follow (fork_steps), in the
--- same transaction.
+-- same queue, scheduled now (with its workflow's deadline, if any); its
+-- copied steps follow (fork_steps), in the same transaction.
 INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
-                                app_version, forked_from)
+                                app_version, forked_from, deadline)
 VALUES (%(id)s, %(name)s, %(args)s, 'scheduled', UTC_TIMESTAMP(6), %(queue)s, %(priority)s,
-        %(concurrency_key)s, %(app_version)s, %(run_id)s)
+        %(concurrency_key)s, %(app_version)s, %(run_id)s, %(deadline)s)
 RETURNING {run_columns}
 
 -- name: fork_steps
@@ -765,7 +765,7 @@ SET SESSION TRANSACTION READ ONLY
 SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = %(run_id)s FOR UPDATE
 
 -- name: lock_claimed
-SELECT id, deadline FROM everystep_workflow
+SELECT id, deadline, app_version FROM everystep_workflow
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
   AND claim_epoch = %(claim_epoch)s
 FOR UPDATE

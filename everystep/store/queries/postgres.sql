@@ -20,13 +20,13 @@ SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS noti
 
 -- name: insert_fork
 -- A run forked from run_id (everystep fork): the same workflow, in the
--- same queue, scheduled now; its copied steps follow (fork_steps), in the
--- same transaction.
+-- same queue, scheduled now (with its workflow's deadline, if any); its
+-- copied steps follow (fork_steps), in the same transaction.
 WITH inserted AS (
     INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
-                                    app_version, forked_from)
+                                    app_version, forked_from, deadline)
     VALUES (%(id)s, %(name)s, %(args)s::json, 'scheduled', clock_timestamp(), %(queue)s, %(priority)s,
-            %(concurrency_key)s, %(app_version)s, %(run_id)s)
+            %(concurrency_key)s, %(app_version)s, %(run_id)s, %(deadline)s::timestamptz)
     RETURNING {run_columns}
 )
 SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS notified FROM inserted
@@ -831,8 +831,9 @@ SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = %(run_id)s 
 
 -- name: lock_claimed
 -- The executor's own run row, locked under its claim: a recv, a child's
--- start or end of wait, or a release that checks for what ended its wait.
-SELECT id, deadline FROM everystep_workflow
+-- start (which takes its deadline and code version) or end of wait, or a
+-- release that checks for what ended its wait.
+SELECT id, deadline, app_version FROM everystep_workflow
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
   AND claim_epoch = %(claim_epoch)s
 FOR UPDATE

@@ -13,11 +13,11 @@ RETURNING {run_columns}
 
 -- name: insert_fork
 -- A run forked from run_id (everystep fork): the same workflow, in the
--- same queue, scheduled now; its copied steps follow (fork_steps), in the
--- same transaction.
+-- same queue, scheduled now (with its workflow's deadline, if any); its
+-- copied steps follow (fork_steps), in the same transaction.
 INSERT INTO everystep_workflow (id, name, args, status, created_at, queue, priority, concurrency_key,
-                                app_version, forked_from)
-VALUES (:id, :name, :args, 'scheduled', :now, :queue, :priority, :concurrency_key, :app_version, :run_id)
+                                app_version, forked_from, deadline)
+VALUES (:id, :name, :args, 'scheduled', :now, :queue, :priority, :concurrency_key, :app_version, :run_id, :deadline)
 RETURNING {run_columns}
 
 -- name: fork_steps
@@ -705,7 +705,7 @@ PRAGMA query_only = ON
 SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = :run_id
 
 -- name: lock_claimed
-SELECT id, deadline FROM everystep_workflow
+SELECT id, deadline, app_version FROM everystep_workflow
 WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer AND claim_epoch = :claim_epoch
 
 -- name: message_by_key
