@@ -201,20 +201,18 @@ class ChildFailed(EverystepError):
     rebuilt from it (``Terminal``, ``Cancelled``, the original type, or
     ``StepFailure``)."""
 
-    def __init__(self, message: str, child_id: str = "", status: str = "", error: Any = None) -> None:
+    def __init__(self, message: str, child_id: str = "", status: str = "", error: Any = None,
+                 cause: BaseException | None = None) -> None:
         super().__init__(message, child_id, status, error)
         self.child_id = child_id
         self.status = status
         self.error = error
+        #: Rebuilt from ``error`` where the exception is made (``waits``) or
+        #: read back (``serde.decode_exception``): these types know no codec.
+        self.cause = cause
 
     def __str__(self) -> str:
         return str(self.args[0])
-
-    @property
-    def cause(self) -> BaseException | None:
-        from .serde import decode_exception
-
-        return decode_exception(self.error)
 
 
 class SendRefused(EverystepError):

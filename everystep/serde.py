@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .errors import EverystepError, StepFailure
+from .errors import ChildFailed, EverystepError, StepFailure
 
 TAG = "$es"
 MAX_DEPTH = 200
@@ -304,7 +304,10 @@ def decode_exception(payload: dict[str, Any] | str | None) -> BaseException | No
     attempts = [tuple(args), (message,)] if args or not message else [(message,), ()]
     for attempt in attempts:
         try:
-            return cls(*attempt)
+            rebuilt = cls(*attempt)
         except Exception:
             continue
+        if isinstance(rebuilt, ChildFailed) and rebuilt.error is not None:
+            rebuilt.cause = decode_exception(rebuilt.error)
+        return rebuilt
     return StepFailure(message, type_name)

@@ -452,7 +452,7 @@ def _child_failed(child_id: str, outcome: Any) -> ChildFailed:
     cause = serde.decode_exception(outcome.error)
     detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
     return ChildFailed(f"child run {child_id} ended {outcome.status}{detail}", child_id, outcome.status,
-                       outcome.error)
+                       outcome.error, cause)
 
 
 def _poll_child(child_id: str, timeout: float | dt.timedelta | None) -> Any:
