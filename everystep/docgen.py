@@ -27,7 +27,7 @@ from . import cliutil, metrics
 from .vocabulary import INVALID_COMMAND
 from .models import (
     ACTIVE_STATUSES, CANCELLABLE_STATUSES, EXECUTION_ENDS, PRUNABLE_STATUSES, STEP_OPEN_STATUSES, STEP_WAITING,
-    TERMINAL_STATUSES, WAITING, RequestStatus, RunStatus, StepStatus,
+    TERMINAL_STATUSES, WAITING, RequestStatus, RunStatus, Status, StepStatus,
 )
 
 # -- text ----------------------------------------------------------------------
@@ -280,44 +280,13 @@ def metrics_markdown() -> str:
 
 # -- statuses ------------------------------------------------------------------
 
-#: What each status means, per kind (``failed`` is a run's and a step's).
-#: A status added to an enum without a line here fails the documentation
-#: build (``statuses_markdown`` raises).
-RUN_STATUS_MEANINGS: dict[str, str] = {
-    RunStatus.SCHEDULED: "waiting to be claimed, now or at its not-before time (a delayed start, a sleep, a "
-                         "retry's backoff, a wait for a message or a child)",
-    RunStatus.RUNNING: "claimed by a runner, which is executing it",
-    RunStatus.COMPLETED: "its body returned; the result is recorded",
-    RunStatus.FAILED: "its body raised (a step out of retries, or code between steps)",
-    RunStatus.STOPPED: "its body raised `Terminal`: a deliberate stop, never retried",
-    RunStatus.BLOCKED: "an unsafe step was interrupted mid-effect; an operator resolves it "
-                       "(`everystep resolve-step`)",
-    RunStatus.CANCELLED: "an operator cancelled it (`everystep cancel`); final",
-}
-STEP_STATUS_MEANINGS: dict[str, str] = {
-    StepStatus.STARTED: "an unsafe step's effect may be under way (its mark before the call)",
-    StepStatus.DONE: "the step returned; its result is replayed from now on",
-    StepStatus.FAILED: "the step raised and will not be retried; the error is replayed",
-    StepStatus.RETRYING: "an attempt failed; the next one is due at `wake_at`",
-    StepStatus.SLEEPING: "a durable sleep that ends at `wake_at`",
-    StepStatus.WAITING: "waits for a message or a child run, at most until `wake_at`",
-}
-REQUEST_STATUS_MEANINGS: dict[str, str] = {
-    RequestStatus.PENDING: "submitted, not yet taken by its runner",
-    RequestStatus.TAKEN: "its runner is acting on it",
-    RequestStatus.ANSWERED: "its runner replied (`reply`)",
-    RequestStatus.EXPIRED: "nobody took it in time",
-}
-
-
-def _status_table(enum: Iterable[Any], meanings: Mapping[str, str], groups: Mapping[str, Sequence[str]]) -> str:
+def _status_table(enum: Iterable[Status], groups: Mapping[str, Sequence[str]]) -> str:
+    """One row per status: its word, the meaning declared with it
+    (``everystep.models``), and the named sets it belongs to."""
     rows = []
     for member in enum:
-        meaning = meanings.get(member.value)
-        if meaning is None:
-            raise LookupError(f"status {member!r} has no meaning in everystep.docgen")
         within = ", ".join(name for name, members in groups.items() if member in members)
-        rows.append((code(member.value), meaning, within))
+        rows.append((code(member.value), member.meaning, within))
     return table(("Status", "Meaning", "In"), rows)
 
 
@@ -327,7 +296,7 @@ def statuses_markdown() -> str:
     step_groups = {"open": STEP_OPEN_STATUSES, "waiting": STEP_WAITING}
     return "\n\n".join([
         "## Run statuses\n\nStored in `everystep_workflow.status` (`everystep.models.RunStatus`).",
-        _status_table(RunStatus, RUN_STATUS_MEANINGS, run_groups),
+        _status_table(RunStatus, run_groups),
         "- *active*: not final yet: it may still be claimed, executed or resolved; retention never deletes it.\n"
         "- *terminal*: where `wait()` returns.\n"
         "- *execution end*: where an execution ends a run (counted by `everystep_workflow_runs_total`).\n"
@@ -337,11 +306,11 @@ def statuses_markdown() -> str:
         "status filter) take it for the `scheduled` runs not due yet, waiting for a message, a child, a sleep, "
         "a retry's backoff or a delayed start.",
         "## Step statuses\n\nStored in `everystep_step.status` (`everystep.models.StepStatus`).",
-        _status_table(StepStatus, STEP_STATUS_MEANINGS, step_groups),
+        _status_table(StepStatus, step_groups),
         "- *open*: no final outcome yet; the step's next record overwrites it.\n"
         "- *waiting*: waits for its `wake_at`, a message or a child run.",
         "## Operator request statuses\n\nStored in `everystep_request.status` (`everystep remote`, the console).",
-        _status_table(RequestStatus, REQUEST_STATUS_MEANINGS, {}),
+        _status_table(RequestStatus, {}),
     ]) + "\n"
 
 

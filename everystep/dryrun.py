@@ -38,11 +38,10 @@ from typing import Any
 from . import aio, patches, registry
 from .context import Context, Execution, ReplayLog, _current
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
-from .models import BLOCKED, RUNNING, SCHEDULED, WAIT_FOREVER, Run, StepRecord
+from .models import ACTIVE_STATUSES, WAIT_FOREVER, Run, StepRecord
 from .observer import Observers
 from .store import Store
 
-UNFINISHED = (SCHEDULED, RUNNING, BLOCKED)
 DEFAULT_TIMEOUT = 5.0
 #: How long an abandoned replay's thread gets to unwind once told to stop.
 STOP_GRACE = 1.0
@@ -69,7 +68,11 @@ class StopBeforeStep(BaseException):
         self.name = name
 
 
-class Outcome(str, enum.Enum):
+class Prediction(str, enum.Enum):
+    """What a dry replay against this code says a run would do when it
+    resumes (or why it cannot say). Not a run's ``models.Outcome``: no
+    execution happened; check-deploy reports it as a verdict's ``outcome``."""
+
     RESUMES = "resumes"  # replays its records, then would execute the next step
     COMPLETES = "completes"  # every step it needs is recorded: it would finish
     BLOCKED = "blocked"  # stays blocked on its uncertain step, waiting for resolve-step
@@ -80,7 +83,7 @@ class Outcome(str, enum.Enum):
     TIMEOUT = "timeout"  # the replay did not stop in time
 
 
-PROBLEMS = (Outcome.CODE_ERROR, Outcome.MISSING, Outcome.FAILS, Outcome.TIMEOUT)
+PROBLEMS = (Prediction.CODE_ERROR, Prediction.MISSING, Prediction.FAILS, Prediction.TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class Verdict:
     run_id: str
     workflow: str
     status: str
-    outcome: Outcome
+    outcome: Prediction
     detail: str
     next_step: str | None = None
     #: The branch the run takes at each patch it reached (True: the new
@@ -138,7 +141,7 @@ def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT
     """Dry-replay ``run`` over ``records`` with the code loaded now."""
     workflow = registry.get_workflow(run.name)
     if workflow is None:
-        return _verdict(run, Outcome.MISSING, f"workflow {run.name!r} is not registered by this code")
+        return _verdict(run, Prediction.MISSING, f"workflow {run.name!r} is not registered by this code")
     ex = _execution(run, records)
     ctx = Context(ex)
     box: dict[str, Any] = {}
@@ -148,8 +151,8 @@ def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT
     thread.join(timeout)
     if thread.is_alive():
         _abandon(thread)
-        return _verdict(run, Outcome.TIMEOUT, f"the replay had not stopped after {timeout:g}s "
-                                              "(code between steps that waits or loops?)")
+        return _verdict(run, Prediction.TIMEOUT, f"the replay had not stopped after {timeout:g}s "
+                                                 "(code between steps that waits or loops?)")
     verdict = _judge(run, ex.interrupt or box.get("error"))
     return _with_patches(verdict, ex)
 
@@ -160,7 +163,7 @@ def replay_here(run: Run, records: list[StepRecord], log: ReplayLog) -> tuple[Ve
     the verdict and what the body raised, if anything."""
     workflow = registry.get_workflow(run.name)
     if workflow is None:
-        return _verdict(run, Outcome.MISSING, f"workflow {run.name!r} is not registered by this code"), None
+        return _verdict(run, Prediction.MISSING, f"workflow {run.name!r} is not registered by this code"), None
     ex = _execution(run, records, log)
     box: dict[str, Any] = {}
     _body(workflow, run, Context(ex), box)
@@ -188,26 +191,26 @@ def _abandon(thread: threading.Thread) -> None:
 def _judge(run: Run, outcome: BaseException | None) -> Verdict:
     if isinstance(outcome, Suspended) and outcome.what is not None:
         until = f" until {outcome.wake_at.isoformat()}" if outcome.wake_at < WAIT_FOREVER else ""
-        return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then waits for {outcome.what}{until}")
+        return _verdict(run, Prediction.RESUMES, f"replays its recorded steps, then waits for {outcome.what}{until}")
     if isinstance(outcome, Suspended):
-        return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then waits until "
-                                              f"{outcome.wake_at.isoformat()} (a sleep or a retry's backoff)")
+        return _verdict(run, Prediction.RESUMES, f"replays its recorded steps, then waits until "
+                                                 f"{outcome.wake_at.isoformat()} (a sleep or a retry's backoff)")
     if isinstance(outcome, StopBeforeStep):
         once = "; exactly once: a transactional step" if outcome.name in registry.transactional_steps() else ""
-        return _verdict(run, Outcome.RESUMES, f"replays its recorded steps, then runs step {outcome.step_id} "
-                                              f"({outcome.name}{once})", outcome.step_id)
+        return _verdict(run, Prediction.RESUMES, f"replays its recorded steps, then runs step {outcome.step_id} "
+                                                 f"({outcome.name}{once})", outcome.step_id)
     if isinstance(outcome, WorkflowCodeError):
-        return _verdict(run, Outcome.CODE_ERROR, str(outcome))
+        return _verdict(run, Prediction.CODE_ERROR, str(outcome))
     if isinstance(outcome, EffectUncertain):
-        return _verdict(run, Outcome.BLOCKED, "stays blocked on its uncertain step until it is resolved")
+        return _verdict(run, Prediction.BLOCKED, "stays blocked on its uncertain step until it is resolved")
     if isinstance(outcome, Terminal):
-        return _verdict(run, Outcome.STOPS, f"replays its recorded Terminal: {outcome}")
+        return _verdict(run, Prediction.STOPS, f"replays its recorded Terminal: {outcome}")
     if outcome is not None:
-        return _verdict(run, Outcome.FAILS, f"{type(outcome).__name__} escapes the body on replay: {outcome}")
-    return _verdict(run, Outcome.COMPLETES, "every step it needs is recorded: it would complete")
+        return _verdict(run, Prediction.FAILS, f"{type(outcome).__name__} escapes the body on replay: {outcome}")
+    return _verdict(run, Prediction.COMPLETES, "every step it needs is recorded: it would complete")
 
 
-def _verdict(run: Run, outcome: Outcome, detail: str, next_step: str | None = None) -> Verdict:
+def _verdict(run: Run, outcome: Prediction, detail: str, next_step: str | None = None) -> Verdict:
     return Verdict(run.id, run.name, run.status, outcome, detail, next_step)
 
 
@@ -215,7 +218,7 @@ def unfinished_runs(store: Store, batch: int = BATCH) -> Iterator[tuple[Run, lis
     """Every unfinished run with its records, oldest first per status, read
     in batches along the status index (a run moving between statuses while
     this reads may be seen twice or not at all: it is moving anyway)."""
-    for status in UNFINISHED:
+    for status in ACTIVE_STATUSES:
         cursor = None
         while True:
             runs = store.page_runs(status=status, newer_than=cursor, limit=batch)
@@ -235,5 +238,5 @@ def check_deploy(store: Store, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Ver
         yield replay(run, records, timeout)
 
 
-__all__ = ["Outcome", "PROBLEMS", "StopBeforeStep", "Verdict", "check_deploy", "replay", "replay_here",
+__all__ = ["Prediction", "PROBLEMS", "StopBeforeStep", "Verdict", "check_deploy", "replay", "replay_here",
            "unfinished_runs"]

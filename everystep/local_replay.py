@@ -114,7 +114,7 @@ def replay_run(store: Store, run_id: str, out: IO[str], *, until: str | None = N
     if isinstance(raised, StopReplay):
         print(f"stopped at step {until} (--until-step)", file=out)
         return 0
-    if verdict.outcome == dryrun.Outcome.FAILS and _same_failure(run, raised):
+    if verdict.outcome == dryrun.Prediction.FAILS and _same_failure(run, raised):
         print(f"replays the failure the run recorded: {verdict.detail}", file=out)
         return 0
     word = "DIVERGES" if verdict.problem else "replays"

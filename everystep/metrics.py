@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from .models import EXECUTION_ENDS
+from .models import EXECUTION_ENDS, STEP_DONE, STEP_FAILED, STEP_RETRYING
 from .observer import Observer
 from .store import utcnow
 from .vocabulary import INVALID_COMMAND, Command, RestartReason
@@ -253,9 +253,9 @@ class MetricsObserver(Observer):
 
     def step_finished(self, ctx: Context, step_id: str, name: str, status: str,
                       error: BaseException | None, token: Any) -> None:
-        if status == "retrying" and get() is not None:
+        if status == STEP_RETRYING and get() is not None:
             self._child("step_retries", ctx.workflow_name, name).inc()
-        if status not in ("done", "failed") or get() is None:
+        if status not in (STEP_DONE, STEP_FAILED) or get() is None:
             return
         self._child("step_runs", ctx.workflow_name, name, status).inc()
         if token is not None:

@@ -1,36 +1,74 @@
-"""Row types: what a run and a recorded step look like to Python code."""
+"""Row types: what a run and a recorded step look like to Python code, and
+the vocabularies of their status columns (each status declared once, with
+its meaning), with where one execution left a run (``Outcome``)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
-from typing import Any, TypeVar
+from enum import StrEnum
+from typing import Any, Self, TypeVar
 
 from . import serde
 from .body_rules import BodyRule, declare
 
-class RunStatus(StrEnum):
-    """Statuses of a run, stored as these exact strings in ``everystep_workflow.status``."""
 
-    SCHEDULED = "scheduled"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    BLOCKED = "blocked"
-    CANCELLED = "cancelled"  # an operator cancelled it (``everystep cancel``): final
+class Status(StrEnum):
+    """A status column's vocabulary, each member declared with what it means.
+
+    A member is its exact stored string (``RunStatus.FAILED == "failed"``).
+    Everything that lists a vocabulary reads it from its enum: the SQL sets
+    (``store/queries``), the database's own check of what a column may hold
+    (``store/functions/<backend>/statuses.sql``, rendered from the enum and
+    re-applied by the migrator when it changes), the statuses reference
+    (``docgen``), the CLI's and the console's choices. So a new status is a
+    member here, and the places that give it its meaning.
+    """
+
+    meaning: str
+
+    def __new__(cls, value: str, meaning: str, *details: object) -> Self:
+        """A member from its declaration ``value, meaning, *details``
+        (``details``: what a vocabulary's own ``__init__`` declares)."""
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.meaning = meaning
+        return member
 
 
-class StepStatus(StrEnum):
+class RunStatus(Status):
+    """Statuses of a run, stored as these exact strings in ``everystep_workflow.status``.
+
+    ``log_level``: how loudly a runner logs an execution that ends the run
+    in this status (``Outcome.log_level``; the rest is DEBUG).
+    """
+
+    log_level: int
+
+    def __init__(self, value: str, meaning: str, log_level: int = logging.DEBUG) -> None:
+        self.log_level = log_level
+
+    SCHEDULED = ("scheduled", "waiting to be claimed, now or at its not-before time (a delayed start, a sleep, "
+                              "a retry's backoff, a wait for a message or a child)")
+    RUNNING = "running", "claimed by a runner, which is executing it"
+    COMPLETED = "completed", "its body returned; the result is recorded"
+    FAILED = "failed", "its body raised (a step out of retries, or code between steps)", logging.WARNING
+    STOPPED = "stopped", "its body raised `Terminal`: a deliberate stop, never retried", logging.INFO
+    BLOCKED = ("blocked", "an unsafe step was interrupted mid-effect; an operator resolves it "
+                          "(`everystep resolve-step`)", logging.WARNING)
+    CANCELLED = "cancelled", "an operator cancelled it (`everystep cancel`); final", logging.INFO
+
+
+class StepStatus(Status):
     """Statuses of a recorded step (``everystep_step.status``)."""
 
-    STARTED = "started"  # an unsafe step's effect may be under way
-    DONE = "done"
-    FAILED = "failed"
-    RETRYING = "retrying"  # an attempt failed; the next one is due at ``wake_at``
-    SLEEPING = "sleeping"  # a durable sleep (``everystep.sleep``) that ends at ``wake_at``
-    WAITING = "waiting"  # waits for a message or a child run (what for: its args), at most until ``wake_at``
+    STARTED = "started", "an unsafe step's effect may be under way (its mark before the call)"
+    DONE = "done", "the step returned; its result is replayed from now on"
+    FAILED = "failed", "the step raised and will not be retried; the error is replayed"
+    RETRYING = "retrying", "an attempt failed; the next one is due at `wake_at`"
+    SLEEPING = "sleeping", "a durable sleep (`everystep.sleep`) that ends at `wake_at`"
+    WAITING = "waiting", "waits for a message or a child run (what for: its args), at most until `wake_at`"
 
 
 SCHEDULED = RunStatus.SCHEDULED
@@ -301,14 +339,14 @@ class StepRecord:
         }
 
 
-class RequestStatus(str, Enum):
+class RequestStatus(Status):
     """Statuses of an operator request (``everystep_request.status``; see
     ``everystep.relay``): each transition is a compare-and-set on it."""
 
-    PENDING = "pending"
-    TAKEN = "taken"
-    ANSWERED = "answered"
-    EXPIRED = "expired"
+    PENDING = "pending", "submitted, not yet taken by its runner"
+    TAKEN = "taken", "its runner is acting on it"
+    ANSWERED = "answered", "its runner replied (`reply`)"
+    EXPIRED = "expired", "nobody took it in time"
 
 
 #: Requests older than this (seconds) are deleted when the next one is submitted.
@@ -357,19 +395,41 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 class Outcome(StrEnum):
-    """Where one execution of a run left it: a run status, or one of the
-    ways an execution ends without writing one. The runner returns it;
-    runners (the worker, the supervisor's parent) count and log it."""
+    """Where one execution of a run left it: a run status it wrote (or found
+    written: a cancel), or one of the ways an execution ends without
+    writing one. The runner returns it; runners (the worker, the
+    supervisor's parent) count and log it.
 
-    COMPLETED = "completed"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    BLOCKED = "blocked"
-    CANCELLED = "cancelled"  # an operator cancelled it mid-run: nothing more was written
-    REQUEUED = "requeued"  # drained at a step boundary, back in the queue
+    The members named after a run status are that status, as declared in
+    ``RunStatus``: their value and their log level come from it
+    (``Outcome.FAILED == RunStatus.FAILED``), and they are exactly the
+    statuses an execution ends a run in (``EXECUTION_ENDS``) and the cancel
+    it may find (``tests/test_status_sql.py`` holds the two to each other).
+    The others declare their own log level.
+    """
+
+    log_level: int
+
+    def __new__(cls, declared: str | RunStatus, log_level: int = logging.DEBUG) -> Self:
+        member = str.__new__(cls, declared)
+        member._value_ = str(declared)
+        member.log_level = declared.log_level if isinstance(declared, RunStatus) else log_level
+        return member
+
+    COMPLETED = RunStatus.COMPLETED
+    FAILED = RunStatus.FAILED
+    STOPPED = RunStatus.STOPPED
+    BLOCKED = RunStatus.BLOCKED
+    CANCELLED = RunStatus.CANCELLED  # an operator cancelled it mid-run: nothing more was written
+    REQUEUED = "requeued", logging.INFO  # drained at a step boundary, back in the queue
     RELEASED = "released"  # waits (sleep, retry backoff): back in the queue until its wake time
-    LOST = "lost"  # the claim moved on: nothing more was written
-    UNFINISHED = "unfinished"  # the database failed mid-run; still claimed, to be retried
+    LOST = "lost", logging.WARNING  # the claim moved on: nothing more was written
+    UNFINISHED = "unfinished", logging.WARNING  # the database failed mid-run; still claimed, to be retried
+
+    @property
+    def status(self) -> RunStatus | None:
+        """The run status this outcome is (``None``: it wrote none)."""
+        return next((status for status in RunStatus if status.value == self.value), None)
 
     @property
     def settled(self) -> bool:

@@ -17,7 +17,7 @@ import datetime as dt
 import logging
 
 from . import metrics, sentry, serde
-from .models import FAILED, STEP_FAILED, STEP_RETRYING, Claim, Run
+from .models import FAILED, STEP_FAILED, STEP_RETRYING, Claim, Outcome, Run
 from .store import NewStep, Store, utcnow
 
 logger = logging.getLogger("everystep")
@@ -102,24 +102,12 @@ def requeue(store: Store, claim: Claim) -> bool:
     return True
 
 
-#: How loudly each ``models.Outcome`` is logged (completed runs: DEBUG).
-_LOG_LEVELS = {
-    "failed": logging.WARNING,
-    "blocked": logging.WARNING,
-    "cancelled": logging.INFO,
-    "lost": logging.WARNING,
-    "unfinished": logging.WARNING,
-    "stopped": logging.INFO,
-    "requeued": logging.INFO,
-}
-
-
-def log_outcome(log: logging.Logger, who: str, run: Run, outcome: str, where: str = "", **fields: object) -> None:
-    """One line per run that ended here: failures and blocks stand out
-    (WARNING), the rest stay out of the way of a busy runner (DEBUG)."""
-    level = _LOG_LEVELS.get(outcome, logging.DEBUG)
-    detail = " (no longer held by this runner; it stopped without writing more)" if outcome == "lost" else ""
-    log.log(level, "%s: run %s (%s) %s%s%s", who, run.id, run.name, outcome, where, detail,
+def log_outcome(log: logging.Logger, who: str, run: Run, outcome: Outcome, where: str = "", **fields: object) -> None:
+    """One line per run that ended here, as loud as its outcome declares
+    (``Outcome.log_level``): failures and blocks stand out (WARNING), the
+    rest stay out of the way of a busy runner (DEBUG)."""
+    detail = " (no longer held by this runner; it stopped without writing more)" if outcome == Outcome.LOST else ""
+    log.log(outcome.log_level, "%s: run %s (%s) %s%s%s", who, run.id, run.name, outcome, where, detail,
             extra={"run_id": run.id, "workflow": run.name, "event": f"run_{outcome}", **fields})
 
 

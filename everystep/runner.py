@@ -117,6 +117,7 @@ from .errors import (
     WorkflowCodeError,
 )
 from .models import (
+    EXECUTION_ENDS,
     STEP_DONE,
     STEP_FAILED,
     STEP_RETRYING,
@@ -916,7 +917,7 @@ def guarded_status(store: Store, run: Run, claimer: str, status: Outcome) -> Out
 
 
 #: Outcomes an execution writes as it ends (the others leave the run as it is).
-_WRITTEN = frozenset({Outcome.COMPLETED, Outcome.FAILED, Outcome.STOPPED, Outcome.BLOCKED, Outcome.RELEASED,
+_WRITTEN = frozenset({*(outcome for outcome in Outcome if outcome.status in EXECUTION_ENDS), Outcome.RELEASED,
                       Outcome.REQUEUED})
 
 

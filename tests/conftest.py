@@ -310,6 +310,24 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def empty_db_url(db_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database of ``db_url``'s backend with nothing in it, not even the
+    schema: for tests that build or change a schema of their own (an older
+    one to upgrade, functions re-applied). Dropped after the test."""
+    backend = request.node.callspec.params["db_url"]
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    server = request.getfixturevalue("pg_server" if backend == "postgres" else "mariadb_server")
+    url = server.create_database("everystep_empty")
+    try:
+        yield url
+    finally:
+        close_default_stores()
+        server.drop_database(url)
+
+
+@pytest.fixture
 def pg_url(pg_session_url: str) -> str:
     """The PostgreSQL test database only, emptied."""
     _truncate(pg_session_url)

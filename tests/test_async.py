@@ -133,7 +133,7 @@ def test_check_deploy_replays_an_async_body(store: Store) -> None:
     run = schedule(app.mixed_async, 3, database=store)
     assert execute_run(store, run.id) == COMPLETED
     verdict = dryrun.replay(store.get_run(run.id), store.get_steps(run.id))
-    assert verdict.outcome == dryrun.Outcome.COMPLETES, verdict
+    assert verdict.outcome == dryrun.Prediction.COMPLETES, verdict
 
 
 # -- 50 HTTP calls at once ------------------------------------------------------

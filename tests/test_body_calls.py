@@ -429,7 +429,7 @@ def test_a_dry_replay_reports_an_unrecorded_send_and_sends_nothing(store: Store)
     target = schedule(apps.inbox, database=store)
     run = schedule(apps.sends_then_sleeps, target.id, database=store)
     verdict = dryrun.replay(store.get_run(run.id), [])
-    assert (verdict.outcome, verdict.next_step) == (dryrun.Outcome.RESUMES, "1")
+    assert (verdict.outcome, verdict.next_step) == (dryrun.Prediction.RESUMES, "1")
     assert "runs step 1 (everystep.send)" in verdict.detail
     assert store.messages(target.id) == []
 
@@ -439,7 +439,7 @@ def test_a_dry_replay_matches_recorded_calls_and_stops_at_their_wait(store: Stor
     run = schedule(apps.reads_run_and_steps, target.id, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
     verdict = dryrun.replay(store.get_run(run.id), store.get_steps(run.id))
-    assert verdict.outcome == dryrun.Outcome.RESUMES and "then waits until" in verdict.detail
+    assert verdict.outcome == dryrun.Prediction.RESUMES and "then waits until" in verdict.detail
     waiting = schedule(apps.waits_for_run, target.id, None, database=store)
     assert execute_run(store, waiting.id) == Outcome.RELEASED
     verdict = dryrun.replay(store.get_run(waiting.id), store.get_steps(waiting.id))

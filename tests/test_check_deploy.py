@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from everystep import dryrun, registry, schedule
-from everystep.dryrun import Outcome
+from everystep.dryrun import Prediction
 from everystep.errors import SimulatedCrash
 from everystep.models import COMPLETED, SCHEDULED
 from everystep.store import Store
@@ -71,8 +71,8 @@ def test_verdicts_for_the_next_release(store: Store) -> None:
         deploy(deploy_v1)
     outcome = {name: verdicts[run_id].outcome for name, run_id in runs.items() if run_id in verdicts}
     assert outcome == {
-        "diverged": Outcome.CODE_ERROR, "early": Outcome.RESUMES, "fresh": Outcome.RESUMES,
-        "reads": Outcome.FAILS, "legacy": Outcome.MISSING, "blocked": Outcome.BLOCKED,
+        "diverged": Prediction.CODE_ERROR, "early": Prediction.RESUMES, "fresh": Prediction.RESUMES,
+        "reads": Prediction.FAILS, "legacy": Prediction.MISSING, "blocked": Prediction.BLOCKED,
     }  # the completed run is not checked
     assert "deploy.charge" in verdicts[runs["diverged"]].detail and "deploy.bill" in verdicts[runs["diverged"]].detail
     assert verdicts[runs["early"]].next_step == "2" and verdicts[runs["fresh"]].next_step == "1"
@@ -88,7 +88,7 @@ def test_the_same_code_resumes_everything(store: Store) -> None:
     runs = scenario(store)
     verdicts = {v.run_id: v for v in dryrun.check_deploy(store)}
     assert {verdicts[r].outcome for n, r in runs.items() if n != "done"} == {
-        Outcome.RESUMES, Outcome.BLOCKED}
+        Prediction.RESUMES, Prediction.BLOCKED}
     assert not any(v.problem for v in verdicts.values())
 
 
@@ -102,7 +102,7 @@ def test_a_replay_that_never_reaches_a_step_is_reported(store: Store) -> None:
 
     run = schedule(spins, database=store)
     verdict = dryrun.replay(store.get_run(run.id), [], timeout=0.2)
-    assert verdict.outcome == Outcome.TIMEOUT and verdict.problem
+    assert verdict.outcome == Prediction.TIMEOUT and verdict.problem
     # The abandoned replay is stopped, not left spinning for the life of
     # the process (the console replays on every page view).
     assert not [t for t in threading.enumerate() if t.name == f"everystep-dryrun-{run.id}"]
@@ -114,11 +114,11 @@ def test_a_completed_replay_and_a_recorded_terminal(store: Store) -> None:
     run = schedule(shapes.linear, "k", database=store)
     assert execute_run(store, run.id) == COMPLETED
     verdict = dryrun.replay(store.get_run(run.id), store.get_steps(run.id))
-    assert verdict.outcome == Outcome.COMPLETES and not verdict.problem
+    assert verdict.outcome == Prediction.COMPLETES and not verdict.problem
     stopped = schedule(shapes.stopping, "why", database=store)
     assert execute_run(store, stopped.id) == "stopped"
     verdict = dryrun.replay(store.get_run(stopped.id), store.get_steps(stopped.id))
-    assert verdict.outcome == Outcome.STOPS and "why" in verdict.detail
+    assert verdict.outcome == Prediction.STOPS and "why" in verdict.detail
 
 
 def check_deploy(db_url: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -179,14 +179,13 @@ def test_statuses_reference_lists_every_status(site: Site) -> None:
 
 
 def test_every_status_has_a_meaning() -> None:
-    """A status added to an enum without a meaning fails the build: the
-    generator raises."""
-    docgen.statuses_markdown()
+    """A status is declared with its meaning (a member without one does not
+    import), and the reference prints it."""
+    markdown = docgen.statuses_markdown()
     models = everystep.models
-    for enum, meanings in ((models.RunStatus, docgen.RUN_STATUS_MEANINGS),
-                           (models.StepStatus, docgen.STEP_STATUS_MEANINGS),
-                           (models.RequestStatus, docgen.REQUEST_STATUS_MEANINGS)):
-        assert {member.value for member in enum} == set(meanings), enum.__name__
+    for enum in (models.RunStatus, models.StepStatus, models.RequestStatus):
+        for member in enum:
+            assert member.meaning.strip() and member.meaning in markdown, member
 
 
 def test_exit_codes_reference(site: Site) -> None:

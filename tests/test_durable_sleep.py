@@ -115,7 +115,7 @@ def test_check_deploy_says_a_waiting_run_resumes(store: Store) -> None:
     run = schedule(sleeps, 3600, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
     verdict = dryrun.replay(store.get_run(run.id), store.get_steps(run.id))
-    assert verdict.outcome == dryrun.Outcome.RESUMES and "waits until" in verdict.detail
+    assert verdict.outcome == dryrun.Prediction.RESUMES and "waits until" in verdict.detail
     fresh = schedule(sleeps, 3600, database=store, delay=60)
     with store.connection() as conn:
         marker = "?" if store.backend == "sqlite" else "%s"

@@ -267,7 +267,15 @@ class StatementTrace:
         monkeypatch.setattr(store, "_open", traced_open)
 
     def _trace_sqlite(self, conn: Any) -> None:
-        conn.set_trace_callback(self.statements.append)
+        def traced(statement: str) -> None:
+            # A statement that fires a trigger (the status checks of
+            # store/functions/sqlite/statuses.sql) is reported again, with
+            # the same text, as the trigger runs; the store never sends the
+            # same statement with the same values twice in a row.
+            if not self.statements or self.statements[-1] != statement:
+                self.statements.append(statement)
+
+        conn.set_trace_callback(traced)
 
     def _trace_mariadb(self, conn: Any) -> None:
         raw = conn.raw

@@ -5,6 +5,8 @@ schema holds."""
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
 import subprocess
 import threading
@@ -15,10 +17,13 @@ import psycopg
 import pytest
 
 from everystep import schedule, workflow
+from everystep.errors import EverystepError
 from everystep.models import SCHEDULED, STEP_DONE
 from everystep.store import connect, migrations
 from everystep.store.postgres import PostgresStore
 from everystep.store.sqlite import SQLiteStore
+from tests.support import every_status  # noqa: F401  (its workflows, for the run left due)
+from tests.support.rawdb import reader
 from tests.support.runs import execute_run
 
 
@@ -235,3 +240,100 @@ def test_sqlite_upgrade_to_version_6_keeps_runs_steps_and_the_foreign_key(tmp_pa
             assert conn.execute("SELECT count(*) FROM everystep_step").fetchone()[0] == 0  # cascades
     finally:
         store.close()
+
+
+# -- an upgrade from the previous release, with data -----------------------------------------------
+
+#: Every table everystep has.
+TABLES = ("everystep_workflow", "everystep_step", "everystep_attempt", "everystep_message", "everystep_event",
+          "everystep_request", "everystep_queue", "everystep_runner", "everystep_cron", "everystep_queue_claim")
+
+
+def rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table (MariaDB leaves its invisible columns out of ``*``)."""
+    found = {}
+    with reader(url) as conn:
+        for table in TABLES:
+            cursor = conn.cursor()
+            cursor.execute(f"SELECT * FROM {table}")
+            found[table] = sorted((tuple(row) for row in cursor.fetchall()), key=repr)
+    return found
+
+
+def schema(url: str) -> Any:
+    """What the migrations built, less what the data decides (the next
+    AUTO_INCREMENT value of a MariaDB table)."""
+    with reader(url) as conn:
+        cursor = conn.cursor()
+        if url.startswith("sqlite"):
+            cursor.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_stat%' "
+                           "AND name <> 'sqlite_sequence' ORDER BY type, name")
+            return cursor.fetchall()
+        if url.startswith("postgresql"):
+            cursor.execute("SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid), convalidated "
+                           "FROM pg_constraint WHERE conrelid::regclass::text LIKE 'everystep%' ORDER BY 1, 2")
+            constraints = cursor.fetchall()
+            cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename LIKE 'everystep%' ORDER BY 1")
+            indexes = cursor.fetchall()
+            cursor.execute("SELECT proname, pg_get_functiondef(oid) FROM pg_proc WHERE proname LIKE 'everystep%' "
+                           "ORDER BY 1, 2")
+            return constraints, indexes, cursor.fetchall()
+        tables = []
+        for table in TABLES:
+            cursor.execute(f"SHOW CREATE TABLE {table}")
+            tables.append(re.sub(r" AUTO_INCREMENT=\d+", "", cursor.fetchone()[1]))
+        return tables
+
+
+@pytest.mark.timeout(300)
+def test_an_upgrade_from_the_previous_release_keeps_every_row(
+    empty_db_url: str, db_url: str, python: str, subprocess_env: dict[str, str]
+) -> None:
+    """A database the previous release (schema 15) migrated and filled with
+    a row in every status, upgraded by this one: every row kept as it was,
+    the schema the same as a fresh database's, foreign keys and counters
+    holding, and the status check in place."""
+    url = empty_db_url
+    previous = migrations.latest(connect_backend(url)) - 1
+    filled = subprocess.run([python, "-m", "tests.support.older_schema", str(previous), "-m",
+                             "tests.support.every_status", url], env=subprocess_env, capture_output=True, text=True,
+                            timeout=240)
+    assert filled.returncode == 0, filled.stderr[-3000:]
+    runs = json.loads(filled.stdout.splitlines()[-1])
+    before = rows(url)
+    assert len(before["everystep_workflow"]) >= 10 and all(before[table] for table in
+                                                            ("everystep_step", "everystep_attempt", "everystep_message",
+                                                             "everystep_event", "everystep_request"))
+
+    store = connect(url)
+    try:
+        store.migrate()
+        assert store.schema_version() == migrations.latest(store.backend)
+        assert rows(url) == before
+        with pytest.raises(EverystepError, match="status"), store.connection() as conn:
+            conn.execute(f"UPDATE everystep_workflow SET status = 'bogus' WHERE id = '{runs['due']}'")
+        assert execute_run(store, runs["due"]) == "completed"
+        # Counters continue: a new request's id is past every id handed out before.
+        newest = store.submit_request("new-runner", "status", {}, "tester")
+        assert newest.id > int(runs["deleted request"]) > max(row[0] for row in before["everystep_request"])
+        # The steps, attempts, messages and events still belong to their run.
+        deleted = (runs["retries"], runs["waits"])
+        with store.connection() as conn:
+            conn.execute(f"DELETE FROM everystep_workflow WHERE id IN ('{deleted[0]}', '{deleted[1]}')")
+        after = rows(url)
+        for table in ("everystep_step", "everystep_attempt", "everystep_message", "everystep_event"):
+            theirs = [row for row in before[table] if set(deleted) & set(map(str, row))]
+            assert theirs and not [row for row in after[table] if set(deleted) & set(map(str, row))], table
+    finally:
+        store.close()
+    if url.startswith("sqlite"):
+        with reader(url) as conn:
+            assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    connect(db_url).close()  # a fresh SQLite file migrates itself; the others are migrated already
+    assert schema(url) == schema(db_url)
+
+
+def connect_backend(url: str) -> str:
+    return "sqlite" if url.startswith("sqlite") else "postgres" if url.startswith("postgresql") else "mariadb"
+

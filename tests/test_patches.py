@@ -134,7 +134,7 @@ def test_deprecating_a_patch_fails_a_run_that_took_the_old_branch(store: Store) 
     assert store.requeue(store.get_run(old).claim_as("tester"))
     deploy(patch_v3)
     verdicts = {v.run_id: v for v in dryrun.check_deploy(store)}
-    assert verdicts[old].outcome == dryrun.Outcome.CODE_ERROR
+    assert verdicts[old].outcome == dryrun.Prediction.CODE_ERROR
     assert execute_run(store, old) == FAILED
     error = store.get_run(old).exception
     assert isinstance(error, WorkflowCodeError) and "deprecated" in str(error)

@@ -2,10 +2,13 @@
 
 The named statements of every backend name a set by placeholder
 (``{active_statuses}``) and ``store.queries.load`` renders it from the
-models, so a new status changes ``models.py`` (and its migrations), not a
-dozen statements. These tests fail if a set is written out again, if what
-the statements run differs from the models' sets, or if a statement
-compares a status with a word that is no status at all.
+models; the database's own check of each status column
+(``store/functions/<backend>/statuses.sql``) names whole vocabularies the
+same way (``{run_statuses}``) and is re-applied when they change. So a new
+status changes ``models.py``, not a dozen statements nor a migration per
+backend. These tests fail if a set is written out again, if what the
+statements run differs from the models' sets, or if a statement compares a
+status with a word that is no status at all.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from everystep import models
-from everystep.store import queries
+from everystep.store import functions, queries
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERY_FILES = sorted((ROOT / "everystep" / "store" / "queries").glob("*.sql"))
@@ -143,3 +146,61 @@ def test_fragments_are_included_never_run(backend: str) -> None:
     for name in (name for name in blocks if name.startswith("_")):
         assert any("{" + name + "}" in body for other, body in blocks.items() if other != name), name
     assert not [name for name, body in statements.items() if re.search(r"\{_\w+\}", body)]
+
+
+# -- the database's own check of a status column ---------------------------------------------------
+
+FUNCTION_FILES = sorted((ROOT / "everystep" / "store" / "functions").glob("*/*.sql"))
+
+
+@pytest.mark.parametrize("path", FUNCTION_FILES, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_no_function_file_writes_a_status_set_out(path: Path) -> None:
+    """Function files name sets by placeholder too: a status list frozen
+    into one would need a migration-like edit per new status."""
+    written = _status_lists(_code(path))
+    assert not written, f"{path.parent.name}/{path.name} writes status sets out: {written}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_backend_checks_every_status_column_against_its_whole_enum(backend: str) -> None:
+    """``statuses.sql`` renders each vocabulary in full, once per check it
+    makes, and nothing else: what the database accepts is what the models
+    declare."""
+    [statuses] = [function for function in functions.available(backend) if function.name == "statuses"]
+    expected = {queries.sql_list(tuple(enum)) for enum in (models.RunStatus, models.StepStatus,
+                                                           models.RequestStatus)}
+    assert set(_status_lists(statuses.sql)) == expected
+    assert "_statuses}" not in statuses.sql
+    per_column = {literal: statuses.sql.count(literal) for literal in expected}
+    assert len(set(per_column.values())) == 1, per_column  # the same number of checks for each column
+
+
+def test_a_new_status_changes_what_the_migrator_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's hash is the rendered text's: a status added to an enum
+    makes the migrator re-apply it (``functions.apply``)."""
+    before = {backend: {function.name: function.sha256 for function in functions.available(backend)}
+              for backend in BACKENDS}
+    monkeypatch.setitem(functions.STATUS_DOMAINS, "run_statuses", (*models.RunStatus, "new_in_test"))
+    for backend in BACKENDS:
+        after = {function.name: function.sha256 for function in functions.available(backend)}
+        assert {name for name in after if after[name] != before[backend][name]} == {"statuses"}, backend
+
+
+def test_an_unknown_placeholder_in_a_function_file_is_an_error() -> None:
+    assert functions.render("x IN {run_statuses} AND y = '{}'") == (
+        f"x IN {queries.sql_list(tuple(models.RunStatus))} AND y = '{{}}'")
+    with pytest.raises(LookupError, match="run_statusess"):
+        functions.render("x IN {run_statusess}")
+
+
+# -- where one execution leaves a run ---------------------------------------------------------------
+
+def test_the_outcomes_that_are_statuses_are_where_an_execution_ends_a_run() -> None:
+    """``Outcome`` takes its statuses from ``RunStatus``: the ends an
+    execution writes and the cancel it may find, with their log levels."""
+    statuses = {outcome: outcome.status for outcome in models.Outcome if outcome.status is not None}
+    assert set(statuses.values()) == {*models.EXECUTION_ENDS, models.CANCELLED}
+    for outcome, status in statuses.items():
+        assert outcome.value == status.value and outcome.log_level == status.log_level
+    assert {outcome for outcome in models.Outcome if outcome.status is None} == {
+        models.Outcome.REQUEUED, models.Outcome.RELEASED, models.Outcome.LOST, models.Outcome.UNFINISHED}

@@ -13,7 +13,6 @@ are in ``test_transactional_crashes.py``.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from everystep.context import current
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import COMPLETED, FAILED, STEP_DONE, STEP_FAILED, Outcome
 from everystep.store import Store, connect
+from tests.support.rawdb import reader
 from tests.support.runs import claim_run, execute_run, resume, run_until_settled
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,25 +51,6 @@ def run_sql(conn: Any, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
-
-
-@contextlib.contextmanager
-def reader(url: str) -> Iterator[Any]:
-    """A plain connection of the test's own, in autocommit."""
-    if url.startswith("sqlite"):
-        conn: Any = sqlite3.connect(url[len("sqlite:///"):], isolation_level=None, timeout=30)
-    elif url.startswith("postgres"):
-        conn = psycopg.connect(url, autocommit=True)
-    else:
-        import pymysql
-
-        from everystep.store.mariadb import connect_args
-
-        conn = pymysql.connect(**connect_args(url), autocommit=True)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def rows(url: str, run_id: str | None = None) -> list[str]:
@@ -456,7 +437,7 @@ def test_check_deploy_and_the_graph_mark_a_transactional_step_exactly_once(store
     runner.fault = None
 
     (verdict,) = [v for v in dryrun.check_deploy(store) if v.run_id == run.id]
-    assert verdict.outcome == dryrun.Outcome.RESUMES and verdict.next_step == "2"
+    assert verdict.outcome == dryrun.Prediction.RESUMES and verdict.next_step == "2"
     assert verdict.detail.endswith(f"then runs step 2 ({add_row.name}; exactly once: a transactional step)")
 
     records = store.get_steps(run.id)

@@ -104,7 +104,7 @@ def test_check_deploy_replays_a_waiting_run_to_its_wait(store: Store) -> None:
     run = schedule(apps.approval, "cd", database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
     verdict = dryrun.replay(store.get_run(run.id), store.get_steps(run.id))
-    assert verdict.outcome == dryrun.Outcome.RESUMES
+    assert verdict.outcome == dryrun.Prediction.RESUMES
     assert 'waits for message "approved"' in verdict.detail
     parent = schedule(apps.parent_calls, database=store)
     assert execute_run(store, parent.id) == Outcome.RELEASED

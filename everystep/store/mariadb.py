@@ -82,6 +82,9 @@ DEADLOCK = 1213
 #: Times a script in its own transaction is run again after a deadlock.
 DEADLOCK_RETRIES = 3
 TRANSIENT_CODES = frozenset({1040, 1053, 1205, 1213, 1290, 1792, 1836, 1927, 1969, 3024})
+#: The client library's own codes (CR_*: lost, refused, gone away…). The
+#: server's go on above them (4025: a CHECK constraint failed): refusals.
+CLIENT_CODES = range(2000, 3000)
 #: Refusals at the door that no waiting fixes: access denied to the
 #: database, access denied (user or password), unknown database.
 MISCONFIGURED_CODES = frozenset({1044, 1045, 1049})
@@ -109,7 +112,7 @@ class Refused(_Readable, pymysql.err.DatabaseError):
 
 def _translate(exc: pymysql.err.Error) -> pymysql.err.Error:
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
-    if isinstance(exc, pymysql.err.InterfaceError) or code in TRANSIENT_CODES or code >= 2000:
+    if isinstance(exc, pymysql.err.InterfaceError) or code in TRANSIENT_CODES or code in CLIENT_CODES:
         return Unreachable(*exc.args)
     return Refused(*exc.args)
 

@@ -29,7 +29,7 @@ from .. import dryrun, registry, serde
 from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
 from ..graph.plan import Plan
-from ..models import (BLOCKED, CANCELLABLE_STATUSES, COMPLETED, RUN_FILTERS, RUN_STATUSES, RUNNING, SCHEDULED,
+from ..models import (ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, COMPLETED, RUN_FILTERS, RUN_STATUSES, RUNNING,
                       STEP_DONE, STEP_FAILED, STEP_STARTED, WAIT_FOREVER, Run, StepRecord)
 from ..queues import queue_name
 from ..waiting import effect_uncertain, waiting_for, waits_of
@@ -43,7 +43,6 @@ DEFAULT_PAGE = 50
 MAX_PAGE = 500
 PREVIEW_CHARS = 160
 VERDICT_TIMEOUT = 3.0
-UNFINISHED = (SCHEDULED, RUNNING, BLOCKED)
 
 _PREFIX = re.compile(r"^[0-9a-fA-F-]{1,36}$")
 
@@ -281,7 +280,7 @@ class Views:
             plan = analyse(workflow)
             with self._lock:
                 self._plans[key] = plan
-        graph = build_graph(plan, steps, active=run.status in UNFINISHED, running=run.status == RUNNING,
+        graph = build_graph(plan, steps, active=run.status in ACTIVE_STATUSES, running=run.status == RUNNING,
                             completed=run.status == COMPLETED)
         if graph["file"]:
             relative = os.path.relpath(graph["file"])
@@ -305,7 +304,7 @@ class Views:
 
     def verdict(self, run: Run, steps: list[StepRecord]) -> dict[str, Any] | None:
         """check-deploy's verdict on an unfinished run, with the code loaded here."""
-        if run.status not in UNFINISHED:
+        if run.status not in ACTIVE_STATUSES:
             return None
         if not registry.workflow_names():
             return {"outcome": None, "problem": False,

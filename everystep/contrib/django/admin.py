@@ -23,7 +23,7 @@ from django.utils.html import format_html
 
 from everystep import admin as operations
 from everystep.errors import EverystepError
-from everystep.models import BLOCKED, RUN_STATUSES, STEP_DONE, STEP_FAILED, STEP_STARTED
+from everystep.models import BLOCKED, RUN_STATUSES, STEP_DONE, STEP_STARTED, StepStatus
 
 from . import database
 from .forms import ResolveStepForm
@@ -60,7 +60,7 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 class StepStatusFilter(StatusFilter):
-    statuses = (STEP_STARTED, STEP_DONE, STEP_FAILED)
+    statuses = tuple(StepStatus)
 
 
 def _as_uuid(term: str) -> uuid.UUID | None:
@@ -99,7 +99,7 @@ class StepInline(admin.TabularInline):
 
     @admin.display(description="outcome")
     def outcome(self, step: Step) -> str:
-        if step.status == "done":
+        if step.status == STEP_DONE:
             text = json.dumps(step.result, ensure_ascii=False)
             return text if len(text) <= 80 else text[:77] + "..."
         return _error_line(step.error)

@@ -1,4 +1,4 @@
-"""Stored functions, one file each, re-applied when their text changes.
+"""Stored functions (and triggers), one file each, re-applied when their text changes.
 
 Numbered migrations (``migrations/<backend>/NNNN_*.sql``) hold the schema's
 history: tables, columns, indexes, each applied once. A function is not
@@ -25,28 +25,67 @@ PostgreSQL's files are functions; MariaDB's are procedures (``CREATE OR
 REPLACE PROCEDURE``, each body between ``-- $$`` marks so that
 ``split_statements`` keeps it whole; DDL commits at once there, so the
 migrator's lock, not a transaction, keeps two migrators apart). SQLite
-claims in Python (``queue_claim.py``) and stores none. The step does
-nothing where the record table does not exist yet (a schema older than the
-version creating it, as an older release would leave it).
+claims in Python (``queue_claim.py``); its only file holds triggers. The
+step does nothing where the record table does not exist yet (a schema
+older than the version creating it, as an older release would leave it).
+
+A file may name a status set by placeholder, as the named statements do
+(``{active_statuses}``), or a whole vocabulary (``{run_statuses}``,
+``{step_statuses}``, ``{request_statuses}``: ``STATUS_DOMAINS``). It is
+rendered from ``everystep.models`` when read, and its hash is the rendered
+text's, so a status added to the models changes the text and the migrator
+re-applies the file: that is how ``statuses.sql``, each backend's check of
+what a status column may hold, follows the enums without a numbered
+migration or a table rebuild (on PostgreSQL the functions its CHECK
+constraints call; on SQLite and MariaDB, triggers).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from ... import models
 from ..migrations import split_statements
+from ..queries import STATUS_SETS, sql_list
 
 log = logging.getLogger(__name__)
+
+#: Placeholder → every status its column may hold.
+STATUS_DOMAINS: dict[str, tuple[str, ...]] = {
+    "run_statuses": tuple(models.RunStatus),
+    "step_statuses": tuple(models.StepStatus),
+    "request_statuses": tuple(models.RequestStatus),
+}
+
+#: Only these are rendered (a PL/pgSQL body has braces of its own: '{}');
+#: a misspelt one is caught, not left for the database to choke on.
+_PLACEHOLDER = re.compile(r"\{(\w*status\w*)\}")
+
+
+def render(text: str) -> str:
+    """``text`` with each status placeholder replaced by its set as an SQL
+    list, read from the models now. An unknown one is an error, never left
+    in a body the database would reject later."""
+    known = {**STATUS_SETS, **STATUS_DOMAINS}
+
+    def rendered(match: re.Match[str]) -> str:
+        if match[1] not in known:
+            raise LookupError(f"unknown status placeholder {match[0]}; known: {', '.join(sorted(known))}")
+        return sql_list(known[match[1]])
+
+    return _PLACEHOLDER.sub(rendered, text)
 
 
 @dataclass(frozen=True)
 class Function:
-    """One file of ``functions/<backend>/``: its name (the file's stem) and text."""
+    """One file of ``functions/<backend>/``: its name (the file's stem) and
+    its text, rendered (``render``)."""
 
     name: str
     sql: str
@@ -64,7 +103,7 @@ def available(backend: str) -> list[Function]:
     folder = resources.files(__package__).joinpath(backend)
     if not folder.is_dir():
         return []
-    found = [Function(entry.name.removesuffix(".sql"), entry.read_text(encoding="utf-8"))
+    found = [Function(entry.name.removesuffix(".sql"), render(entry.read_text(encoding="utf-8")))
              for entry in folder.iterdir() if entry.name.endswith(".sql")]
     return sorted(found, key=lambda function: function.name)
 

@@ -1,0 +1,23 @@
+-- What each status column may hold: every member of its enum in
+-- everystep/models.py, rendered into these bodies when the file is read
+-- (the placeholders named after each vocabulary). The CHECK constraints of
+-- the three columns call them (migration 0016), so a status added to the
+-- models changes this file's text and the migrator re-applies it: the
+-- database accepts the new status with no migration, no lock and no scan
+-- of the tables, and still refuses any word that is no status.
+--
+-- LANGUAGE sql, IMMUTABLE, one expression, not STRICT: PostgreSQL inlines
+-- the body into the constraint's expression, so a write pays what a
+-- literal IN list costs. (Replacing the body does not check the rows
+-- already stored: a status the models drop must first leave the data.)
+CREATE OR REPLACE FUNCTION everystep_is_run_status(status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT status IN {run_statuses} $$;
+
+CREATE OR REPLACE FUNCTION everystep_is_step_status(status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT status IN {step_statuses} $$;
+
+CREATE OR REPLACE FUNCTION everystep_is_request_status(status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT status IN {request_statuses} $$;
