@@ -292,7 +292,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="async runs held at once on the worker's one event loop, beside the threads "
                              "(default 100)")
     parser.add_argument("--poll", type=seconds(0.01, 3600), default=0.2, metavar="S",
-                        help="seconds between claims when idle (default 0.2)")
+                        help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL "
+                             "(default 0.2)")
+    parser.add_argument("--listen-database", metavar="URL", default=None,
+                        help="PostgreSQL URL to LISTEN on for new runs: a direct one when --database goes through "
+                             "a transaction pooler (?pooler=transaction), which cannot carry LISTEN (default: "
+                             "$EVERYSTEP_LISTEN_DATABASE_URL, else --database; behind a transaction pooler "
+                             "without one, pickup is by polling)")
     parser.add_argument("-n", "--name", metavar="NAME",
                         help="runner name, stable across restarts; refused while a live runner holds it "
                              "(default: the hostname)")
@@ -346,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "replay":
         return cmd_replay(connect(args.database, read_only=True), args)
-    store = connect(args.database)
+    store = connect(args.database, listen_url=getattr(args, "listen_database", None))
     handler = {
         "migrate": cmd_migrate,
         "schedule": cmd_schedule,

@@ -336,6 +336,7 @@ class Outcome(StrEnum):
     RELEASED = "released"  # waits (sleep, retry backoff): back in the queue until its wake time
     LOST = "lost"  # the claim moved on: nothing more was written
     UNFINISHED = "unfinished"  # the database failed mid-run; still claimed, to be retried
+    DEFERRED = "deferred"  # an engine statement failed (StoreError): back in the queue after a backoff
 
     @property
     def settled(self) -> bool:

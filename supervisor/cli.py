@@ -103,6 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll", type=seconds(0.01, 3600), default=defaults.poll, metavar="S",
                         help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL "
                              f"(default {defaults.poll:g})")
+    parser.add_argument("--listen-database", metavar="URL", default=None,
+                        help="PostgreSQL URL to LISTEN on for new runs, fences and requests: a direct one when "
+                             "--database goes through a transaction pooler (?pooler=transaction), which cannot "
+                             "carry LISTEN (default: $EVERYSTEP_LISTEN_DATABASE_URL, else --database; behind a "
+                             "transaction pooler without one, pickup is by polling)")
     parser.add_argument("--claim-ahead", type=count(0, 64), default=defaults.claim_ahead, metavar="N",
                         help=f"while every child is busy with short runs (under {SHORT_RUN:g} s on average), claim "
                              "up to N runs at once (four per child at most) and hold them for the next children to "
@@ -237,6 +242,7 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         stall_timeout=args.stall_timeout,
         queues=args.queues,
         wait_for_database=args.wait_for_database,
+        listen_database=args.listen_database,
         app_version=args.app_version,
         serve_versions=args.serve_versions,
     )
@@ -297,7 +303,7 @@ def _run(config: Config) -> int:
     try:
         registry.import_apps(config.app)
         versions.set_app_version(config.app_version)
-        store = connect(config.database, statement_timeout=config.db_timeout)
+        store = connect(config.database, statement_timeout=config.db_timeout, listen_url=config.listen_database)
         wait_for_database(lambda: _check_database(store), limit=config.wait_for_database, notifier=notifier,
                           logger=logger, who=f"{PROG} {config.name}", where=store.describe())
     except StoreMisconfigured as exc:

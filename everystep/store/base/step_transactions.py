@@ -31,9 +31,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ...errors import EverystepError, StoreUnavailable
+from ...errors import EverystepError
 from ...models import Claim, StepRecord
-from .core import StoreCore, _first_line
+from .core import StoreCore
 from .values import NewStep, StepWrite
 
 if TYPE_CHECKING:
@@ -157,12 +157,10 @@ class StepTransaction:
         store = self._store
         try:
             yield
-        except (EverystepError, StoreUnavailable):
+        except EverystepError:
             raise
-        except store._unavailable as exc:
-            raise StoreUnavailable(f"database {store.describe()} unavailable: {_first_line(exc)}") from exc
-        except store._driver_errors as exc:
-            raise EverystepError(f"database error: {_first_line(exc)}") from exc
+        except (*store._unavailable, *store._driver_errors) as exc:
+            raise store.error_for(exc) from exc
 
 
 class StepTransactions(StoreCore):
