@@ -116,13 +116,18 @@ class Arbiter:
     def run(self) -> int:
         """Supervise until stopped; returns the process exit code."""
         titles.master(self.name)
-        self.loop.start(self.procs)  # NameInUse: never under a live runner's name
-        try:
-            self.control.open()
-        except BaseException:
-            self.loop.stop()
-            raise
+        # First: from here a stop signal is queued for the loop, which drains.
         self.signals.install(self.selector)
+        try:
+            self.loop.start(self.procs)  # NameInUse: never under a live runner's name
+            try:
+                self.control.open()
+            except BaseException:
+                self.loop.stop()
+                raise
+        except BaseException:
+            self.signals.uninstall(self.selector)
+            raise
         try:
             self.http = reporting.metrics_server(self, self.selector)
             self.listener.open()

@@ -28,9 +28,11 @@ from everystep.context import current
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import COMPLETED, FAILED, STEP_DONE, STEP_FAILED, Outcome
 from everystep.store import Store, connect
+from tests.support.pgbouncer import libpq_url
 from tests.support.runs import claim_run, execute_run, resume, run_until_settled
 
-pytestmark = pytest.mark.timeout(120)
+# Also through PgBouncer in transaction mode (the pooled lane).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.pooled]
 
 PROBE: dict[str, Any] = {}
 
@@ -59,7 +61,7 @@ def reader(url: str) -> Iterator[Any]:
     if url.startswith("sqlite"):
         conn: Any = sqlite3.connect(url[len("sqlite:///"):], isolation_level=None, timeout=30)
     elif url.startswith("postgres"):
-        conn = psycopg.connect(url, autocommit=True)
+        conn = psycopg.connect(libpq_url(url), autocommit=True)
     else:
         import pymysql
 

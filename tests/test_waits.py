@@ -24,7 +24,11 @@ from everystep.models import (
 from everystep.runner import Outcome
 from everystep.store import Store, utcnow
 from tests.apps import waits as apps
+from tests.support.pgbouncer import libpq_url
 from tests.support.runs import crash_at, execute_run, resume
+
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
 
 
 def _due_now(store: Store, run_id: str) -> bool:
@@ -281,7 +285,7 @@ def _caller_connection(store: Store, db_url: str) -> Any:
     if store.backend == "postgres":
         import psycopg
 
-        return psycopg.connect(db_url)
+        return psycopg.connect(libpq_url(db_url))
     import pymysql
 
     from everystep.store.mariadb import connect_args

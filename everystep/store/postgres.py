@@ -153,7 +153,7 @@ class PostgresStore(Store):
             with self.connection() as own:
                 return self._fetchall(name, params, own)
         if core.statement_fault is not None:
-            core.statement_fault(name)
+            core.statement_fault(self, name)
         prepared = getattr(conn, "hot_prepared", None)  # None: a caller's connection
         rows = postgres_hot.execute(conn, prepared, hot, params) if prepared is not None else None
         if rows is None:

@@ -44,10 +44,11 @@ from .values import Notifications, checked_run_id, float_or_none, int_or_none, u
 
 MAX_IDLE_CONNECTIONS = 8
 
-#: Test hook, called with a statement's name just before the store sends
-#: it by name: raising a driver error there (``psycopg.errors.…``) is the
-#: database refusing that statement, mapped by the choke point as one is.
-statement_fault: Callable[[str], None] | None = None
+#: Test hook, called ``(store, statement name)`` just before a store sends
+#: a statement by name: raising a driver error of the store's backend there
+#: (``psycopg.errors.…``) is the database refusing that statement, mapped
+#: by the choke point as one is.
+statement_fault: Callable[[StoreCore, str], None] | None = None
 
 Row = Mapping[str, Any]
 """A result row, read by column name (``dict_row`` or ``sqlite3.Row``)."""
@@ -78,7 +79,7 @@ class StoreCore(abc.ABC):
         for locks included (None: the backend's default)."""
         self.url = url
         self.statement_timeout = statement_timeout
-        self.sql = self.statements()
+        self.sql = _Statements(self, self.statements())
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -254,8 +255,6 @@ class StoreCore(abc.ABC):
         if conn is None:
             with self.connection() as own:
                 return self._fetchall(name, params, own)
-        if statement_fault is not None:
-            statement_fault(name)
         return conn.execute(self.sql[name], params).fetchall()  # type: ignore[no-any-return]
 
     def _fetchone(self, name: str, params: Mapping[str, Any], conn: Any = None) -> Row | None:
@@ -319,6 +318,21 @@ class StoreCore(abc.ABC):
             cpu_seconds=float_or_none(row["cpu_seconds"]),
             peak_rss_bytes=int_or_none(row["peak_rss_bytes"]),
         )
+
+
+class _Statements(dict[str, str]):
+    """A store's statements by name. Every one is looked up right before it
+    is sent, inside ``connection()``: where the test hook ``statement_fault``
+    strikes, as the database would."""
+
+    def __init__(self, store: StoreCore, statements: Mapping[str, str]) -> None:
+        super().__init__(statements)
+        self._store = store
+
+    def __getitem__(self, name: str) -> str:
+        if statement_fault is not None:
+            statement_fault(self._store, name)
+        return super().__getitem__(name)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -86,6 +86,8 @@ class StepTransaction:
         self._ended = ended or (lambda: not store._in_transaction(raw))
         self._failed = failed or (lambda: store._transaction_failed(raw))
         self.open = True
+        #: How the step's body failed (its own doing, recorded as its failure).
+        self.body_error: BaseException | None = None
 
     @classmethod
     @contextlib.contextmanager
