@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import subprocess
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,11 +27,13 @@ from everystep.errors import StoreError
 from everystep.models import COMPLETED, FAILED, RUNNING, SCHEDULED, Outcome
 from everystep.outage import OutageLog
 from everystep.serde import decode_exception
-from everystep.store import Store, utcnow
+from everystep.store import Store, connect, utcnow
 from everystep.store.base import core
 from everystep.transactional import step_connection
 from tests.apps.pooled import hops, refusal
 from tests.support.runs import claim_run
+from tests.support.scrape import free_port, http_get, metrics_args, scrape
+from tests.support.supervisor import Supervisor, supervisor_command, supervisors, wait_run  # noqa: F401
 from tests.support.waiting import wait_until
 
 # The engine's own statements: also through PgBouncer in transaction mode.
@@ -266,3 +270,48 @@ def test_a_threaded_worker_gives_runs_back_and_reports_itself_unhealthy(store: S
         core.statement_fault = None
         for run in runs:
             wait_until(lambda: store.get_run(run.id).status == COMPLETED, f"run {run.id} to complete", timeout=60)
+
+
+def test_engine_health_recovers_once_the_errors_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = EngineHealth()
+    for _ in range(engine_errors.FAILING_AFTER):
+        engine.failed("claiming: refused")
+    assert engine.failing() is not None
+    monkeypatch.setattr(engine_errors, "WINDOW", 0.0)
+    assert engine.failing() is None and engine.total == engine_errors.FAILING_AFTER
+
+
+@pytest.mark.backends("postgres")
+def test_a_supervisor_gives_runs_back_reports_itself_unhealthy_and_fails_none(
+        db_url: str, supervisors: Any, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """The children's step records are refused (the app's fault hook, in
+    every child): the runs go back to the queue, the supervisor says it is
+    unhealthy (``ctl status``, ``/healthz``, the metric), each run is logged
+    once; once the database accepts them again, every run completes."""
+    store = connect(db_url)
+    refusals = tmp_path / "refusals"
+    refusals.mkdir()
+    (refusals / "refuse").write_text("record_step\nfinish_run_with_step\nfinish_run\n")
+    port = free_port()
+    env = dict(subprocess_env, EVERYSTEP_TEST_REFUSE_DIR=str(refusals))
+    supervisor: Supervisor = supervisors(db_url, app="tests.apps.pooled", procs=2, env=env,
+                                         args=metrics_args(port)).start()
+    runs = [schedule(hops, 3, database=store) for _ in range(4)]
+    status = supervisor.wait_status(lambda status: status.get("engine_errors"), "the supervisor to say it is unhealthy")
+    assert status["engine_errors"].startswith("everystep's statements keep failing: ")
+    code, _type, body = http_get(port, "/healthz")
+    assert code == 503 and body.startswith("everystep's statements keep failing"), body
+    ctl = subprocess.run([*supervisor_command(), "ctl", "--socket", supervisor.socket_path, "status"],
+                         env=subprocess_env, capture_output=True, text=True, timeout=60)
+    assert ctl.returncode == 0 and "UNHEALTHY: everystep's statements keep failing" in ctl.stdout, ctl.stdout
+    assert scrape(port).total("everystep_engine_errors_total", kind="InsufficientPrivilege") >= 1
+    assert not [run for run in runs if store.get_run(run.id).status == FAILED]
+    (refusals / "refuse").unlink()
+    for run in runs:
+        wait_run(store, run.id, [COMPLETED], timeout=120, supervisor=supervisor)
+    log = supervisor.log()
+    for run in runs:
+        said = [line for line in log.splitlines() if "refused one of everystep's statements" in line and run.id in line]
+        assert len(said) <= 1, said
+    assert sum("refused one of everystep's statements" in line for line in log.splitlines()) >= 1
+    assert supervisor.stop() == 0

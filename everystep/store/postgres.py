@@ -67,9 +67,9 @@ _MISCONFIGURED = re.compile(
     r'database ".*" does not exist|role ".*" does not exist|password authentication failed'
     r'|no pg_hba\.conf entry|invalid \w+ value|invalid connection option|invalid URI'
     r'|missing "=" after|server does not support SSL|no password supplied|unsupported startup parameter')
-#: What a transaction pooler does to a session's state, said by the server
-#: or by the pooler: the error then suggests ``?pooler=transaction``.
-_POOLER_SYMPTOM = re.compile(r'unsupported startup parameter|prepared statement "\w+" (does not|already) exist')
+#: What a transaction pooler does to prepared statements: the error then
+#: suggests ``?pooler=transaction``.
+_LOST_PREPARED = re.compile(r'prepared statement "\w+" (does not|already) exist')
 
 
 class PostgresStore(Store):
@@ -100,7 +100,7 @@ class PostgresStore(Store):
         self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
         pooled = self.pooler == pooling.TRANSACTION
-        self._hot = {} if pooled else _hot_statements(self.sql)
+        self._hot = {} if pooled else _hot_statements(self.statements())
         self.wakes = not pooled or self.listen_url is not None
         if not self.wakes:
             self.listen_unavailable = ("LISTEN needs a direct connection; pass --listen-database "
@@ -116,32 +116,37 @@ class PostgresStore(Store):
             settings.append(("transaction_read_only" if local else "default_transaction_read_only", "on"))
         return tuple(settings)
 
-    def _open(self, conninfo: str | None = None) -> psycopg.Connection[Any]:
-        """A connection to ``conninfo`` (this store's own by default: a
-        ``listen_url`` is always a direct one, or a session pooler's)."""
-        pooled = conninfo is None and self.pooler == pooling.TRANSACTION
+    def _open(self, url: str | None = None) -> psycopg.Connection[Any]:
+        """A connection to ``url`` (this store's by default; ``listen_url``
+        for LISTEN), its settings where its pooler lets them be: in the
+        ``options`` startup parameter of a direct connection, set once for
+        the session through a session pooler (a stock PgBouncer refuses
+        ``options``), inside each transaction through a transaction pooler."""
+        conninfo, pooler = pooling.split(url or self.url)
         options: dict[str, Any] = {}
-        if pooled:
+        if pooler == pooling.TRANSACTION:
             # The next transaction may run in another server session, where
             # a prepared statement does not exist.
             options["prepare_threshold"] = None
-        elif settings := self._settings(local=False):
+        elif pooler == pooling.NONE and (settings := self._settings(local=False)):
             options["options"] = " ".join(f"-c {name}={value}" for name, value in settings)
         conn = _Connection.connect(
-            self.conninfo if conninfo is None else pooling.split(conninfo)[0],
+            conninfo,
             autocommit=True,
             connect_timeout=max(1, int(self.connect_timeout)),
             application_name=self.application_name,
             row_factory=dict_row,
             **options,
         )
-        if pooled:
+        if pooler == pooling.TRANSACTION:
             conn.local_settings = self._settings(local=True)
+        elif pooler == pooling.SESSION and (settings := self._settings(local=False)):
+            conn.set_session(settings)
         set_json_loads(serde.loads, conn)
         # Run ids are text everywhere in Python: reading them as text skips
         # building a uuid.UUID per row only to turn it back into a string.
         conn.adapters.register_loader("uuid", TextLoader)
-        if self._hot:
+        if self._hot and url is None:
             conn.hot_prepared = postgres_hot.Prepared(conn)
         return conn
 
@@ -182,10 +187,16 @@ class PostgresStore(Store):
 
     def error_for(self, exc: BaseException) -> EverystepError:
         error = super().error_for(exc)
-        if not _POOLER_SYMPTOM.search(str(exc)) or self.pooler == pooling.TRANSACTION:
+        if self.pooler != pooling.NONE:
             return error
-        hint = f"{error} (a connection pooler in transaction mode? add ?pooler=transaction to the URL)"
-        return StoreError(hint, error.kind) if isinstance(error, StoreError) else type(error)(hint)
+        if "unsupported startup parameter" in str(exc):
+            hint = "behind PgBouncer? add ?pooler=transaction to the URL (?pooler=session in session mode)"
+        elif _LOST_PREPARED.search(str(exc)):
+            hint = "behind a pooler in transaction mode? add ?pooler=transaction to the URL"
+        else:
+            return error
+        return StoreError(f"{error} ({hint})", error.kind) if isinstance(error, StoreError) else (
+            type(error)(f"{error} ({hint})"))
 
     def _misconfigured(self, exc: BaseException) -> bool:
         # libpq reports a refused connection with no SQLSTATE: its message
@@ -281,7 +292,7 @@ class PostgresStore(Store):
         without a ``listen_url`` (``listen_unavailable`` says so): runners poll."""
         if not self.wakes:
             return None
-        return _Listening(self._open(self.listen_url or self.url), self.sql["listen"])
+        return _Listening(self._open(self.listen_url), self.sql["listen"])
 
 
 def _hot_statements(sql: Mapping[str, str]) -> dict[str, postgres_hot.HotStatement]:
@@ -344,8 +355,15 @@ class _Connection(CommitGuard, psycopg.Connection[Any]):
             yield tx
 
     def _set_local(self) -> None:
-        for name, value in self.local_settings:
-            super().execute("SELECT set_config(%s, %s, true)", (name, value))
+        self._set(self.local_settings, local=True)
+
+    def set_session(self, settings: Sequence[tuple[str, str]]) -> None:
+        """Set ``settings`` (name, value) for the session, in one round trip."""
+        self._set(settings, local=False)
+
+    def _set(self, settings: Sequence[tuple[str, str]], local: bool) -> None:
+        calls = ", ".join("set_config(%s, %s, %s)" for _ in settings)
+        super().execute(f"SELECT {calls}", [item for name, value in settings for item in (name, value, local)])
 
     def everystep_lend(self, lent: bool) -> None:
         super().everystep_lend(lent)

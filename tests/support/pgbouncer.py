@@ -28,7 +28,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 
-from tests.support.pgserver import free_port
+from tests.support.scrape import free_port
 
 __all__ = ["PgBouncer", "find_pgbouncer", "libpq_url", "start_pgbouncer"]
 
@@ -76,12 +76,12 @@ class PgBouncer:
 
     def url_for(self, server_url: str, pooler: bool = True) -> str:
         """``server_url`` (a database on the server behind) through this
-        PgBouncer; ``pooler``: with the ``pooler=`` parameter its mode calls for."""
+        PgBouncer; ``pooler``: with the ``pooler=`` parameter of its mode."""
         parts = urlsplit(server_url)
         credentials = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
         query = [part for part in parts.query.split("&") if part]
-        if pooler and self.mode == "transaction":
-            query.append("pooler=transaction")
+        if pooler:
+            query.append(f"pooler={self.mode}")
         return urlunsplit(parts._replace(netloc=f"{credentials}127.0.0.1:{self.port}", query="&".join(query)))
 
     # -- lifecycle ---------------------------------------------------------

@@ -367,7 +367,7 @@ def _start_local_cluster() -> tuple[str, _Cluster]:
         # The free port can be grabbed by someone else before the postmaster
         # binds it, so retry a few times on a fresh port.
         for attempt in range(3):
-            cluster.port = free_port()
+            cluster.port = _free_port()
             try:
                 cluster.start()
                 break
@@ -425,7 +425,7 @@ def _current_user() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
 
-def free_port() -> int:
+def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
