@@ -215,6 +215,9 @@ def build_parser() -> OneLineParser:
     sub.add_argument("--auth-token", metavar="TOKEN", default=None,
                      help="require this token (Bearer, or as the basic-auth password) "
                           "(default: $EVERYSTEP_UI_AUTH_TOKEN, else none)")
+    sub.add_argument("--read-database", metavar="URL", default=None,
+                     help="a read replica the pages read from (read-only sessions); actions still go to "
+                          "--database, the primary (default: --database)")
     sub.add_argument("-l", "--log-level", default="info", choices=LOG_LEVELS, metavar="LEVEL",
                      help=f"one of {', '.join(LOG_LEVELS)} (default info)")
 
@@ -846,7 +849,8 @@ def cmd_ui(store: Store, args: argparse.Namespace) -> int:
         raise EverystepError(f"the console needs the ui extra (pip install 'everystep[ui]'): {exc}") from None
     token = args.auth_token if args.auth_token is not None else os.environ.get("EVERYSTEP_UI_AUTH_TOKEN")
     setup_logging(args.log_level)
-    return serve(store.url, bind=args.bind, port=args.port, auth_token=token or None, app_modules=args.app)
+    return serve(store.url, bind=args.bind, port=args.port, auth_token=token or None, app_modules=args.app,
+                 read_database_url=args.read_database)
 
 
 if __name__ == "__main__":  # pragma: no cover

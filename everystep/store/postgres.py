@@ -66,7 +66,8 @@ FENCE_CHANNEL = "everystep_fenced"
 _MISCONFIGURED = re.compile(
     r'database ".*" does not exist|role ".*" does not exist|password authentication failed'
     r'|no pg_hba\.conf entry|invalid \w+ value|invalid connection option|invalid URI'
-    r'|missing "=" after|server does not support SSL|no password supplied|unsupported startup parameter')
+    r'|missing "=" after|server does not support SSL|no password supplied|unsupported startup parameter'
+    r'|certificate verify failed|root certificate file .* does not exist|could not read root certificate')
 #: What a transaction pooler does to prepared statements: the error then
 #: suggests ``?pooler=transaction``.
 _LOST_PREPARED = re.compile(r'prepared statement "\w+" (does not|already) exist')
