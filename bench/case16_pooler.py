@@ -32,16 +32,18 @@ SIDES = ("direct", "pgbouncer")
 
 
 def burst(ctx: Context, direct: str, runner_url: str, runs: int, roots: list[tuple[str, int | None]],
-          label: str) -> tuple[float, float]:
+          label: str) -> tuple[float, dict[str, float]]:
     """One ``--burst`` on ``runner_url`` over ``runs`` fresh runs: (runs/s,
-    CPU seconds of the supervisor's tree and of ``roots``)."""
+    CPU seconds of the supervisor's tree and of each of ``roots``)."""
     esdb.reset(direct)
     if runs:
         esdb.schedule_many(direct, noop3, ((payload(i),) for i in range(runs)))
     cmd = procs.supervisor_cmd(runner_url, PROCS, ctx.work.socket(), app="bench.workloads")
     with fleet.sampled_cpu(roots) as servers, children_cpu() as supervisor:
         procs.run(cmd, ctx.work.log(f"supervisor-{label}"), timeout=60 + runs * 0.5)
-    cpu = supervisor.get("seconds", 0.0) + sum(servers.values())
+    # The sampler also splits each tree (``postgres:children``): the trees' totals only.
+    cpu = {"supervisor": supervisor.get("seconds", 0.0),
+           **{label: seconds for label, seconds in servers.items() if ":" not in label}}
     if not runs:
         return 0.0, cpu
     result = esdb.span(direct)
@@ -69,11 +71,17 @@ def run(ctx: Context) -> None:
             measured = {}
             for side in SIDES if rep % 2 == 0 else reversed(SIDES):
                 rate, cpu = burst(ctx, direct, urls[side], s.throughput_runs, roots[side], f"{side}-{rep}")
-                cpu_per_run = max(cpu - empty[side], 0.0) / s.throughput_runs * 1e6
+                per_run = {part: max(seconds - empty[side].get(part, 0.0), 0.0) / s.throughput_runs * 1e6
+                           for part, seconds in cpu.items()}
+                cpu_per_run = sum(per_run.values())
                 out.setdefault(("runs_per_s", side), Series()).add(rate)
                 out.setdefault(("cpu_per_run_us", side), Series()).add(cpu_per_run)
+                for part, value in per_run.items():
+                    out.setdefault((f"cpu_{part}_us", side), Series()).add(value)
                 measured[side] = rate
-                ctx.log(f"case 16 rep {rep + 1}: {side}: {rate:,.0f} runs/s, {cpu_per_run:,.0f} µs CPU per run")
+                parts = ", ".join(f"{part} {value:,.0f}" for part, value in per_run.items())
+                ctx.log(f"case 16 rep {rep + 1}: {side}: {rate:,.0f} runs/s, {cpu_per_run:,.0f} µs CPU per run "
+                        f"({parts})")
             out.setdefault("ratio", Series()).add(measured["pgbouncer"] / measured["direct"])
             time.sleep(0.2)
     finally:
@@ -101,11 +109,14 @@ def section(ctx: Context) -> Section:
     ratio = out.get("ratio")
     if not ratio:
         return section
-    table = Table(["connection", "runs/s, median (min–max)", "CPU per run, all processes, µs"])
+    table = Table(["connection", "runs/s, median (min–max)", "CPU per run, all processes, µs",
+                   "of which the supervisor's tree", "PostgreSQL", "PgBouncer"])
     for side in SIDES:
         table.add(side if side == "direct" else "through PgBouncer (?pooler=transaction)",
-                  out[("runs_per_s", side)].cell(0), out[("cpu_per_run_us", side)].cell(0))
-    table.add("ratio, through PgBouncer / direct", ratio.cell(3), "")
+                  out[("runs_per_s", side)].cell(0), out[("cpu_per_run_us", side)].cell(0),
+                  *(out.get((f"cpu_{part}_us", side), Series()).cell(0) if (f"cpu_{part}_us", side) in out else "—"
+                    for part in ("supervisor", "postgres", "pgbouncer")))
+    table.add("ratio, through PgBouncer / direct", ratio.cell(3), "", "", "", "")
     section.tables.append(table)
     verdict = "met" if ratio.median is not None and ratio.median >= TARGET else "missed"
     section.notes.append(f"Target (through PgBouncer in transaction mode ≥ {TARGET:g}× direct, runs/s at --procs "

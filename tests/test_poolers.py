@@ -23,7 +23,7 @@ import pytest
 from everystep import schedule
 from everystep.errors import EverystepError, StoreUnavailable
 from everystep.models import COMPLETED
-from everystep.store import connect, pooling
+from everystep.store import NewStep, connect, pooling, utcnow
 from everystep.store.postgres import NOTIFY_CHANNEL
 from everystep.worker import Worker
 from tests.apps.pooled import hops
@@ -85,10 +85,18 @@ def test_nothing_is_prepared_and_settings_stay_inside_each_transaction(pooled_ur
                                                                        pgbouncer_transaction: PgBouncer) -> None:
     store = connect(pooled_url, statement_timeout=0.5)
     try:
+        run = schedule(hops, 1, database=store)
         with store.connection() as conn:
-            assert conn.prepare_threshold is None and not store._hot
+            assert conn.prepare_threshold is None and not conn.hot_prepared.named
             for _ in range(10):  # psycopg would prepare a statement run this often
                 assert conn.execute("SELECT current_setting('statement_timeout') AS t").fetchone()["t"] == "500ms"
+        claimed = store.claim("pooled", 10, [run.name])
+        assert [item.id for item in claimed] == [run.id]
+        for index in range(10):  # the hot path's statements, sent whole
+            store.record_step(claimed[0].claim, NewStep(f"s{index}", "x", "[]", "{}", utcnow(), status="done",
+                                                        result_json="1"))
+        with store.connection() as conn:
+            assert conn.execute("SELECT count(*) AS n FROM pg_prepared_statements").fetchone()["n"] == 0
         with pytest.raises(StoreUnavailable, match="statement timeout"):
             with store.connection() as conn:
                 conn.execute("SELECT pg_sleep(3)")

@@ -101,7 +101,7 @@ class PostgresStore(Store):
         self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
         pooled = self.pooler == pooling.TRANSACTION
-        self._hot = {} if pooled else _hot_statements(self.statements())
+        self._hot = _hot_statements(self.statements())
         self.wakes = not pooled or self.listen_url is not None
         if not self.wakes:
             self.listen_unavailable = ("LISTEN needs a direct connection; pass --listen-database "
@@ -148,7 +148,8 @@ class PostgresStore(Store):
         # building a uuid.UUID per row only to turn it back into a string.
         conn.adapters.register_loader("uuid", TextLoader)
         if self._hot and url is None:
-            conn.hot_prepared = postgres_hot.Prepared(conn)
+            # Behind a transaction pooler nothing stays prepared: sent whole.
+            conn.hot_prepared = postgres_hot.Prepared(conn, named=pooler != pooling.TRANSACTION)
         return conn
 
     def _fetchall(self, name: str, params: Mapping[str, Any], conn: Any = None) -> list[Row]:
