@@ -40,7 +40,6 @@ import datetime as dt
 import logging
 import threading
 import time
-from typing import Any
 
 from . import metrics, serde
 from .errors import EverystepError, StoreError, StoreUnavailable
@@ -134,12 +133,6 @@ class EngineHealth:
     def _forget(self, now: float) -> None:
         while self._times and self._times[0] < now - WINDOW:
             self._times.popleft()
-
-
-def describe(exc: Any) -> str:
-    """An engine error in a few words, for ``EngineHealth``."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 __all__ = ["EngineHealth", "FAILING_AFTER", "WINDOW", "backoff", "count", "give_back", "given_back_before"]

@@ -85,18 +85,22 @@ def test_nothing_is_prepared_and_settings_stay_inside_each_transaction(pooled_ur
                                                                        pgbouncer_transaction: PgBouncer) -> None:
     store = connect(pooled_url, statement_timeout=0.5)
     try:
-        run = schedule(hops, 1, database=store)
         with store.connection() as conn:
-            assert conn.prepare_threshold is None and not conn.hot_prepared.named
+            # Its settings go with every statement, the hot ones too: all take the cursor.
+            assert conn.prepare_threshold is None and conn.hot_prepared is None
             for _ in range(10):  # psycopg would prepare a statement run this often
                 assert conn.execute("SELECT current_setting('statement_timeout') AS t").fetchone()["t"] == "500ms"
-        claimed = store.claim("pooled", 10, [run.name])
+        runner_store = connect(pooled_url)  # a child's: no settings, the hot path sent whole
+        run = schedule(hops, 1, database=runner_store)
+        claimed = runner_store.claim("pooled", 10, [run.name])
         assert [item.id for item in claimed] == [run.id]
-        for index in range(10):  # the hot path's statements, sent whole
-            store.record_step(claimed[0].claim, NewStep(f"s{index}", "x", "[]", "{}", utcnow(), status="done",
-                                                        result_json="1"))
-        with store.connection() as conn:
+        for index in range(10):
+            runner_store.record_step(claimed[0].claim, NewStep(f"s{index}", "x", "[]", "{}", utcnow(),
+                                                               status="done", result_json="1"))
+        with runner_store.connection() as conn:
+            assert not conn.hot_prepared.named
             assert conn.execute("SELECT count(*) AS n FROM pg_prepared_statements").fetchone()["n"] == 0
+        assert len(runner_store.get_steps(run.id)) == 10
         with pytest.raises(StoreUnavailable, match="statement timeout"):
             with store.connection() as conn:
                 conn.execute("SELECT pg_sleep(3)")

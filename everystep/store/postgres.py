@@ -147,8 +147,10 @@ class PostgresStore(Store):
         # Run ids are text everywhere in Python: reading them as text skips
         # building a uuid.UUID per row only to turn it back into a string.
         conn.adapters.register_loader("uuid", TextLoader)
-        if self._hot and url is None:
+        if self._hot and url is None and not conn.local_settings:
             # Behind a transaction pooler nothing stays prepared: sent whole.
+            # (A store with settings to send in each transaction, the
+            # supervisor parent's, takes the cursor, which sends them.)
             conn.hot_prepared = postgres_hot.Prepared(conn, named=pooler != pooling.TRANSACTION)
         return conn
 
