@@ -34,7 +34,7 @@ from typing import Any
 
 from . import runner, serde
 from .context import Context, Execution, recording_context
-from .errors import BodyCallRefused, EverystepError, RunNotFound, SendRefused, StoreUnavailable
+from .errors import STORE_FAILURES, BodyCallRefused, EverystepError, RunNotFound, SendRefused
 from .models import STEP_DONE, STEP_FAILED, StepRecord
 from .store import Marker, NewStep, StepWrite, utcnow
 
@@ -98,7 +98,7 @@ def record_read(ctx: Context, step_name: str, args: list[Any], everystep_id: str
     entry = NewStep(step_id, step_name, args_json, "{}", utcnow(), status=STEP_DONE)
     try:
         value = read()
-    except StoreUnavailable as exc:
+    except STORE_FAILURES as exc:
         raise ex.interrupt_with(exc) from None
     except RECORDED_FAILURES as exc:
         runner.crash_point(ctx, step_id)

@@ -46,6 +46,7 @@ from collections.abc import Collection, Sequence
 
 from . import metrics, outcomes, registry
 from .cron import Ticker
+from .engine_errors import EngineHealth
 from .errors import EverystepError
 from .lease import Lease
 from .models import Run
@@ -90,9 +91,12 @@ class ClaimLoop:
         self.poll = poll
         self.logger = logger or logging.getLogger("everystep")
         self.who = who or f"everystep {kind} {name}"
+        #: Engine errors met by this runner's activities and its runs
+        #: (``/healthz``, ``ctl status``).
+        self.engine = EngineHealth()
         #: Every activity of this runner reports database trouble here: one
         #: line when an outage starts, one when it ends.
-        self.outage = OutageLog(self.logger, self.who)
+        self.outage = OutageLog(self.logger, self.who, self.engine)
         self.lease = Lease(store, name, kind, lease, takeover=takeover, outage=self.outage)
         self.names: list[str] = registry.workflow_names()
         self.ticker = Ticker(store, registry.schedules(), self.logger, self.who, outage=self.outage)

@@ -195,6 +195,9 @@ def build_parser() -> OneLineParser:
     sub.add_argument("--auth-token", metavar="TOKEN", default=None,
                      help="require this token (Bearer, or as the basic-auth password) "
                           "(default: $EVERYSTEP_UI_AUTH_TOKEN, else none)")
+    sub.add_argument("--read-database", metavar="URL", default=None,
+                     help="a read replica the pages read from (read-only sessions); actions still go to "
+                          "--database, the primary (default: --database)")
     sub.add_argument("-l", "--log-level", default="info", choices=LOG_LEVELS, metavar="LEVEL",
                      help=f"one of {', '.join(LOG_LEVELS)} (default info)")
 
@@ -316,7 +319,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="async runs held at once on the worker's one event loop, beside the threads "
                              "(default 100)")
     parser.add_argument("--poll", type=seconds(0.01, 3600), default=0.2, metavar="S",
-                        help="seconds between claims when idle (default 0.2)")
+                        help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL "
+                             "(default 0.2)")
+    parser.add_argument("--listen-database", metavar="URL", default=None,
+                        help="PostgreSQL URL to LISTEN on for new runs: a direct one when --database goes through "
+                             "a transaction pooler (?pooler=transaction), which cannot carry LISTEN (default: "
+                             "$EVERYSTEP_LISTEN_DATABASE_URL, else --database; behind a transaction pooler "
+                             "without one, pickup is by polling)")
     parser.add_argument("-n", "--name", metavar="NAME",
                         help="runner name, stable across restarts; refused while a live runner holds it "
                              "(default: the hostname)")
@@ -370,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "replay":
         return cmd_replay(connect(args.database, read_only=True), args)
-    store = connect(args.database)
+    store = connect(args.database, listen_url=getattr(args, "listen_database", None))
     handler = {
         "migrate": cmd_migrate,
         "schedule": cmd_schedule,
@@ -865,7 +874,8 @@ def cmd_ui(store: Store, args: argparse.Namespace) -> int:
         raise EverystepError(f"the console needs the ui extra (pip install 'everystep[ui]'): {exc}") from None
     token = args.auth_token if args.auth_token is not None else os.environ.get("EVERYSTEP_UI_AUTH_TOKEN")
     setup_logging(args.log_level)
-    return serve(store.url, bind=args.bind, port=args.port, auth_token=token or None, app_modules=args.app)
+    return serve(store.url, bind=args.bind, port=args.port, auth_token=token or None, app_modules=args.app,
+                 read_database_url=args.read_database)
 
 
 if __name__ == "__main__":  # pragma: no cover

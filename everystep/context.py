@@ -36,6 +36,7 @@ from .errors import (
     EffectUncertain,
     EverystepError,
     SimulatedCrash,
+    StoreError,
     StoreUnavailable,
     Terminal,
 )
@@ -60,6 +61,7 @@ _INTERRUPT_RANKS: tuple[type[BaseException], ...] = (
     StoreUnavailable,
     ClaimLost,
     Cancelled,
+    StoreError,
     Terminal,
     EffectUncertain,
     DrainOrphan,

@@ -340,6 +340,9 @@ class Variable:
 ENVIRONMENT: tuple[Variable, ...] = (
     Variable("EVERYSTEP_DATABASE_URL", "everystep, everystep-supervisor, the library",
              "the database when no `--database` or `database=` is given (default `sqlite:///everystep.db`)"),
+    Variable("EVERYSTEP_LISTEN_DATABASE_URL", "everystep worker, everystep ui, everystep-supervisor, the library",
+             "the PostgreSQL URL runners and the console LISTEN on when no `--listen-database` is given: a direct "
+             "one when the database URL goes through a transaction pooler (`?pooler=transaction`)"),
     Variable("EVERYSTEP_UI_AUTH_TOKEN", "everystep ui",
              "the console's token when `--auth-token` is not given"),
     Variable("USER", "everystep remote", "who a request comes from (its `requested_by`, with the host name; "

@@ -115,6 +115,38 @@ class StoreMisconfigured(StoreUnavailable):
     """
 
 
+class StoreError(EverystepError):
+    """The database refused one of everystep's statements with an error of
+    its own (not a lost connection: that is ``StoreUnavailable``), such as
+    a prepared statement a connection pooler lost, a permission revoked, a
+    constraint or a bug.
+
+    Raised to a caller of the client API as any ``EverystepError``. Met by
+    a runner executing a run, it never fails the run: the run goes back to
+    the queue after a growing backoff (its ``error`` says why meanwhile),
+    the runner logs it once per run, counts it in
+    ``everystep_engine_errors_total{kind}`` and reports itself unhealthy
+    (``/healthz``, ``ctl status``) while its statements keep failing.
+    ``kind`` is the driver's name for the error (``UndefinedTable``,
+    ``InvalidSqlStatementName``…); ``given_back`` how many times the run
+    was given back for it so far.
+    """
+
+    def __init__(self, message: str = "", kind: str = "", given_back: int = 0) -> None:
+        super().__init__(message, kind, given_back)
+        self.kind = kind
+        self.given_back = given_back
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+#: What the engine's own statements raise when the database fails them: met
+#: while executing a run, either one interrupts it (the run is given back,
+#: never failed by it). One tuple, so no call site catches one and not the other.
+STORE_FAILURES: tuple[type[EverystepError], ...] = (StoreUnavailable, StoreError)
+
+
 class SchemaMissing(EverystepError):
     """The database has no everystep tables yet: run ``everystep migrate``."""
 
@@ -306,6 +338,7 @@ __all__ = [
     "StepKilled",
     "StepResourceExceeded",
     "StepTimeout",
+    "StoreError",
     "StoreMisconfigured",
     "StoreUnavailable",
     "Suspended",

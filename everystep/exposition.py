@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import metrics
+from .engine_errors import EngineHealth
 from .store import Store
 
 logger = logging.getLogger("everystep")
@@ -24,16 +25,19 @@ def bind_error(bind: str, port: int, exc: OSError) -> str:
     return f"cannot serve metrics on {bind}:{port}: {exc.strerror or exc}"
 
 
-def respond(path: str, store: Store | None) -> tuple[int, str, bytes]:
-    """(status, content type, body) for a GET of ``path``."""
+def respond(path: str, store: Store | None, engine: EngineHealth | None = None) -> tuple[int, str, bytes]:
+    """(status, content type, body) for a GET of ``path``. ``/healthz`` is
+    503 while the database is unreachable or while the runner's engine
+    statements keep failing (``engine``)."""
     route = path.split("?", 1)[0]
     if route == "/metrics":
         body, content_type = metrics.render(store)
         return 200, content_type, body
     if route in ("/healthz", "/health"):
-        if store is None:
-            return 200, "text/plain; charset=utf-8", b"ok\n"
-        ok, reason = metrics.health(store)
+        ok, reason = metrics.health(store) if store is not None else (True, "ok")
+        failing = engine.failing() if engine is not None and ok else None
+        if failing is not None:
+            ok, reason = False, failing
         return (200 if ok else 503), "text/plain; charset=utf-8", (reason + "\n").encode()
     return 404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n"
 
@@ -41,13 +45,13 @@ def respond(path: str, store: Store | None) -> tuple[int, str, bytes]:
 class ThreadedMetricsServer:
     """HTTP server for ``everystep worker --metrics-port``."""
 
-    def __init__(self, port: int, bind: str, store: Store | None) -> None:
+    def __init__(self, port: int, bind: str, store: Store | None, engine: EngineHealth | None = None) -> None:
         server_store = store
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 try:
-                    status, content_type, body = respond(self.path, server_store)
+                    status, content_type, body = respond(self.path, server_store, engine)
                 except Exception as exc:  # never let a scrape kill the thread
                     logger.exception("everystep: /metrics failed")
                     status, content_type, body = 500, "text/plain", f"error: {exc}\n".encode()

@@ -77,6 +77,7 @@ class Metrics:
     queue_blocked: Gauge
     queue_oldest_pending_age: Gauge
     queue_paused: Gauge
+    engine_errors: Counter
     #: The queues this process has set gauges for: one that no longer has
     #: runs or settings is set to zero rather than left at its last value.
     queues_seen: set[str] = field(default_factory=set)
@@ -160,6 +161,9 @@ def _create() -> Metrics | None:
                                        "Age of the oldest due run, by queue", ["queue"], multiprocess_mode=latest),
         queue_paused=Gauge("everystep_queue_paused", "1 while the queue is paused", ["queue"],
                            multiprocess_mode=latest),
+        engine_errors=Counter("everystep_engine_errors_total",
+                              "Statements of everystep's own the database refused (not an outage), by the driver's "
+                              "name for the error; a run meeting one goes back to the queue", ["kind"]),
     )
 
 

@@ -425,6 +425,7 @@ class Outcome(StrEnum):
     RELEASED = "released"  # waits (sleep, retry backoff): back in the queue until its wake time
     LOST = "lost", logging.WARNING  # the claim moved on: nothing more was written
     UNFINISHED = "unfinished", logging.WARNING  # the database failed mid-run; still claimed, to be retried
+    DEFERRED = "deferred", logging.WARNING  # an engine statement failed (StoreError): back in the queue after a backoff
 
     @property
     def status(self) -> RunStatus | None:

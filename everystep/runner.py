@@ -54,7 +54,11 @@ is written with the step's row. Without one, nothing is measured.
 
 A step write that fails because the database is unreachable interrupts the
 run without marking it failed (``StoreUnavailable``); the caller requeues it
-once the database is back, and replay redoes the unrecorded step.
+once the database is back, and replay redoes the unrecorded step. One that
+the database refuses (``StoreError``: any of the engine's own statements,
+never the workflow's) interrupts it too, and the run goes back to the queue
+after a growing backoff (``deferred``, ``engine_errors.give_back``): only
+the workflow's own doing fails a run.
 
 Waiting. A step that fails and will be retried (``@step(retries=...)``) is
 recorded ``retrying``, with its attempt and the time of the next one, and a
@@ -90,7 +94,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from . import aio, outcomes, registry, serde, telemetry, transactional
+from . import aio, engine_errors, outcomes, registry, serde, telemetry, transactional
 from .context import (
     NOT_AN_INTERRUPT,
     Context,
@@ -103,6 +107,7 @@ from .context import (
     recording_context,
 )
 from .errors import (
+    STORE_FAILURES,
     Cancelled,
     ClaimLost,
     DrainOrphan,
@@ -111,6 +116,7 @@ from .errors import (
     SimulatedCrash,
     StepFailure,
     StepTimeout,
+    StoreError,
     StoreUnavailable,
     Suspended,
     Terminal,
@@ -343,7 +349,7 @@ def _record(ex: Execution, ctx: Context, step: StepFunction, entry: NewStep, sta
     if tx is not None:
         try:
             error = transactional.body_ended(tx, error)
-        except StoreUnavailable as exc:
+        except STORE_FAILURES as exc:
             ex.observer.step_finished(ctx, step_id, step.name, "unrecorded", exc, token)
             raise ex.interrupt_with(exc) from None
     if isinstance(error, Terminal):
@@ -533,7 +539,7 @@ def store_write(ex: Execution, action: Callable[[tuple[Marker, ...]], StepWrite 
     markers = ex.take_markers()
     try:
         write = action(markers)
-    except StoreUnavailable as exc:
+    except STORE_FAILURES as exc:
         raise ex.interrupt_with(exc) from None
     if write is LOST:
         raise ex.interrupt_with(_refused(ex, outcome))
@@ -549,7 +555,7 @@ def _refused(ex: Execution, outcome: NewStep | None = None) -> BaseException:
                 ex.store.record_cancelled_step(ex.claim, outcome)
             return Cancelled(f"run {ex.run.id} was cancelled while this execution ({ex.claimer!r}) held it; "
                              "it stopped at the step boundary")
-    except StoreUnavailable:
+    except STORE_FAILURES:
         pass
     return ClaimLost(f"run {ex.run.id} is no longer held by this execution ({ex.claimer!r}, claim "
                      f"epoch {ex.claim.epoch}); stopping it without writing anything more")
@@ -597,7 +603,7 @@ class HeldRecord:
         try:
             write = ex.store.finish_run_with_step(ex.claim, self.entry, status, result_json, None, self.decoded,
                                                   markers)
-        except StoreUnavailable as exc:
+        except STORE_FAILURES as exc:
             self._finished(ex, "unrecorded", exc)
             raise ex.interrupt_with(exc) from None
         if write is LOST:
@@ -878,9 +884,10 @@ def execute_guarded(
 
     A database outage (even before the first step) gives the run back to the
     queue, riding out the outage for a bounded time: ``requeued``, or
-    ``unfinished`` if the database stayed away. A crash outside the runner
-    (a bug, a broken observer) fails the run, guarded on the claim, and is
-    reported: ``failed``.
+    ``unfinished`` if the database stayed away. An engine statement the
+    database refused gives it back after a backoff: ``deferred``. A crash
+    outside the runner (a bug, a broken observer) fails the run, guarded on
+    the claim, and is reported: ``failed``.
     """
     try:
         status = execute(store, run, claimer=claimer, draining=draining, observer=observer, meter=meter)
@@ -891,13 +898,16 @@ def execute_guarded(
 
 def guarded_failure(store: Store, run: Run, claimer: str, exc: BaseException) -> Outcome:
     """What an exception out of ``execute`` comes to (``execute_guarded``):
-    a database outage leaves the run ``unfinished``; any other
-    ``Exception`` fails it, guarded on the claim (``failed``, or ``lost``);
-    anything else is re-raised."""
+    a database outage leaves the run ``unfinished``; an engine statement
+    the database refused (reading its steps) gives it back (``deferred``);
+    any other ``Exception`` fails it, guarded on the claim (``failed``, or
+    ``lost``); anything else is re-raised."""
     if isinstance(exc, StoreUnavailable):
         logger.warning("everystep: run %s interrupted by the database (%s); it goes back to the queue once "
                        "the database is back", run.id, exc)
         return Outcome.UNFINISHED
+    if isinstance(exc, StoreError):
+        return engine_errors.give_back(store, run, claimer, exc)
     if not isinstance(exc, Exception):
         raise exc
     logger.error("everystep: run %s (%s) crashed outside the runner", run.id, run.name, exc_info=exc)
@@ -918,7 +928,7 @@ def guarded_status(store: Store, run: Run, claimer: str, status: Outcome) -> Out
 
 #: Outcomes an execution writes as it ends (the others leave the run as it is).
 _WRITTEN = frozenset({*(outcome for outcome in Outcome if outcome.status in EXECUTION_ENDS), Outcome.RELEASED,
-                      Outcome.REQUEUED})
+                      Outcome.REQUEUED, Outcome.DEFERRED})
 
 
 def _settle(ex: Execution, value: Any, raised: BaseException | None) -> tuple[Outcome, BaseException | None]:
@@ -977,6 +987,9 @@ def _verdict(ex: Execution, value: Any, raised: BaseException | None) -> tuple[O
         return Outcome.UNFINISHED, outcome, None
     if isinstance(outcome, Cancelled):
         return Outcome.CANCELLED, outcome, None
+    if isinstance(outcome, StoreError) and outcome is ex.interrupt:
+        # The engine's own statement, not the body's: the run is given back.
+        return Outcome.DEFERRED, outcome, None
     if isinstance(outcome, DrainOrphan) or (ex.interrupt is None and ex.wake_at is not None):
         # Back to the queue: drained, or waiting (until its wake time).
         return (Outcome.RELEASED if ex.wake_at is not None else Outcome.REQUEUED), outcome, None
@@ -995,7 +1008,12 @@ def _verdict(ex: Execution, value: Any, raised: BaseException | None) -> tuple[O
 def _write(ex: Execution, outcome: Outcome, error: BaseException | None,
            result_json: str | None) -> tuple[Outcome, BaseException | None]:
     """Write the run's outcome, fenced by the claim: back to the queue
-    (until its wake time, if it waits), or its terminal status."""
+    (until its wake time, if it waits, or its backoff after an engine
+    error), or its terminal status. The database refusing that write
+    gives the run back after a backoff."""
+    if outcome == Outcome.DEFERRED:
+        assert isinstance(error, StoreError)
+        return engine_errors.give_back(ex.store, ex.run, ex.claimer, error), error
     try:
         if outcome == Outcome.RELEASED:
             assert ex.wake_at is not None
@@ -1010,6 +1028,8 @@ def _write(ex: Execution, outcome: Outcome, error: BaseException | None,
             written = ex.store.finish_run(ex.claim, outcome, result_json, error_json, ex.take_markers())
     except StoreUnavailable as exc:
         return Outcome.UNFINISHED, exc
+    except StoreError as exc:
+        return _write(ex, Outcome.DEFERRED, ex.interrupt_with(exc), None)
     return (outcome if written else _lost(ex)), error
 
 

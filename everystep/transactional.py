@@ -128,10 +128,20 @@ def opened(ex: Execution, step: StepFunction) -> Iterator[StepTransaction | None
             raise ex.interrupt_with(exc) from None
         token = _open.set(tx)
         tx.guard(True)
+        own: BaseException | None = None
         try:
             yield tx
+        except BaseException as exc:
+            if exc is not tx.body_error:
+                raise
+            own = exc
         finally:
             _open.reset(token)
+    if own is not None:
+        # The step's own failure (its SQL's, say), recorded as such: raised
+        # to the body past the store's choke point, which would have taken
+        # a driver error of the step's for one of the engine's.
+        raise own
 
 
 def body_ended(tx: StepTransaction, error: Exception | None) -> Exception | None:
@@ -145,6 +155,7 @@ def body_ended(tx: StepTransaction, error: Exception | None) -> Exception | None
     elif error is None and tx.failed_in_body():
         error = EverystepError(FAILED_INSIDE)
     if error is not None:
+        tx.body_error = error
         tx.rollback()
     return error
 

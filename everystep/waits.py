@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import body_calls, runner, serde
 from .body_rules import BodyRule, declare
 from .context import Context, Execution, current, recording_context
-from .errors import ChildFailed, ChildTimeout, EverystepError, RecvTimeout, RunNotFound, StoreUnavailable
+from .errors import STORE_FAILURES, ChildFailed, ChildTimeout, EverystepError, RecvTimeout, RunNotFound
 from .models import (
     ACTIVE_STATUSES,
     COMPLETED,
@@ -481,7 +481,7 @@ def _call(ex: Execution, action: Any) -> Any:
 def _call_value(ex: Execution, read: Any) -> Any:
     try:
         return read()
-    except StoreUnavailable as exc:
+    except STORE_FAILURES as exc:
         raise ex.interrupt_with(exc) from None
 
 

@@ -10,6 +10,11 @@ live runner holds it; ``takeover=True`` is the operator's override) and
 re-claims the runs a crashed process with the same name left behind
 (catchup), so give each worker a stable, unique name.
 
+Pickup: on PostgreSQL (and MariaDB) a LISTEN connection (``listener``)
+wakes the claim loop as soon as a run is scheduled; ``poll`` is the
+fallback, and the only way behind a transaction pooler without a
+``--listen-database`` URL (said once at start).
+
 Stopping (SIGTERM/SIGINT when standalone, or ``stop()``): no new claims;
 every run in flight stops at its next step boundary and is requeued with its
 finished steps recorded. Runs still executing a step when the ``drain``
@@ -40,9 +45,12 @@ from .context import SignalFlag
 from .errors import EverystepError
 from .exposition import ThreadedMetricsServer
 from .lease import DEFAULT_LEASE, Lease
+from .listener import Listener
 from .models import Outcome, Run
 from .observer import Observer
+from .relay import REQUEST_CHANNEL
 from .store import Store, default_store
+from .store.postgres import FENCE_CHANNEL
 
 logger = logging.getLogger("everystep")
 
@@ -182,7 +190,8 @@ class Worker:
         self.loop.start(self.pool_size)  # raises NameInUse before anything is claimed
         if self.metrics_port:
             try:
-                self.metrics_server = ThreadedMetricsServer(self.metrics_port, self.metrics_bind, self.store).start()
+                self.metrics_server = ThreadedMetricsServer(self.metrics_port, self.metrics_bind, self.store,
+                                                            self.loop.engine).start()
             except OSError as exc:
                 raise EverystepError(exposition.bind_error(self.metrics_bind, self.metrics_port, exc)) from None
             logger.info("everystep worker %s: metrics on http://%s:%d/metrics", self.name, self.metrics_bind,
@@ -191,6 +200,9 @@ class Worker:
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ)
         logger.info("everystep worker %s: started, pool %d, %s", self.name, self.pool_size, self.store.describe())
+        listener = Listener(self.store, selector, self._on_notify, self.loop.who, outage=self.loop.outage,
+                            poll=self.poll, log=logger)
+        listener.open()
         leftovers: list[str] = []
         # The handlers stay in place through the drain: a repeated TERM (a
         # process manager) or a second Ctrl-C would otherwise kill the
@@ -216,9 +228,15 @@ class Worker:
                             self.loop.requeue(run)
                         break
                     self._submit(executor, taken)
-                    if selector.select(self._wait_time(time.monotonic())):
-                        self._drain_wake_pipe()
+                    for key, mask in selector.select(self._wait_time(time.monotonic())):
+                        if key.data is None:
+                            self._drain_wake_pipe()
+                        else:
+                            key.data(mask)
+                    if listener.maintain(time.monotonic()):
+                        self.loop.wake()  # what was notified meanwhile was missed
             finally:
+                listener.close()
                 leftovers = self._shutdown(executor)
                 self.loop.stop()
                 self._count_inflight()
@@ -228,6 +246,12 @@ class Worker:
                 self._close_wake_pipe()
         logger.info("everystep worker %s: stopped", self.name)
         return leftovers
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        """A run was scheduled (or the LISTEN connection was lost): claim.
+        Fences and operator requests are the supervisor's business."""
+        if channel not in (FENCE_CHANNEL, REQUEST_CHANNEL):
+            self.loop.wake()
 
     def _capacity(self) -> int:
         """Runs to claim now: a free pool thread for each (a sync run needs
@@ -284,16 +308,19 @@ class Worker:
         outcome = runner.execute_guarded(
             self.store, run, claimer=self.name, draining=self._draining, observer=self.observer
         )
-        if outcome == Outcome.REQUEUED:
-            self.requeued += 1
-        outcomes.log_outcome(logger, f"everystep worker {self.name}", run, outcome)
+        self._ended(run, outcome)
 
     async def _execute_async(self, run: Run) -> None:
         """An async run, as a task on the shared loop: ``_execute``'s twin."""
         outcome = await aio.execute_guarded(self.store, run, claimer=self.name, draining=self._draining,
                                             observer=self.observer)
+        self._ended(run, outcome)
+
+    def _ended(self, run: Run, outcome: Outcome) -> None:
         if outcome == Outcome.REQUEUED:
             self.requeued += 1
+        elif outcome == Outcome.DEFERRED:
+            self.loop.engine.failed(f"run {run.id} ({run.name}) given back")
         outcomes.log_outcome(logger, f"everystep worker {self.name}", run, outcome)
 
     def _requeue(self, run: Run) -> bool:

@@ -40,6 +40,7 @@ import time
 
 from everystep import metrics, traces, versions
 from everystep.claimloop import ClaimLoop
+from everystep.listener import Listener
 from everystep.models import TERMINAL_STATUSES, Outcome, Run
 from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
@@ -57,7 +58,6 @@ from .fate import ChildEnd, decide, restart_reason
 from .fencing import FenceWatch
 from .http import LoopHTTPServer
 from .ledger import Ledger
-from .listener import Listener
 from .protocol import Channel, Dispatch, Ready
 from .reload import reload
 from .remote import REQUEST_CHANNEL, RemoteControl
@@ -96,7 +96,8 @@ class Arbiter:
         handle_request = functools.partial(verbs.handle, self)
         self.control = ControlServer(config.socket, handle_request, self.selector, idle_timeout=config.control_timeout,
                                      on_request=functools.partial(verbs.count, config.name))
-        self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage)
+        self.listener = Listener(store, self.selector, self._on_notify, self.who, outage=self.loop.outage,
+                                 poll=config.poll, log=logger)
         self.fences = FenceWatch(store, config.name, self.loop.lease.beat_every)
         self.remote = RemoteControl(store, config.name, self.loop.lease.instance, handle_request,
                                     outage=self.loop.outage, queues=config.queues)
@@ -115,13 +116,18 @@ class Arbiter:
     def run(self) -> int:
         """Supervise until stopped; returns the process exit code."""
         titles.master(self.name)
-        self.loop.start(self.procs)  # NameInUse: never under a live runner's name
-        try:
-            self.control.open()
-        except BaseException:
-            self.loop.stop()
-            raise
+        # First: from here a stop signal is queued for the loop, which drains.
         self.signals.install(self.selector)
+        try:
+            self.loop.start(self.procs)  # NameInUse: never under a live runner's name
+            try:
+                self.control.open()
+            except BaseException:
+                self.loop.stop()
+                raise
+        except BaseException:
+            self.signals.uninstall(self.selector)
+            raise
         try:
             self.http = reporting.metrics_server(self, self.selector)
             self.listener.open()

@@ -242,7 +242,7 @@ def run_from_message(message: dict[str, Any], claimer: str) -> Run:
         id=message["id"], name=message["name"], args=serde.from_jsonable(message["args"]),
         status=RUNNING, claimed_by=claimer, claimed_at=when(message.get("claimed_at")),
         created_at=when(message.get("created_at")), has_steps=message.get("has_steps"),
-        claim_epoch=int(message["claim_epoch"]),
+        claim_epoch=int(message["claim_epoch"]), error=message.get("error"),
     )
 
 
@@ -253,6 +253,9 @@ def run_to_message(run: Run) -> dict[str, Any]:
         "created_at": run.created_at.isoformat() if run.created_at else None,
         "has_steps": run.has_steps,
         "claim_epoch": run.claim_epoch,
+        # A run given back after engine errors carries the last one: its
+        # count sets the next backoff (``everystep.engine_errors``).
+        "error": run.error,
     }
 
 

@@ -7,9 +7,11 @@ import glob
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -39,6 +41,9 @@ from .claim_ahead import SHORT_RUN
 from .config import MAX_PROCS, Config, default_socket_path
 from .verbs import VERBS
 
+if TYPE_CHECKING:
+    from .sdnotify import Notifier
+
 PROG = "everystep-supervisor"
 METRICS_DIR_PREFIX = "everystep-metrics-"
 logger = logging.getLogger("everystep.supervisor")
@@ -51,8 +56,6 @@ EXIT_CODES: dict[int, str] = {
                 "bad password or option)",
     EXIT_UNAVAILABLE: "database still unreachable when --wait-for-database ran out",
 }
-#: Ctrl-C while waiting for the database, before anything started (128 + SIGINT).
-EXIT_INTERRUPTED = 130
 
 
 def _size(text: str) -> int:
@@ -103,6 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll", type=seconds(0.01, 3600), default=defaults.poll, metavar="S",
                         help="seconds between claims when idle; a fallback to LISTEN/NOTIFY on PostgreSQL "
                              f"(default {defaults.poll:g})")
+    parser.add_argument("--listen-database", metavar="URL", default=None,
+                        help="PostgreSQL URL to LISTEN on for new runs, fences and requests: a direct one when "
+                             "--database goes through a transaction pooler (?pooler=transaction), which cannot "
+                             "carry LISTEN (default: $EVERYSTEP_LISTEN_DATABASE_URL, else --database; behind a "
+                             "transaction pooler without one, pickup is by polling)")
     parser.add_argument("--claim-ahead", type=count(0, 64), default=defaults.claim_ahead, metavar="N",
                         help=f"while every child is busy with short runs (under {SHORT_RUN:g} s on average), claim "
                              "up to N runs at once (four per child at most) and hold them for the next children to "
@@ -223,6 +231,7 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         stall_timeout=args.stall_timeout,
         queues=args.queues,
         wait_for_database=args.wait_for_database,
+        listen_database=args.listen_database,
         app_version=args.app_version,
         serve_versions=args.serve_versions,
     )
@@ -273,27 +282,40 @@ def _remove_stale_metrics_dirs() -> None:
 
 
 def _run(config: Config) -> int:
-    from .arbiter import Arbiter
-    from .control import ControlSocketError
     from .sdnotify import Notifier
-
-    from .startup import wait_for_database
+    from .startup import STOPPED_AT_START, StopAtStart, stop_signals
 
     notifier = Notifier.from_env(unset=True)
+    who = f"{PROG} {config.name}"
+    with stop_signals():
+        try:
+            return _start(config, notifier, who)
+        except StopAtStart as stop:
+            # Nothing claimed yet: the drain a stop signal asks for is done.
+            code = STOPPED_AT_START[signal.Signals(stop.signum)]
+            logger.info("%s: %s received while starting; nothing was started", who, signal.Signals(stop.signum).name)
+            notifier.stopping()
+            logger.info("%s: stopped (exit code %d)", who, code)
+            return code
+
+
+def _start(config: Config, notifier: Notifier, who: str) -> int:
+    from .arbiter import Arbiter
+    from .control import ControlSocketError
+    from .startup import wait_for_database
+
     try:
         registry.import_apps(config.app)
         versions.set_app_version(config.app_version)
-        store = connect(config.database, statement_timeout=config.db_timeout)
+        store = connect(config.database, statement_timeout=config.db_timeout, listen_url=config.listen_database)
         wait_for_database(lambda: _check_database(store), limit=config.wait_for_database, notifier=notifier,
-                          logger=logger, who=f"{PROG} {config.name}", where=store.describe())
+                          logger=logger, who=who, where=store.describe())
     except StoreMisconfigured as exc:
         fail(str(exc), prog=PROG)  # no waiting fixes it
     except StoreUnavailable as exc:
         fail(str(exc), prog=PROG, code=EXIT_UNAVAILABLE)
     except EverystepError as exc:
         fail(str(exc), prog=PROG)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED  # Ctrl-C while waiting for the database: nothing started yet
     arbiter = Arbiter(config, store, notifier)
     try:
         return arbiter.run()

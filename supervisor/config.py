@@ -62,6 +62,9 @@ class Config:
     #: At start, seconds to wait for an unreachable database (None: as long
     #: as it takes; 0: exit 3 at once).
     wait_for_database: float | None = None
+    #: Where the parent LISTENs (None: ``$EVERYSTEP_LISTEN_DATABASE_URL``,
+    #: else ``database``; behind a transaction pooler, nowhere: it polls).
+    listen_database: str | None = None
     #: The code version runs scheduled here record (None: each workflow's code hash).
     app_version: str | None = None
     #: The code versions whose runs it claims: ``all``, ``current`` or a list

@@ -92,7 +92,8 @@ def render_status(reply: StatusReply) -> str:
                      kid.runs_done))
     table = format_table(("SLOT", "PID", "STATE", "RUN", "WORKFLOW", "STEP", "STEP FOR", "RUN FOR", "RSS", "CPU",
                           "DONE"), rows)
-    return f"{head}\n{table}"
+    unhealthy = f"UNHEALTHY: {reply.engine_errors}\n" if reply.engine_errors else ""
+    return f"{head}\n{unhealthy}{table}"
 
 
 def main(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ tests use it.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from everystep import docgen
 from everystep.docgen import code, table, text
 
 from . import cli, protocol
+from .startup import STOPPED_AT_START
 from .states import ChildState
 from .verbs import VERBS
 
@@ -94,8 +96,9 @@ def control_socket() -> str:
 
 
 def exit_codes() -> str:
-    codes = {**cli.EXIT_CODES, cli.EXIT_INTERRUPTED: "interrupted (Ctrl-C) while waiting for the database, "
-                                                      "before anything started"}
+    codes = {**cli.EXIT_CODES, STOPPED_AT_START[signal.SIGINT]: "interrupted (Ctrl-C) while starting (importing "
+                                                                  "the app, waiting for the database), before "
+                                                                  "anything started; TERM then exits 0"}
     return docgen.exit_codes_table(codes) + "\n"
 
 

@@ -56,6 +56,8 @@ class Ledger:
             self.crashes.pop(run.id, None)
         if outcome == Outcome.UNFINISHED:
             self.redispatch(run)  # still ours: the database blinked, replay recovers
+        elif outcome == Outcome.DEFERRED:
+            self.loop.engine.failed(f"run {run.id} ({run.name}) given back")
         outcomes.log_outcome(logger, self.who, run, outcome, f" in child {kid.slot} (pid {kid.pid})",
                              child_pid=kid.pid)
         self.loop.wake()

@@ -295,6 +295,8 @@ class StatusReply(Reply):
     runs: dict[str, int]
     restarts: dict[str, int]
     children: list[ChildStatus] = field(default_factory=list)
+    #: Why the supervisor is unhealthy, while its engine statements keep failing.
+    engine_errors: str | None = None
 
 
 @dataclass(frozen=True)

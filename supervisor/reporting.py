@@ -73,6 +73,7 @@ def status(arbiter: SupervisorView) -> StatusReply:
               "empty_claims": arbiter.loop.empty_claims},
         restarts={str(reason): count for reason, count in arbiter.restarts.items()},
         children=[_child_status(kid, now) for kid in sorted(arbiter.children.values(), key=lambda k: k.slot)],
+        engine_errors=arbiter.loop.engine.failing(),
     )
 
 
@@ -144,7 +145,7 @@ def metrics_server(arbiter: SupervisorView, selector: selectors.BaseSelector) ->
 def respond_http(arbiter: SupervisorView, path: str) -> tuple[int, str, bytes]:
     """The metrics port's answer to ``path``."""
     gauge_children(arbiter)  # gauges of the process tree are read when scraped
-    return exposition.respond(path, arbiter.store)
+    return exposition.respond(path, arbiter.store, arbiter.loop.engine)
 
 
 class Progress:

@@ -20,13 +20,25 @@ Only an unreachable database is waited for. A database that refuses the
 configuration (``StoreMisconfigured``: no such database or role, a bad
 password or option) or has no schema is a mistake waiting cannot fix:
 the caller exits 2 at once.
+
+A stop signal before the arbiter's loop runs (importing the app, waiting
+for the database) stops the start-up (``stop_signals``): nothing is
+claimed yet, so there is nothing to drain, and the supervisor exits as a
+drain ends, with its last ``stopped`` line: 0 for TERM (what systemd and
+Kubernetes send), 130 for INT. The handler raises (``StopAtStart``), as
+Python's own SIGINT handler does, since what it interrupts (an app's
+import, a sleep, a connection attempt) holds nothing to settle; the
+arbiter installs its recording handlers first thing, so from then on a
+signal is queued for its loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from everystep.errors import StoreMisconfigured, StoreUnavailable
 
@@ -38,6 +50,35 @@ MAX_PAUSE = 10.0
 #: pause and then some, so a live wait never hits TimeoutStartSec while a
 #: hung one still does.
 EXTEND_MARGIN = 30.0
+
+
+class StopAtStart(BaseException):
+    """A stop signal came while the supervisor was starting (``signum``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+#: The exit code of a start-up stopped by each signal: TERM drains (0),
+#: INT is Ctrl-C (128 + SIGINT).
+STOPPED_AT_START = {signal.SIGTERM: 0, signal.SIGINT: 130}
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """While inside, TERM and INT raise ``StopAtStart``; the previous
+    handlers come back on the way out."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise StopAtStart(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOPPED_AT_START}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def wait_for_database(check: Callable[[], None], *, limit: float | None, notifier: Notifier,

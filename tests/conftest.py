@@ -10,7 +10,11 @@ emptied before each test; session databases are dropped at the end.
 
 A module or test marked ``pytest.mark.backends("sqlite", "postgres")`` runs
 on those backends only (process-heavy modules, where a third backend would
-only add time).
+only add time). One marked ``pooled`` also runs on ``pgbouncer``: the
+PostgreSQL database through a real PgBouncer in transaction mode
+(``?pooler=transaction``), started on a free port in front of the test
+cluster (skipped, saying why, when pgbouncer is not installed);
+``pgbouncer_session`` is one in session mode.
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from hypothesis import HealthCheck, settings
 
 from everystep import runner
 from everystep.store import Store, close_default_stores, connect
+from everystep.store.base import core
 from tests.support import lanes
+from tests.support.pgbouncer import PgBouncer, start_pgbouncer
 from tests.support.pgserver import PgServer, start_server
 from tests.support.watchdog import Watchdog, grace_from_environment, timeout_of
 
 if TYPE_CHECKING:
     from tests.support.mariadbserver import MariaDBServer
 
-BACKENDS = lanes.BACKENDS
 MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_message", "everystep_event",
                   "everystep_workflow", "everystep_runner",
                   "everystep_request", "everystep_cron", "everystep_queue", "everystep_queue_claim")
@@ -208,12 +213,15 @@ def _process_state_is_left_as_found() -> Iterator[None]:
 
 
 def _keep_marked_backends(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the backend parameters a ``backends`` marker leaves out."""
+    """Deselect the backend parameters a ``backends`` marker leaves out
+    (the pooled one is PostgreSQL's, behind PgBouncer)."""
     kept, dropped = [], []
     for item in items:
         marker = item.get_closest_marker("backends")
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get("db_url") if callspec is not None else None
+        if backend == lanes.POOLED:
+            backend = "postgres"
         if marker is not None and backend is not None and backend not in marker.args:
             dropped.append(item)
         else:
@@ -297,16 +305,57 @@ def mariadb_url(mariadb_session_url: str) -> str:
     return mariadb_session_url
 
 
-@pytest.fixture(params=BACKENDS)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``db_url`` is parametrized over the backends (``lanes.db_url_backends``:
+    the pooled one only for tests marked ``pooled``)."""
+    if "db_url" in metafunc.fixturenames:
+        metafunc.parametrize("db_url", lanes.db_url_backends(metafunc.definition.get_closest_marker),
+                             indirect=True)
+
+
+@pytest.fixture
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty database of each backend."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'everystep.db'}"
     if request.param == "mariadb":
         return str(request.getfixturevalue("mariadb_url"))
+    if request.param == lanes.POOLED:
+        return str(request.getfixturevalue("pooled_url"))
     url = request.getfixturevalue("pg_session_url")
     _truncate(url)
     return url
+
+
+def _pgbouncer(pg_server: PgServer, mode: str) -> Iterator[PgBouncer]:
+    with _process_guard.paused():  # the pooled lane's PgBouncer, not the test's process
+        bouncer = start_pgbouncer(pg_server.admin_url, mode)
+    if bouncer is None:
+        pytest.skip("PgBouncer unavailable: pgbouncer is not installed (apt-get install pgbouncer)")
+    try:
+        yield bouncer
+    finally:
+        bouncer.close()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_transaction(pg_server: PgServer) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode in front of the test cluster."""
+    yield from _pgbouncer(pg_server, "transaction")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_session(pg_server: PgServer) -> Iterator[PgBouncer]:
+    """PgBouncer in session mode in front of the test cluster."""
+    yield from _pgbouncer(pg_server, "session")
+
+
+@pytest.fixture
+def pooled_url(pg_session_url: str, pgbouncer_transaction: PgBouncer) -> str:
+    """The PostgreSQL test database, emptied, through PgBouncer in
+    transaction mode (``?pooler=transaction``)."""
+    _truncate(pg_session_url)
+    return pgbouncer_transaction.url_for(pg_session_url)
 
 
 @pytest.fixture
@@ -347,6 +396,7 @@ def store(db_url: str) -> Iterator[Store]:
 def _reset_fault_hook() -> Iterator[None]:
     yield
     runner.fault = None
+    core.statement_fault = None
 
 
 @pytest.fixture

@@ -21,6 +21,9 @@ from tests.apps.lifecycle_in_process import gated_then_last, plain, sleeps
 from tests.support.runs import execute_run, worker_running
 from tests.support.waiting import wait_until
 
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
+
 def test_cancel_of_scheduled_and_blocked_runs_is_final(store: Store) -> None:
     waiting = schedule(sleeps, 0, database=store, delay=3600)
     cancelled = admin.cancel(store, waiting.id, "not needed")

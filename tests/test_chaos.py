@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.chaos.harness import ChaosConfig, run_chaos
+from tests.support.pgbouncer import find_pgbouncer
 
 
 @pytest.mark.slow
@@ -23,3 +24,19 @@ def test_chaos_short(tmp_path, capsys):
     assert report.counts["messages_consumed"] == 3 * report.counts["talking"]
     faults = sum(report.counts[k] for k in ("child_kills", "supervisor_kills", "rollouts", "pg_restarts"))
     assert faults >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_chaos_through_pgbouncer(tmp_path, capsys):
+    """PgBouncer in transaction mode between the runners and PostgreSQL,
+    itself reconnected, killed and restarted while runs are in flight."""
+    if find_pgbouncer() is None:
+        pytest.skip("PgBouncer unavailable: pgbouncer is not installed (apt-get install pgbouncer)")
+    report = run_chaos(ChaosConfig(runs=60, duration=30.0, fault_every=1.5, seed=20261206, pooler=True), tmp_path)
+    with capsys.disabled():
+        print("\n" + report.line())
+    assert report.violations == [], "\n".join(report.violations[:20])
+    assert report.counts["completed"] + report.counts["stopped"] == report.counts["runs"]
+    assert report.counts["duplicated_unsafe_effects"] == 0
+    assert all(report.counts[k] >= 1 for k in ("pooler_reconnects", "pooler_kills", "pooler_restarts")), report.line()

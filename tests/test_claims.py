@@ -13,6 +13,9 @@ from everystep.models import COMPLETED, RUNNING, SCHEDULED
 from everystep.store import connect
 from tests.support.runs import claim_run, execute_run
 
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
+
 
 @workflow
 def job(index: int) -> int:

@@ -23,6 +23,9 @@ from tests.apps.lifecycle_in_process import (
 )
 from tests.support.runs import claim_run, execute_run, expire_wait
 
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
+
 def test_a_sleep_records_its_wake_time_and_releases_the_run(store: Store) -> None:
     run = schedule(sleeps, 3600, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED

@@ -26,6 +26,9 @@ from everystep.models import COMPLETED, RUNNING, SCHEDULED, STEP_DONE, STEP_STAR
 from everystep.store import NewStep, RunnerInfo, Store, connect
 from tests.support.runs import claim_run
 
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
+
 EVENTS: list[str] = []
 
 

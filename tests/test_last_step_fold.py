@@ -36,8 +36,12 @@ from everystep.runner import Outcome
 from everystep.store import NewStep, Store, connect, utcnow
 from everystep.tail_position import is_tail_call
 from tests.apps import supervised
+from tests.support.pgbouncer import libpq_url
 from tests.support.runs import claim_run, crash_at, execute_run
 from tests.support.supervisor import supervisors  # noqa: F401
+
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
 
 CALLS: Counter[str] = Counter()
 
@@ -322,7 +326,7 @@ class StatementTrace:
 
 def transaction_ids(store: Store, run_id: str) -> tuple[str, dict[str, str]]:
     """PostgreSQL: the transaction that last wrote the run row, and each step row's."""
-    with psycopg.connect(store.url, autocommit=True) as conn:
+    with psycopg.connect(libpq_url(store.url), autocommit=True) as conn:
         (run_xmin,) = conn.execute("SELECT xmin::text FROM everystep_workflow WHERE id = %s", (run_id,)).fetchone()
         steps = dict(conn.execute("SELECT step_id, xmin::text FROM everystep_step WHERE workflow_id = %s",
                                   (run_id,)).fetchall())

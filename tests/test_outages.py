@@ -8,23 +8,26 @@ used so it can be stopped without disturbing the rest of the suite.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-from everystep import schedule
-from everystep.models import COMPLETED, TERMINAL_STATUSES
+import everystep
+from everystep import schedule, workflow
+from everystep.models import COMPLETED, TERMINAL_STATUSES, Outcome
 from everystep.store import connect
 from everystep.worker import Worker
 from tests.apps import supervised
 from tests.apps.outages import outage_flow
 from tests.support.pgserver import PgServer, start_server
-from tests.support.runs import worker_running
+from tests.support.runs import execute_run, worker_running
 from tests.support.supervisor import supervisors  # noqa: F401
 from tests.support.waiting import wait_until
 
@@ -206,3 +209,39 @@ def test_supervisor_logs_one_line_per_outage_with_a_periodic_workflow(private_pg
     assert sup.stop() == 0, sup.log()
     started, ended = parent_lines("database unreachable"), parent_lines("database reachable again")
     assert (len(started), len(ended)) == (1, 1), "\n".join(started + ended)
+
+
+
+@workflow
+def publishes_then_waits() -> Any:
+    everystep.set_event("progress", "halfway")
+    return everystep.recv("approved")
+
+
+FIRST_CALLS: dict[str, Callable[[str, str], Any]] = {
+    "get_run": lambda url, run_id: everystep.get_run(run_id, database=url),
+    "get_event": lambda url, run_id: everystep.get_event(run_id, "progress", database=url),
+    "send": lambda url, run_id: everystep.send(run_id, "approved", "yes", database=url),
+    "schedule": lambda url, run_id: everystep.schedule(outage_flow, 1, database=url),
+    "get_run_async": lambda url, run_id: asyncio.run(everystep.get_run_async(run_id, database=url)),
+    "send_async": lambda url, run_id: asyncio.run(everystep.send_async(run_id, "approved", "yes", database=url)),
+    "schedule_async": lambda url, run_id: asyncio.run(everystep.schedule_async(outage_flow, 1, database=url)),
+}
+
+
+@pytest.mark.parametrize("call", list(FIRST_CALLS))
+def test_the_first_client_call_after_a_restart_works(private_pg: PgServer, outage_url: str, call: str) -> None:
+    """The client's pool holds connections the restart ended: the first
+    call after the server is back must not be handed one of them."""
+    store = connect(outage_url)
+    run = everystep.schedule(publishes_then_waits, database=store)
+    assert execute_run(store, run.id) == Outcome.RELEASED  # waits for its message, event published
+    for name in ("get_run", "get_event", "get_run_async"):  # the default store's pool, warmed
+        FIRST_CALLS[name](outage_url, run.id)
+    private_pg.restart()
+    assert _accepting(private_pg)
+    answer = FIRST_CALLS[call](outage_url, run.id)
+    if call == "get_event":
+        assert answer == "halfway"
+    elif call.startswith("get_run"):
+        assert answer.id == run.id

@@ -17,7 +17,7 @@ import pytest
 from everystep import relay, schedule
 from everystep.models import FAILED, STEP_FAILED
 from everystep.relay import RequestStatus
-from supervisor.listener import Listener
+from everystep.listener import Listener
 from supervisor.protocol import (
     DrainReply, KillReply, KillRequest, Reply, Request, ScaleRequest, StatusReply, StatusRequest,
 )

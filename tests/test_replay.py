@@ -17,6 +17,9 @@ from everystep.errors import SimulatedCrash, StepFailure, WorkflowCodeError
 from everystep.models import COMPLETED, FAILED, RUNNING, STEP_DONE, STEP_FAILED
 from tests.support.runs import crash_at, execute_run, resume
 
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
+
 CALLS: Counter[str] = Counter()
 SEEN: list[Any] = []
 _lock = threading.Lock()

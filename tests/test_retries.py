@@ -22,6 +22,9 @@ from everystep.store import Store, utcnow
 from tests.apps.lifecycle_in_process import CALLS, flaky, not_retried_flow, retrying_flow
 from tests.support.runs import execute_run, run_until_settled
 
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
+
 # -- the retry policy, as a table ------------------------------------------------------------
 
 WAITS = [

@@ -18,6 +18,9 @@ from everystep.observer import Observer
 from everystep.store import connect
 from tests.support.runs import claim_run, crash_at, execute_run
 
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
+
 CALLS: Counter[str] = Counter()
 SEEN: list[Any] = []
 SHARED: dict[str, Any] = {}

@@ -206,3 +206,39 @@ def test_wait_for_database_bounds_the_wait(subprocess_env: dict[str, str], tmp_p
         assert len(lines) == waits + 1, done.stderr
 
 
+
+
+@pytest.mark.parametrize("phase, sig, code", [
+    ("waiting for the database", signal.SIGTERM, 0),
+    ("importing the app", signal.SIGTERM, 0),
+    ("waiting for the database", signal.SIGINT, 130),
+])
+def test_a_stop_signal_while_starting_stops_it_with_its_stopped_line(
+        phase: str, sig: int, code: int, subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    """The signal table's promise holds before the loop runs: TERM drains
+    (nothing is claimed yet) and exits 0 with the last ``stopped`` line."""
+    gate = tmp_path / "gate"
+    env = dict(subprocess_env, EVERYSTEP_TEST_IMPORT_GATE=str(gate))
+    unreachable = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2"
+    app = "tests.apps.slow_import" if phase == "importing the app" else "tests.apps.supervised"
+    log = tmp_path / "supervisor.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*supervisor_command(), "--app", app, "--database", unreachable, "--name", "early",
+                                 "--socket", str(tmp_path / "s.sock")], env=env, cwd=tmp_path,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        if phase == "importing the app":
+            wait_until(gate.with_suffix(".importing").exists, "the app's import to start", timeout=60)
+        else:
+            wait_until(lambda: "waiting for it, as long as it takes" in log.read_text(),
+                       "the wait for the database", timeout=60, detail=log.read_text)
+        proc.send_signal(sig)
+        assert proc.wait(60) == code, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    lines = log.read_text().splitlines()
+    assert lines[-1].endswith(f"everystep-supervisor early: stopped (exit code {code})"), lines
+    assert f"{signal.Signals(sig).name} received while starting" in lines[-2], lines

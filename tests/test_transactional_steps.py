@@ -25,12 +25,13 @@ import everystep
 from everystep import parallel, runner, schedule, step, step_connection, transactional, workflow
 from everystep.context import current
 from everystep.errors import EverystepError, SimulatedCrash
-from everystep.models import COMPLETED, FAILED, STEP_DONE, STEP_FAILED, Outcome
+from everystep.models import COMPLETED, STEP_DONE, STEP_FAILED, Outcome
 from everystep.store import Store, connect
 from tests.support.rawdb import reader
 from tests.support.runs import claim_run, execute_run, resume, run_until_settled
 
-pytestmark = pytest.mark.timeout(120)
+# Also through PgBouncer in transaction mode (the pooled lane).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.pooled]
 
 PROBE: dict[str, Any] = {}
 

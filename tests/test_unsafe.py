@@ -29,6 +29,9 @@ from everystep.models import (
 from everystep.store import NewStep, connect
 from tests.support.runs import claim_run, crash_at, execute_run
 
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
+
 CALLS: Counter[str] = Counter()
 SEEN: list[Any] = []
 _lock = threading.Lock()

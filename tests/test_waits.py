@@ -24,7 +24,11 @@ from everystep.models import (
 from everystep.runner import Outcome
 from everystep.store import Store, utcnow
 from tests.apps import waits as apps
+from tests.support.pgbouncer import libpq_url
 from tests.support.runs import crash_at, due_now, execute_run, expire_wait, resume
+
+# The engine's own statements: also through PgBouncer in transaction mode.
+pytestmark = pytest.mark.pooled
 
 
 def test_recv_waits_holding_a_row_and_the_send_wakes_it(store: Store) -> None:
@@ -265,7 +269,7 @@ def _caller_connection(store: Store, db_url: str) -> Any:
     if store.backend == "postgres":
         import psycopg
 
-        return psycopg.connect(db_url)
+        return psycopg.connect(libpq_url(db_url))
     import pymysql
 
     from everystep.store.mariadb import connect_args

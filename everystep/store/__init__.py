@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from ..errors import EverystepError
+from . import pooling
 from .base import LOST, ClaimState, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow
 
 DEFAULT_URL = "sqlite:///everystep.db"
@@ -44,14 +45,18 @@ def _backend(path: str) -> type[Store]:
     return cls
 
 
-def connect(url: str | None = None, statement_timeout: float | None = None, read_only: bool = False) -> Store:
+def connect(url: str | None = None, statement_timeout: float | None = None, read_only: bool = False,
+            listen_url: str | None = None) -> Store:
     """Open a Store for ``url`` (resolved as ``resolve_url`` does).
 
     ``statement_timeout`` bounds every statement (and connecting), in
     seconds; by default the backend's own limits apply. ``read_only``: a
     store that never writes nor migrates, and whose sessions the database
     itself holds read-only (``everystep replay``, against a replica or a
-    role granted SELECT only)."""
+    role granted SELECT only). ``listen_url`` (PostgreSQL; else
+    ``EVERYSTEP_LISTEN_DATABASE_URL``): where runners LISTEN, a direct
+    connection when ``url`` goes through a transaction pooler
+    (``?pooler=transaction``, see ``store.pooling``)."""
     url = resolve_url(url)
     scheme = url.split(":", 1)[0].lower()
     scheme, _, driver = scheme.partition("+")  # SQLAlchemy-style postgresql+psycopg://
@@ -60,9 +65,13 @@ def connect(url: str | None = None, statement_timeout: float | None = None, read
         raise EverystepError(f"unsupported database URL {url!r}: expected one of {expected}")
     if driver:
         url = scheme + url[url.index(":"):]
-    if read_only:
-        return _backend(BACKENDS[scheme])(url, statement_timeout, read_only=True)  # type: ignore[call-arg]
-    return _backend(BACKENDS[scheme])(url, statement_timeout)
+    cls = _backend(BACKENDS[scheme])
+    options: dict[str, Any] = {"read_only": True} if read_only else {}
+    if cls.backend == "postgres":
+        options["listen_url"] = listen_url or os.environ.get(pooling.LISTEN_ENV_VAR) or None
+    elif listen_url:
+        raise EverystepError(f"a LISTEN database URL is for PostgreSQL; {scheme}:// runners need none")
+    return cls(url, statement_timeout, **options)
 
 
 def backend_for_connection(conn: Any) -> type[Store]:

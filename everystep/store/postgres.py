@@ -14,6 +14,15 @@ cursor like every other statement, and each store opened says so at DEBUG.
 ``statement_timeout`` bounds every statement on this store's connections,
 and opening one (the supervisor parent sets it, so a stuck lock or a
 server that stopped answering can never freeze its loop).
+
+Behind a transaction pooler (``?pooler=transaction``, ``pooling``) nothing
+is prepared, and the statement timeout (and a read-only store's read-only
+mode) is set inside each transaction rather than for the session: a
+statement outside a transaction is sent after ``set_config(..., true)`` in
+one pipeline, which is one implicit transaction and one round trip, and an
+explicit transaction sets it first. ``listen()`` then needs a URL of its
+own (``listen_url``): a notification reaches only the server session that
+listened.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import select
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -34,9 +44,10 @@ from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
 
 from .. import serde
+from ..errors import EverystepError, StoreError
 from ..models import Claim, StepRecord
-from . import postgres_hot
-from .base import LOST, Marker, NewStep, Notifications, Row, StepWrite, Store
+from . import pooling, postgres_hot
+from .base import LOST, Marker, NewStep, Notifications, Row, StepWrite, Store, core
 from .base.step_transactions import CommitGuard
 
 log = logging.getLogger(__name__)
@@ -55,7 +66,11 @@ FENCE_CHANNEL = "everystep_fenced"
 _MISCONFIGURED = re.compile(
     r'database ".*" does not exist|role ".*" does not exist|password authentication failed'
     r'|no pg_hba\.conf entry|invalid \w+ value|invalid connection option|invalid URI'
-    r'|missing "=" after|server does not support SSL|no password supplied')
+    r'|missing "=" after|server does not support SSL|no password supplied|unsupported startup parameter'
+    r'|certificate verify failed|root certificate file .* does not exist|could not read root certificate')
+#: What a transaction pooler does to prepared statements: the error then
+#: suggests ``?pooler=transaction``.
+_LOST_PREPARED = re.compile(r'prepared statement "\w+" (does not|already) exist')
 
 
 class PostgresStore(Store):
@@ -74,36 +89,69 @@ class PostgresStore(Store):
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg.Error,)
 
     def __init__(self, url: str, statement_timeout: float | None = None, application_name: str = "everystep",
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, listen_url: str | None = None) -> None:
         super().__init__(url, statement_timeout)
+        #: What libpq is given: the URL without its ``pooler=`` parameter.
+        self.conninfo, self.pooler = pooling.split(url)
         #: Sessions the server holds read-only (``connect(read_only=True)``).
         self.read_only = read_only
+        #: Where ``listen()`` connects (None: ``url``, unless behind a transaction pooler).
+        self.listen_url = pooling.listen_url(listen_url) if listen_url else None
         # Opening a connection is bounded by the same budget as a statement.
         self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
-        self._hot = _hot_statements(self.sql)
+        pooled = self.pooler == pooling.TRANSACTION
+        self._hot = _hot_statements(self.statements())
+        self.wakes = not pooled or self.listen_url is not None
+        if not self.wakes:
+            self.listen_unavailable = ("LISTEN needs a direct connection; pass --listen-database "
+                                       f"(or ${pooling.LISTEN_ENV_VAR})")
 
-    def _open(self) -> psycopg.Connection[Any]:
+    def _settings(self, local: bool) -> tuple[tuple[str, str], ...]:
+        """This store's settings, as (name, value): for the session, or
+        (``local``) for one transaction."""
         settings = []
         if self.statement_timeout:
-            settings.append(f"-c statement_timeout={int(self.statement_timeout * 1000)}")
+            settings.append(("statement_timeout", str(int(self.statement_timeout * 1000))))
         if self.read_only:
-            settings.append("-c default_transaction_read_only=on")
-        timeout = " ".join(settings) or None
+            settings.append(("transaction_read_only" if local else "default_transaction_read_only", "on"))
+        return tuple(settings)
+
+    def _open(self, url: str | None = None) -> psycopg.Connection[Any]:
+        """A connection to ``url`` (this store's by default; ``listen_url``
+        for LISTEN), its settings where its pooler lets them be: in the
+        ``options`` startup parameter of a direct connection, set once for
+        the session through a session pooler (a stock PgBouncer refuses
+        ``options``), inside each transaction through a transaction pooler."""
+        conninfo, pooler = pooling.split(url or self.url)
+        options: dict[str, Any] = {}
+        if pooler == pooling.TRANSACTION:
+            # The next transaction may run in another server session, where
+            # a prepared statement does not exist.
+            options["prepare_threshold"] = None
+        elif pooler == pooling.NONE and (settings := self._settings(local=False)):
+            options["options"] = " ".join(f"-c {name}={value}" for name, value in settings)
         conn = _Connection.connect(
-            self.url,
+            conninfo,
             autocommit=True,
             connect_timeout=max(1, int(self.connect_timeout)),
             application_name=self.application_name,
             row_factory=dict_row,
-            options=timeout,
+            **options,
         )
+        if pooler == pooling.TRANSACTION:
+            conn.local_settings = self._settings(local=True)
+        elif pooler == pooling.SESSION and (settings := self._settings(local=False)):
+            conn.set_session(settings)
         set_json_loads(serde.loads, conn)
         # Run ids are text everywhere in Python: reading them as text skips
         # building a uuid.UUID per row only to turn it back into a string.
         conn.adapters.register_loader("uuid", TextLoader)
-        if self._hot:
-            conn.hot_prepared = postgres_hot.Prepared(conn)
+        if self._hot and url is None and not conn.local_settings:
+            # Behind a transaction pooler nothing stays prepared: sent whole.
+            # (A store with settings to send in each transaction, the
+            # supervisor parent's, takes the cursor, which sends them.)
+            conn.hot_prepared = postgres_hot.Prepared(conn, named=pooler != pooling.TRANSACTION)
         return conn
 
     def _fetchall(self, name: str, params: Mapping[str, Any], conn: Any = None) -> list[Row]:
@@ -113,6 +161,8 @@ class PostgresStore(Store):
         if conn is None:
             with self.connection() as own:
                 return self._fetchall(name, params, own)
+        if core.statement_fault is not None:
+            core.statement_fault(self, name)
         prepared = getattr(conn, "hot_prepared", None)  # None: a caller's connection
         rows = postgres_hot.execute(conn, prepared, hot, params) if prepared is not None else None
         if rows is None:
@@ -121,6 +171,36 @@ class PostgresStore(Store):
 
     def _healthy(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken
+
+    def _usable(self, conn: Any) -> bool:
+        # An idle session has nothing to say; one the server ended (a
+        # restart, a failover, an idle timeout) sent its FATAL and closed, so
+        # its socket reads. A notice or a parameter change is read and
+        # kept; an end of file means the session is gone.
+        if not self._healthy(conn):
+            return False
+        pgconn: psycopg.pq.abc.PGconn = conn.pgconn
+        try:
+            for _ in range(4):
+                if not select.select([pgconn.socket], [], [], 0)[0]:
+                    return pgconn.status == psycopg.pq.ConnStatus.OK
+                pgconn.consume_input()
+        except (OSError, ValueError, psycopg.Error):
+            return False
+        return False  # still talking while idle: not worth the doubt
+
+    def error_for(self, exc: BaseException) -> EverystepError:
+        error = super().error_for(exc)
+        if self.pooler != pooling.NONE:
+            return error
+        if "unsupported startup parameter" in str(exc):
+            hint = "behind PgBouncer? add ?pooler=transaction to the URL (?pooler=session in session mode)"
+        elif _LOST_PREPARED.search(str(exc)):
+            hint = "behind a pooler in transaction mode? add ?pooler=transaction to the URL"
+        else:
+            return error
+        return StoreError(f"{error} ({hint})", error.kind) if isinstance(error, StoreError) else (
+            type(error)(f"{error} ({hint})"))
 
     def _misconfigured(self, exc: BaseException) -> bool:
         # libpq reports a refused connection with no SQLSTATE: its message
@@ -209,10 +289,14 @@ class PostgresStore(Store):
         finally:
             conn.row_factory = previous
 
-    def listen(self) -> Notifications:
+    def listen(self) -> Notifications | None:
         """A dedicated connection LISTENing for newly scheduled runs and for
-        runs taken from their holder. The caller owns it (it is not pooled)."""
-        return _Listening(self._open(), self.sql["listen"])
+        runs taken from their holder, on ``listen_url`` if there is one. The
+        caller owns it (it is not pooled). None behind a transaction pooler
+        without a ``listen_url`` (``listen_unavailable`` says so): runners poll."""
+        if not self.wakes:
+            return None
+        return _Listening(self._open(self.listen_url), self.sql["listen"])
 
 
 def _hot_statements(sql: Mapping[str, str]) -> dict[str, postgres_hot.HotStatement]:
@@ -242,16 +326,48 @@ class _Connection(CommitGuard, psycopg.Connection[Any]):
     _reused: psycopg.Cursor[Any] | None = None
     #: What this session has prepared for ``postgres_hot`` (set on open).
     hot_prepared: postgres_hot.Prepared | None = None
+    #: Behind a transaction pooler, the settings every transaction begins
+    #: with, as ``set_config(name, value, true)`` (set on open).
+    local_settings: tuple[tuple[str, str], ...] = ()
 
     def execute(
         self, query: Any, params: Params | None = None, *, prepare: bool | None = None, binary: bool = False
     ) -> psycopg.Cursor[Any]:
+        if self.local_settings and self.info.transaction_status == TransactionStatus.IDLE:
+            # One implicit transaction (the pipeline's), one round trip.
+            with self.pipeline():
+                self._set_local()
+                cursor = self._execute(query, params, prepare, binary)
+            return cursor
+        return self._execute(query, params, prepare, binary)
+
+    def _execute(self, query: Any, params: Params | None, prepare: bool | None, binary: bool) -> psycopg.Cursor[Any]:
         if binary or not isinstance(query, str) or self.everystep_step_open:
             return super().execute(query, params, prepare=prepare, binary=binary)
         cursor = self._reused
         if cursor is None or cursor.closed:
             cursor = self._reused = self.cursor()
         return cursor.execute(query, params, prepare=prepare)
+
+    @contextlib.contextmanager
+    def transaction(self, savepoint_name: str | None = None,
+                    force_rollback: bool = False) -> Iterator[psycopg.Transaction]:
+        outermost = self.info.transaction_status == TransactionStatus.IDLE
+        with super().transaction(savepoint_name, force_rollback) as tx:
+            if outermost and self.local_settings:
+                self._set_local()
+            yield tx
+
+    def _set_local(self) -> None:
+        self._set(self.local_settings, local=True)
+
+    def set_session(self, settings: Sequence[tuple[str, str]]) -> None:
+        """Set ``settings`` (name, value) for the session, in one round trip."""
+        self._set(settings, local=False)
+
+    def _set(self, settings: Sequence[tuple[str, str]], local: bool) -> None:
+        calls = ", ".join("set_config(%s, %s, %s)" for _ in settings)
+        super().execute(f"SELECT {calls}", [item for name, value in settings for item in (name, value, local)])
 
     def everystep_lend(self, lent: bool) -> None:
         super().everystep_lend(lent)

@@ -17,6 +17,13 @@ notification handling. The values read are the ones psycopg's loaders give
 this store (``PostgresStore._open``): uuid as text, json through
 ``serde.loads``, timestamptz as an aware datetime in the session's zone.
 
+Behind a transaction pooler (``?pooler=transaction``) the next statement may
+reach another server session, where nothing is prepared: there each
+statement is sent whole, as an unnamed statement the server parses every
+time (``Prepared(named=False)``), with this path's parameters, and its
+columns are read as they come (a type this path does not read is read by
+psycopg's own loader for it, since the statement cannot be sent again).
+
 Whatever this path cannot do exactly as psycopg would (a session not in
 ISO DateStyle or not in UTF-8, a parameter or column type it does not
 know), it leaves to psycopg: that statement takes the cursor path, nothing
@@ -106,10 +113,12 @@ class HotStatement:
 
 class Prepared:
     """What one connection has prepared: the statement's column decoders,
-    or None where this path stands aside for psycopg."""
+    or None where this path stands aside for psycopg. ``named``: prepared
+    once under a name (else sent whole each time: a transaction pooler)."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], named: bool = True) -> None:
         pgconn = conn.pgconn
+        self.named = named
         self.usable = (pgconn.parameter_status(b"DateStyle") or b"").startswith(b"ISO") and (
             pgconn.parameter_status(b"client_encoding") == b"UTF8") and hasattr(conn, "lock")
         #: Per statement name: how to read its columns, or None (psycopg's).
@@ -125,6 +134,8 @@ def execute(conn: psycopg.Connection[Any], prepared: Prepared, statement: HotSta
     values = _encode(statement, params)
     if values is None:
         return None
+    if not prepared.named:
+        return _execute_whole(conn, prepared, statement, values)
     with conn.lock:
         if statement.name not in prepared.columns:
             prepared.columns[statement.name] = _prepare(conn, statement)
@@ -140,6 +151,31 @@ def execute(conn: psycopg.Connection[Any], prepared: Prepared, statement: HotSta
         if _failed(result) is not None:
             raise psycopg.errors.error_from_result(result, encoding="utf-8")
     return _rows(result, columns)
+
+
+def _execute_whole(conn: psycopg.Connection[Any], prepared: Prepared, statement: HotStatement,
+                   values: Sequence[bytes | None]) -> list[Row]:
+    """``statement`` sent whole (parsed, bound and executed in one message
+    train), its columns read from the result's own description."""
+    with conn.lock:
+        conn.pgconn.send_query_params(statement.text, values)
+        results = conn.wait(generators.execute(conn.pgconn))
+    result = next((result for result in results if result.status == ExecStatus.FATAL_ERROR), results[-1])
+    if _failed(result) is not None:
+        raise psycopg.errors.error_from_result(result, encoding="utf-8")
+    columns = prepared.columns.get(statement.name)
+    if columns is None:
+        columns = prepared.columns[statement.name] = tuple(
+            ((result.fname(index) or b"").decode(), _loader(result.ftype(index), conn) or _psycopg_loader(
+                result.ftype(index), conn)) for index in range(result.nfields))
+    return _rows(result, columns)
+
+
+def _psycopg_loader(oid: int, conn: psycopg.Connection[Any]) -> Loader:
+    """psycopg's own text loader for ``oid``, as this connection has it."""
+    loader = conn.adapters.get_loader(oid, Format.TEXT)
+    assert loader is not None  # psycopg has a text loader for every type
+    return loader(oid, conn).load
 
 
 def _failed(result: Any) -> str | None:

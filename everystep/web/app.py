@@ -106,6 +106,7 @@ def create_app(
     allowed_hosts: Sequence[str] | None = None,
     csrf_secret: bytes | None = None,
     app_modules: str | Sequence[str] | None = None,
+    read_database_url: str | None = None,
 ) -> Guard:
     """Build the console. ``database_url`` as everywhere (else
     ``EVERYSTEP_DATABASE_URL``, else the SQLite default), or an open
@@ -113,10 +114,13 @@ def create_app(
     mount it behind your own authentication, or give a token. Give
     ``csrf_secret`` when several processes serve it behind one address.
     ``app_modules``: import these so the console can read workflow sources
-    and judge runs as check-deploy does (or import them in the host)."""
+    and judge runs as check-deploy does (or import them in the host).
+    ``read_database_url``: a read replica its pages read from, through a
+    read-only store; actions still write to ``database_url``."""
     registry.import_apps(app_modules)
     guard = Guard(None, auth_token=auth_token, allowed_hosts=allowed_hosts, csrf_secret=csrf_secret)
-    console = Console(store or connect(database_url))
+    reads = connect(read_database_url, read_only=True) if read_database_url else None
+    console = Console(store or connect(database_url), reads)
     shell = Routes(console, guard)
 
     @contextlib.asynccontextmanager

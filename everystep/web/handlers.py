@@ -73,11 +73,16 @@ def parse_body(raw: bytes) -> dict[str, Any] | Reply:
 
 class Console:
     """What one console holds, whichever server answers for it: its store,
-    views (with their caches), clock and shared stream snapshots."""
+    views (with their caches), clock and shared stream snapshots.
 
-    def __init__(self, store: Store) -> None:
+    ``reads``: a store its views read instead (a read replica); actions,
+    requests and LISTEN stay on ``store``, the primary. A view then lags
+    the primary by the replica's delay, and a change it was woken for may
+    show at the next tick."""
+
+    def __init__(self, store: Store, reads: Store | None = None) -> None:
         self.store = store
-        self.views = Views(store)
+        self.views = Views(reads or store)
         self.watcher = Watcher(store)
         self.snapshots = Snapshots()
 

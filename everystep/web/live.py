@@ -67,6 +67,7 @@ class Watcher:
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
         self._bump_scheduled = False
+        self._said_polling = False
         self.stopped = False
 
     def start(self) -> None:
@@ -80,7 +81,10 @@ class Watcher:
         self._loop = loop
         self._changed = asyncio.Event()
         self._ticker = loop.create_task(self._tick_forever())
-        if self.store.notifies and (self._listener is None or not self._listener.is_alive()):
+        if self.store.notifies and not self.store.wakes and not self._said_polling:
+            self._said_polling = True  # behind a transaction pooler without a LISTEN URL
+            logger.info("console: refreshing every %g s: %s", self.tick, self.store.listen_unavailable)
+        if self.store.notifies and self.store.wakes and (self._listener is None or not self._listener.is_alive()):
             self._stop.clear()
             self._listener = threading.Thread(target=self._listen, name="everystep-console-listen", daemon=True)
             self._listener.start()

@@ -60,7 +60,7 @@ def open_socket(bind: str, port: int) -> socket.socket:
 
 
 def serve(database_url: str, *, bind: str = "127.0.0.1", port: int = 8765, auth_token: str | None = None,
-          app_modules: str | Sequence[str] | None = None) -> int:
+          app_modules: str | Sequence[str] | None = None, read_database_url: str | None = None) -> int:
     if not is_loopback(bind) and not auth_token:
         raise EverystepError(
             f"--bind {bind} would expose the console beyond this host: set --auth-token "
@@ -71,9 +71,11 @@ def serve(database_url: str, *, bind: str = "127.0.0.1", port: int = 8765, auth_
     sock = open_socket(bind, port)
     host, bound_port = sock.getsockname()[:2]
     allowed = list(LOOPBACK_HOSTS) if is_loopback(bind) else None
-    app = create_app(database_url, auth_token=auth_token, allowed_hosts=allowed, app_modules=app_modules)
+    app = create_app(database_url, auth_token=auth_token, allowed_hosts=allowed, app_modules=app_modules,
+                     read_database_url=read_database_url)
     shown = f"[{host}]" if ":" in host else host
-    print(f"everystep console on http://{shown}:{bound_port}/ ({app.console.store.describe()})", flush=True)
+    reads = f", pages read from {app.console.views.store.describe()}" if read_database_url else ""
+    print(f"everystep console on http://{shown}:{bound_port}/ ({app.console.store.describe()}{reads})", flush=True)
     if auth_token:
         print("authentication: token required (Bearer, or as the basic-auth password)", flush=True)
     config = uvicorn.Config(app, log_level=logging.getLogger().level or logging.INFO, access_log=False,

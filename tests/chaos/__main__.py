@@ -26,10 +26,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--database", help="admin URL of an external server (no PostgreSQL restarts then)")
     parser.add_argument("--workdir", type=Path, help="where supervisor logs go (default: a temp dir)")
+    parser.add_argument("--pooler", action="store_true",
+                        help="through PgBouncer in transaction mode, with its RECONNECT, KILL and restarts as faults")
     args = parser.parse_args()
     config = ChaosConfig(runs=args.runs, duration=args.duration, fault_every=args.fault_every,
                          supervisors=args.supervisors, procs=args.procs, lease=args.lease,
-                         step_ms=args.step_ms, seed=args.seed, database=args.database,
+                         step_ms=args.step_ms, seed=args.seed, database=args.database, pooler=args.pooler,
                          settle_timeout=max(180.0, args.runs * 0.5))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="everystep-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)

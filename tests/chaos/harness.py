@@ -22,11 +22,20 @@ stops everything with SIGTERM and checks:
   twice, and the message and the detached run its body sends and
   schedules itself (no idempotency key) exist once each;
 - nothing is left claimed, and every supervisor stopped with exit code 0.
+
+With ``pooler`` the supervisors and the feeder reach PostgreSQL through a
+real PgBouncer in transaction mode (``?pooler=transaction``; the first
+supervisor LISTENs on the direct URL, the others poll), and PgBouncer
+itself is hit too: ``RECONNECT`` (every server connection closed once
+released), ``KILL`` of the database (every client and server connection
+dropped at once, then ``RESUME``) and a restart of its process. The same
+checks hold: nothing lost, no run failed by the pooler.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import random
 import signal
@@ -46,6 +55,7 @@ from everystep import admin, schedule, send
 from everystep.models import BLOCKED, COMPLETED, STEP_STARTED, STOPPED
 from everystep.store import connect
 from tests.chaos import app
+from tests.support.pgbouncer import PgBouncer, start_pgbouncer
 from tests.support.pgserver import PgServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +77,8 @@ class ChaosConfig:
     seed: int = 1
     settle_timeout: float = 180.0
     database: str | None = None
+    #: Through PgBouncer in transaction mode, with its own faults.
+    pooler: bool = False
 
 
 @dataclass
@@ -77,8 +89,8 @@ class Report:
     def line(self) -> str:
         keys = ("runs", "completed", "stopped", "blocked", "resolved_result", "resolved_discard",
                 "child_kills", "supervisor_kills", "restarts_same_name", "restarts_new_name", "rollouts",
-                "pg_restarts", "duplicated_safe_effects", "duplicated_unsafe_effects", "talking",
-                "messages_consumed", "children")
+                "pg_restarts", "pooler_reconnects", "pooler_kills", "pooler_restarts", "duplicated_safe_effects",
+                "duplicated_unsafe_effects", "talking", "messages_consumed", "children")
         return "chaos: " + " ".join(f"{key}={self.counts[key]}" for key in keys) + \
             f" violations={len(self.violations)}"
 
@@ -86,10 +98,12 @@ class Report:
 class Supervisor:
     """One ``everystep-supervisor`` process under the harness's control."""
 
-    def __init__(self, name: str, config: ChaosConfig, url: str, workdir: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, config: ChaosConfig, url: str, workdir: Path, env: dict[str, str],
+                 listen_url: str | None = None) -> None:
         self.name = name
         self.config = config
         self.url = url
+        self.listen_url = listen_url
         self.workdir = workdir
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
@@ -97,12 +111,13 @@ class Supervisor:
 
     def start(self) -> None:
         log = open(self.workdir / f"{self.name}.log", "ab")
+        listen = ["--listen-database", self.listen_url] if self.listen_url else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "--app", "tests.chaos.app",
              "--procs", str(self.config.procs), "--database", self.url, "--name", self.name,
              "--socket", str(self.workdir / f"{self.name}.sock"), "--lease", str(self.config.lease),
              "--drain", str(self.config.drain), "--poll", "0.2", "--max-crashes", "1000",
-             "--log-level", "warning"],
+             "--log-level", "warning", *listen],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True,
         )
         log.close()
@@ -268,8 +283,12 @@ def _wait_settled(url: str, supervisors: list[Supervisor], deadline: float) -> b
 
 
 def _inject(fault: str, supervisors: list[Supervisor], server: PgServer, rng: random.Random,
-            report: Report, config: ChaosConfig, make_name: callable) -> None:
+            report: Report, config: ChaosConfig, make_name: callable, bouncer: PgBouncer | None = None,
+            dbname: str = "") -> None:
     live = [sup for sup in supervisors if sup.alive]
+    if bouncer is not None and fault.startswith("pooler_"):
+        _inject_pooler(fault, bouncer, dbname, report)
+        return
     if fault == "child" and live:
         kids = rng.choice(live).children()
         if kids:
@@ -302,6 +321,23 @@ def _inject(fault: str, supervisors: list[Supervisor], server: PgServer, rng: ra
         time.sleep(rng.uniform(0.2, 2.0))
         server.start()
         report.counts["pg_restarts"] += 1
+
+
+def _inject_pooler(fault: str, bouncer: PgBouncer, dbname: str, report: Report) -> None:
+    """PgBouncer's own faults: each may refuse a moment while PgBouncer is
+    restarting itself, which is one more fault, not a failure of the run."""
+    try:
+        if fault == "pooler_reconnect":
+            bouncer.admin("RECONNECT")
+            report.counts["pooler_reconnects"] += 1
+        elif fault == "pooler_kill":
+            bouncer.kill_database(dbname)
+            report.counts["pooler_kills"] += 1
+        else:
+            bouncer.restart()
+            report.counts["pooler_restarts"] += 1
+    except (psycopg.OperationalError, RuntimeError):
+        pass
 
 
 def _resolve_blocked(url: str, runs: dict[str, dict], report: Report) -> None:
@@ -409,25 +445,37 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
     server = start_server(env_var="EVERYSTEP_CHAOS_DATABASE_URL") if config.database is None \
         else PgServer(config.database)
     url = _prepare_database(server, config)
+    bouncer = start_pgbouncer(server.admin_url, "transaction") if config.pooler else None
+    if config.pooler and bouncer is None:
+        raise RuntimeError("the chaos run through a pooler needs pgbouncer (apt-get install pgbouncer)")
+    runner_url = bouncer.url_for(url) if bouncer is not None else url
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env[app.EFFECTS_ENV] = url
     env.pop("EVERYSTEP_DATABASE_URL", None)
     names = iter(f"chaos-{index}" for index in range(10_000))
-    supervisors = [Supervisor(next(names), config, url, workdir, env) for _ in range(config.supervisors)]
+    supervisors = [Supervisor(next(names), config, runner_url, workdir, env,
+                              listen_url=url if bouncer is not None and index == 0 else None)
+                   for index in range(config.supervisors)]
     try:
-        feeder = Feeder(url, _plan_runs(config, rng), spread=config.duration * 0.8)
+        feeder = Feeder(runner_url, _plan_runs(config, rng), spread=config.duration * 0.8)
         feeder.feed()
         for sup in supervisors:
             sup.start()
         faults = ["child"] * 4 + ["kill_same", "kill_new", "rollout"] * 1 + (["pg"] if server.owned else [])
+        # Through a pooler, every other fault is one of PgBouncer's, in turn.
+        pooler_faults = itertools.cycle(["pooler_reconnect", "pooler_kill", "pooler_restart"])
+        dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
         end = time.monotonic() + config.duration
+        injected = 0
         while time.monotonic() < end:
             time.sleep(rng.uniform(0.5, 1.5) * config.fault_every)
             for sup in supervisors:
                 if not sup.alive:  # it could not start while the database was down
                     sup.start()
-            _inject(rng.choice(faults), supervisors, server, rng, report, config, lambda: next(names))
+            fault = next(pooler_faults) if bouncer is not None and injected % 2 == 0 else rng.choice(faults)
+            injected += 1
+            _inject(fault, supervisors, server, rng, report, config, lambda: next(names), bouncer, str(dbname))
             feeder.feed()
         deadline = time.monotonic() + 120
         while (len(feeder.runs) < config.runs or feeder.unsent) and time.monotonic() < deadline:
@@ -454,6 +502,8 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
         for sup in supervisors:
             sup.kill()
             sup.reap_orphans()
+        if bouncer is not None:
+            bouncer.close()
         try:
             server.drop_database(url)
         finally:

@@ -9,9 +9,13 @@ start processes. At run time, ``ProcessGuard`` watches the pytest process
 itself: a test left out of the lane that starts a process after all fails,
 naming what it started, so the fast lane can never quietly hold one.
 
-``EVERYSTEP_TEST_BACKENDS`` (``sqlite``, ``postgres``, ``mariadb`` or a
-comma list) keeps the tests of those backends and the tests that need no
-database; unset, every backend runs.
+``EVERYSTEP_TEST_BACKENDS`` (``sqlite``, ``postgres``, ``mariadb``,
+``pgbouncer`` or a comma list) keeps the tests of those backends and the
+tests that need no database; unset, every backend runs. ``pgbouncer`` is
+PostgreSQL behind a real PgBouncer in transaction mode
+(``?pooler=transaction``): the ``db_url`` of the tests marked ``pooled``
+(the engine's own: claims, step records, the fold, waits, transactional
+steps, cancels, fencing) and the tests that take a PgBouncer fixture.
 """
 
 from __future__ import annotations
@@ -27,12 +31,23 @@ from typing import Any
 
 import pytest
 
-BACKENDS = ("sqlite", "postgres", "mariadb")
+BACKENDS = ("sqlite", "postgres", "mariadb", "pgbouncer")
+#: The backend that is PostgreSQL behind PgBouncer: a ``db_url`` parameter
+#: of the tests marked ``pooled`` only.
+POOLED = "pgbouncer"
 # Fixtures that tie a test to one backend, whatever its parameters say.
 BACKEND_FIXTURES = {
     "pg_server": "postgres", "pg_session_url": "postgres", "pg_url": "postgres",
     "mariadb_server": "mariadb", "mariadb_session_url": "mariadb", "mariadb_url": "mariadb",
+    "pgbouncer_transaction": POOLED, "pgbouncer_session": POOLED, "pooled_url": POOLED,
 }
+
+
+def db_url_backends(item_markers: Any) -> tuple[str, ...]:
+    """The ``db_url`` parameters of a test: every backend but the pooled
+    one, which only tests marked ``pooled`` get (``item_markers``: the
+    test's ``get_closest_marker``)."""
+    return BACKENDS if item_markers("pooled") is not None else tuple(b for b in BACKENDS if b != POOLED)
 # The project's own code, followed when a test names it.
 OWN_PACKAGES = ("tests", "everystep", "supervisor", "bench")
 # Modules any use of which starts a process.
@@ -183,6 +198,8 @@ def backends_of(item: pytest.Item) -> set[str]:
     callspec = getattr(item, "callspec", None)
     if callspec is not None and callspec.params.get("db_url") in BACKENDS:
         used.add(callspec.params["db_url"])
+    if POOLED in used:
+        used.discard("postgres")  # the server behind PgBouncer is the pooled lane's own
     return used
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import psycopg
 
+from tests.support.pgbouncer import libpq_url
+
 
 @contextlib.contextmanager
 def reader(url: str) -> Iterator[Any]:
@@ -18,7 +20,7 @@ def reader(url: str) -> Iterator[Any]:
     if url.startswith("sqlite"):
         conn: Any = sqlite3.connect(url[len("sqlite:///"):], isolation_level=None, timeout=30)
     elif url.startswith("postgres"):
-        conn = psycopg.connect(url, autocommit=True)
+        conn = psycopg.connect(libpq_url(url), autocommit=True)
     else:
         import pymysql
 

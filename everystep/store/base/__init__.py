@@ -16,7 +16,7 @@ clobber a run that moved on: the methods return ``False``/``LOST`` instead.
 
 Driver errors leave through one choke point (``connection()``):
 ``StoreUnavailable`` when the database cannot be reached, ``SchemaMissing``
-when everystep's tables do not exist, ``EverystepError`` for anything else
+when everystep's tables do not exist, ``StoreError`` for anything else
 it refused, each with the driver's exception chained.
 
 The operations are grouped by concern, one module each, every one a mixin

@@ -8,12 +8,19 @@ finalise. A connection that fails mid-statement is closed, not pooled, so
 the next checkout opens a fresh one; the transaction it held is rolled back
 by the server, never half committed.
 
-Driver errors leave through one choke point (``connection()``):
+An idle connection is checked before it is handed out again: one the
+server closed while it sat in the pool (a restart, a failover, an idle
+timeout) is discarded without a round trip (``_usable``), so the first
+call after the database came back opens a fresh one instead of failing.
+
+Driver errors leave through one choke point (``connection()``, and
+``error_for`` for the transactional step's connection):
 ``StoreUnavailable`` when the database cannot be reached (its subclass
 ``StoreMisconfigured`` when it refuses the configuration: no such database
 or role, a bad password or option), ``SchemaMissing``
-when everystep's tables do not exist, ``EverystepError`` for anything else
-it refused, each with the driver's exception chained.
+when everystep's tables do not exist, ``StoreError`` (with the driver's
+name for the error as its ``kind``) for anything else it refused, each
+with the driver's exception chained.
 
 The hooks (``_open``, ``_transaction``, ``_time``, ``_names`` …) are what a
 backend subclass fills in; the concerns beside this module hold the logic
@@ -27,15 +34,21 @@ import contextlib
 import datetime as dt
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from ...errors import EverystepError, SchemaMissing, StoreMisconfigured, StoreUnavailable
+from ...errors import EverystepError, SchemaMissing, StoreError, StoreMisconfigured, StoreUnavailable
 from ...models import Claim, Run, StepRecord
 from .. import queries
 from .values import Notifications, checked_run_id, float_or_none, int_or_none, utcnow
 
 MAX_IDLE_CONNECTIONS = 8
+
+#: Test hook, called ``(store, statement name)`` just before a store sends
+#: a statement by name: raising a driver error of the store's backend there
+#: (``psycopg.errors.…``) is the database refusing that statement, mapped
+#: by the choke point as one is.
+statement_fault: Callable[[StoreCore, str], None] | None = None
 
 Row = Mapping[str, Any]
 """A result row, read by column name (``dict_row`` or ``sqlite3.Row``)."""
@@ -55,6 +68,8 @@ class StoreCore(abc.ABC):
     #: scheduled (PostgreSQL's NOTIFY; MariaDB's wake-up connection, which
     #: delivers nothing else: fences and requests are seen by polling).
     wakes: bool = False
+    #: Why runners must poll although the backend notifies (None: they need not).
+    listen_unavailable: str | None = None
     #: Exceptions of the driver that mean "the database is unreachable".
     _unavailable: ClassVar[tuple[type[BaseException], ...]] = ()
     _driver_errors: ClassVar[tuple[type[BaseException], ...]] = ()
@@ -64,7 +79,7 @@ class StoreCore(abc.ABC):
         for locks included (None: the backend's default)."""
         self.url = url
         self.statement_timeout = statement_timeout
-        self.sql = self.statements()
+        self.sql = _Statements(self, self.statements())
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -119,6 +134,11 @@ class StoreCore(abc.ABC):
     def _healthy(self, conn: Any) -> bool:
         return True
 
+    def _usable(self, conn: Any) -> bool:
+        """Whether an idle connection taken from the pool may be handed out:
+        False when the server closed it meanwhile (checked without a round trip)."""
+        return True
+
     def _schema_missing(self, exc: BaseException) -> bool:
         """Whether a driver error says everystep's tables do not exist."""
         return False
@@ -163,30 +183,42 @@ class StoreCore(abc.ABC):
         """
         if os.getpid() != self._pid:
             raise EverystepError("a Store cannot be used across fork(); open a new one in the child")
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
+        conn = self._checkout()
         try:
             if conn is None:
                 conn = self._open()
             yield conn
         except self._unavailable as exc:
             self._discard(conn)
-            if self._misconfigured(exc):
-                raise StoreMisconfigured(
-                    f"database {self.describe()} refused the connection: {_first_line(exc)}") from exc
-            raise StoreUnavailable(f"database {self.describe()} unavailable: {_first_line(exc)}") from exc
+            raise self.error_for(exc) from exc
         except self._driver_errors as exc:
             self._release_after_error(conn)
-            if self._schema_missing(exc):
-                raise SchemaMissing(
-                    f"database {self.describe()} has no everystep schema; run: everystep migrate --database URL"
-                ) from exc
-            raise EverystepError(f"database error: {_first_line(exc)}") from exc
+            raise self.error_for(exc) from exc
         except BaseException:
             self._release_after_error(conn)
             raise
         else:
             self._release(conn)
+
+    def _checkout(self) -> Any:
+        """An idle connection still open at the server's end, or None."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None or self._usable(conn):
+                return conn
+            self._discard(conn)
+
+    def error_for(self, exc: BaseException) -> EverystepError:
+        """The everystep error a driver error ``exc`` is (see the module docstring)."""
+        if isinstance(exc, self._unavailable):
+            if self._misconfigured(exc):
+                return StoreMisconfigured(f"database {self.describe()} refused the connection: {_first_line(exc)}")
+            return StoreUnavailable(f"database {self.describe()} unavailable: {_first_line(exc)}")
+        if self._schema_missing(exc):
+            return SchemaMissing(
+                f"database {self.describe()} has no everystep schema; run: everystep migrate --database URL")
+        return StoreError(f"database error: {_first_line(exc)}", type(exc).__name__)
 
     def _release(self, conn: Any) -> None:
         with self._lock:
@@ -220,10 +252,10 @@ class StoreCore(abc.ABC):
         self._fetchone("ping", {})
 
     def _fetchall(self, name: str, params: Mapping[str, Any], conn: Any = None) -> list[Row]:
-        if conn is not None:
-            return conn.execute(self.sql[name], params).fetchall()  # type: ignore[no-any-return]
-        with self.connection() as own:
-            return own.execute(self.sql[name], params).fetchall()  # type: ignore[no-any-return]
+        if conn is None:
+            with self.connection() as own:
+                return self._fetchall(name, params, own)
+        return conn.execute(self.sql[name], params).fetchall()  # type: ignore[no-any-return]
 
     def _fetchone(self, name: str, params: Mapping[str, Any], conn: Any = None) -> Row | None:
         rows = self._fetchall(name, params, conn)
@@ -286,6 +318,21 @@ class StoreCore(abc.ABC):
             cpu_seconds=float_or_none(row["cpu_seconds"]),
             peak_rss_bytes=int_or_none(row["peak_rss_bytes"]),
         )
+
+
+class _Statements(dict[str, str]):
+    """A store's statements by name. Every one is looked up right before it
+    is sent, inside ``connection()``: where the test hook ``statement_fault``
+    strikes, as the database would."""
+
+    def __init__(self, store: StoreCore, statements: Mapping[str, str]) -> None:
+        super().__init__(statements)
+        self._store = store
+
+    def __getitem__(self, name: str) -> str:
+        if statement_fault is not None:
+            statement_fault(self._store, name)
+        return super().__getitem__(name)
 
 
 def _first_line(exc: BaseException) -> str:

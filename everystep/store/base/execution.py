@@ -299,6 +299,15 @@ class Execution(StoreCore):
         params = self._params(**self._claim_params(claim), not_before=self._time_param(not_before))
         return self._fetchone("release", params) is not None
 
+    def defer(self, claim: Claim, not_before: dt.datetime, error_json: str) -> bool:
+        """Give the run back to the queue until ``not_before`` after one of
+        the engine's statements failed, with that error (``error_json``) as
+        its error meanwhile, if ``claim`` is still current
+        (``everystep.engine_errors``)."""
+        params = self._params(**self._claim_params(claim), not_before=self._time_param(not_before),
+                              error=error_json)
+        return self._fetchone("defer", params) is not None
+
     def finish_run(
         self,
         claim: Claim,

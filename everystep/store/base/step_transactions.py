@@ -31,9 +31,9 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ...errors import EverystepError, StoreUnavailable
+from ...errors import EverystepError
 from ...models import Claim, StepRecord
-from .core import StoreCore, _first_line
+from .core import StoreCore
 from .values import Marker, NewStep, StepWrite
 
 if TYPE_CHECKING:
@@ -86,6 +86,8 @@ class StepTransaction:
         self._ended = ended or (lambda: not store._in_transaction(raw))
         self._failed = failed or (lambda: store._transaction_failed(raw))
         self.open = True
+        #: How the step's body failed (its own doing, recorded as its failure).
+        self.body_error: BaseException | None = None
 
     @classmethod
     @contextlib.contextmanager
@@ -160,12 +162,10 @@ class StepTransaction:
         store = self._store
         try:
             yield
-        except (EverystepError, StoreUnavailable):
+        except EverystepError:
             raise
-        except store._unavailable as exc:
-            raise StoreUnavailable(f"database {store.describe()} unavailable: {_first_line(exc)}") from exc
-        except store._driver_errors as exc:
-            raise EverystepError(f"database error: {_first_line(exc)}") from exc
+        except (*store._unavailable, *store._driver_errors) as exc:
+            raise store.error_for(exc) from exc
 
 
 class StepTransactions(StoreCore):

@@ -622,6 +622,15 @@ SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(n
 WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
   AND claim_epoch = %(claim_epoch)s
 
+-- name: defer
+-- Back to the queue until not_before after one of the engine's own
+-- statements failed, holding that error meanwhile (everystep/engine_errors.py).
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s, wait_key = NULL,
+    error = %(error)s
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+  AND claim_epoch = %(claim_epoch)s
+
 -- name: insert_attempt
 INSERT IGNORE INTO everystep_attempt (workflow_id, step_id, attempt, error, started_at, failed_at, retry_at)
 VALUES (%(run_id)s, %(step_id)s, %(attempt)s, %(error)s, %(started_at)s, %(failed_at)s, %(wake_at)s)

@@ -707,6 +707,22 @@ WITH async_commit AS (
 )
 SELECT released.id, pg_notify('everystep_scheduled', released.name)::text AS notified FROM released
 
+-- name: defer
+-- Give the run back to the queue until `not_before` after one of the
+-- engine's own statements failed (everystep/engine_errors.py), holding
+-- that error (and how many times it was given back for one) as its error
+-- meanwhile; its end overwrites it. Fenced like every executor write;
+-- LISTENing runners are told, so each sets its timer by the new due time.
+WITH deferred AS (
+    UPDATE everystep_workflow
+    SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = %(not_before)s, wait_key = NULL,
+        error = %(error)s::json
+    WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s
+      AND claim_epoch = %(claim_epoch)s
+    RETURNING id, name
+)
+SELECT deferred.id, pg_notify('everystep_scheduled', deferred.name)::text AS notified FROM deferred
+
 -- name: insert_attempt
 -- One failed attempt of a retried step, written in the transaction that
 -- recorded the step `retrying` (which is what fences it).

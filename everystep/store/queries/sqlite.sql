@@ -599,6 +599,16 @@ WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
   AND claim_epoch = :claim_epoch
 RETURNING id
 
+-- name: defer
+-- Back to the queue until :not_before after one of the engine's own
+-- statements failed, holding that error meanwhile (everystep/engine_errors.py).
+UPDATE everystep_workflow
+SET status = 'scheduled', claimed_by = NULL, claimed_at = NULL, not_before = :not_before, wait_key = NULL,
+    error = :error
+WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer
+  AND claim_epoch = :claim_epoch
+RETURNING id
+
 -- name: insert_attempt
 INSERT INTO everystep_attempt (workflow_id, step_id, attempt, error, started_at, failed_at, retry_at)
 VALUES (:run_id, :step_id, :attempt, :error, :started_at, :failed_at, :wake_at)
