@@ -34,7 +34,7 @@ from everystep.errors import EverystepError, NameInUse, SchemaMissing, StoreMisc
 from everystep.resources import parse_size
 from everystep.store import Store, connect
 
-from . import ctl
+from . import ctl, heap
 from .claim_ahead import SHORT_RUN
 from .config import MAX_PROCS, Config, default_socket_path
 from .states import Command
@@ -47,8 +47,8 @@ logger = logging.getLogger("everystep.supervisor")
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "done",
     EXIT_FAILED: "stopped by a failure (children failing to boot, runner name taken over)",
-    EXIT_USAGE: "bad command line or a database that refuses the configuration (no such database or role, a "
-                "bad password or option)",
+    EXIT_USAGE: "bad command line (a --max-memory-per-child below what a new child owns included) or a "
+                "database that refuses the configuration (no such database or role, a bad password or option)",
     EXIT_UNAVAILABLE: "database still unreachable when --wait-for-database ran out",
 }
 #: Ctrl-C while waiting for the database, before anything started (128 + SIGINT).
@@ -125,7 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-runs-per-child", type=count(0, 10**9), default=0, metavar="N",
                         help="recycle a child after N runs (default 0: never)")
     parser.add_argument("--max-memory-per-child", type=count(0, 10**7), default=0, metavar="MB",
-                        help="recycle a child whose RSS exceeds MB after a run (default 0: never)")
+                        help="recycle a child that owns more than MB after a run: its USS (pages only it "
+                             "holds, from /proc/PID/smaps_rollup; RSS where unreadable), checked at most once a "
+                             "second; refused at start if below a new child's USS (default 0: never)")
     parser.add_argument("--max-crashes", type=count(1, 1000), default=defaults.max_crashes, metavar="N",
                         help=f"fail a run after its child died N times running it (default {defaults.max_crashes})")
     parser.add_argument("--socket", default=None, metavar="PATH",
@@ -172,7 +174,9 @@ def build_ctl_parser() -> OneLineParser:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=OneLineParser)
     actions.required = True
     actions.add_parser(Command.STATUS, help="children, their runs and steps",
-                       description="The supervisor's children: state, run, workflow, step, time in step, RSS, CPU.")
+                       description="The supervisor's children: state, run, workflow, step, time in step, "
+                                   "memory (USS: what the child owns, at most 5 s old; RSS: resident pages, the "
+                                   "app's shared ones included), CPU.")
     kill = actions.add_parser(Command.KILL, help="kill the child running RUN",
                               description="SIGKILL the child executing RUN; its step in flight is recorded as "
                                           "failed (StepKilled), or, with --requeue, the run goes back to the queue.")
@@ -291,11 +295,13 @@ def _run(config: Config) -> int:
     from .control import ControlSocketError
     from .sdnotify import Notifier
 
-    from .startup import wait_for_database
+    from .startup import wait_for_database, warn_fork_hazards
 
     notifier = Notifier.from_env(unset=True)
+    heap.hold()  # the app's heap stays whole until the fork (heap.py)
     try:
         registry.import_apps(config.app)
+        warn_fork_hazards(logger, f"{PROG} {config.name}")
         versions.set_app_version(config.app_version)
         store = connect(config.database, statement_timeout=config.db_timeout)
         wait_for_database(lambda: _check_database(store), limit=config.wait_for_database, notifier=notifier,
