@@ -249,7 +249,7 @@ def section(ctx: Context) -> Section:
     )
     trees = out.get("trees", {})
     table = Table(["system", "workers", "app heap MiB", "child RSS MiB", "child PSS MiB", "child USS MiB (max)",
-                   "USS ÷ heap", "parent RSS / PSS / USS MiB", "tree PSS MiB", "tree PSS ÷ heap"],
+                   "largest USS ÷ heap", "parent RSS / PSS / USS MiB", "tree PSS MiB", "tree PSS ÷ heap"],
                   caption="Means per child after the burst; the tree is the parent and its children.")
     uss_ok: list[str] = []
     pss_at_max: str | None = None
@@ -287,8 +287,8 @@ def section(ctx: Context) -> Section:
     costs = Table(["what the freeze costs", "value"])
     start = out.get("start")
     if start:
-        costs.add("gc.freeze() before the first fork, ms (objects frozen)",
-                  f"{start['freeze_ms']:.2f} ({start['frozen']:,.0f})")
+        costs.add("gc.freeze() before the first fork, µs (objects frozen)",
+                  f"{start['freeze_ms'] * 1000:.1f} ({start['frozen']:,.0f})")
         costs.add("the app's import, collector on → off (as the supervisor imports it), s",
                   f"{start['import_on_s']:.2f} → {start['import_off_s']:.2f}")
     pair = out.get("pair")

@@ -2,7 +2,8 @@
 tuples and strings, as model tables and caches are), and a GC-heavy
 workflow: the supervisor-memory test (``tests/test_supervisor_memory.py``).
 
-``HEAP_BYTES`` is what the import added to the process's resident memory.
+``HEAP_BYTES`` is what building the tables added to the process's
+resident memory.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def _build(megabytes: int) -> list[list[dict[str, Any]]]:
+def _build(megabytes: int) -> tuple[list[list[dict[str, Any]]], int]:
+    """The tables, and how much they grew the process (measured before a
+    reload drops the tables they replace)."""
     start, target = _rss(), megabytes * 1024 * 1024
     tables: list[list[dict[str, Any]]] = []
     serial = 0
@@ -34,12 +37,10 @@ def _build(megabytes: int) -> list[list[dict[str, Any]]]:
             chunk.append({"id": serial, "name": f"item-{serial}", "tags": (f"t{serial % 97}", f"g{serial}"),
                           "attrs": {"rank": serial % 1000}})
         tables.append(chunk)
-    return tables
+    return tables, _rss() - start
 
 
-_before = _rss()
-TABLES = _build(HEAP_MB)
-HEAP_BYTES = _rss() - _before
+TABLES, HEAP_BYTES = _build(HEAP_MB)
 
 
 @step
