@@ -70,7 +70,7 @@ def _supervisor(ctx: Context, url: str, nprocs: int, socket_path: str, *, freeze
     return procs.Proc(cmd, ctx.work.log("case16-supervisor"), _env(ctx))
 
 
-def _everystep_burst(ctx: Context, url: str, proc: procs.Proc, socket_path: str, nprocs: int,
+def _everystep_burst(url: str, proc: procs.Proc, socket_path: str, nprocs: int,
                      runs: int, before: int = 0) -> dict[str, Any]:
     """Wait for the children, run ``runs`` runs (after the ``before`` runs
     this supervisor already ran), wait for them to be idle; returns the
@@ -102,7 +102,7 @@ def measure_everystep(ctx: Context, nprocs: int, freeze: bool) -> dict[str, Any]
     socket_path = ctx.work.socket()
     proc = _supervisor(ctx, url, nprocs, socket_path, freeze=freeze)
     with procs.running(proc):
-        return _everystep_burst(ctx, url, proc, socket_path, nprocs, nprocs * ctx.settings.tree_runs_per_child)
+        return _everystep_burst(url, proc, socket_path, nprocs, nprocs * ctx.settings.tree_runs_per_child)
 
 
 def measure_celery(ctx: Context, nprocs: int) -> dict[str, Any]:
@@ -165,7 +165,7 @@ def paired_runs(ctx: Context) -> dict[str, Series]:
             socket_path = ctx.work.socket()
             proc = _supervisor(ctx, ctx.urls["memory"], PAIR_PROCS, socket_path, freeze=freeze)
             with procs.running(proc):
-                rates[freeze] = _everystep_burst(ctx, ctx.urls["memory"], proc, socket_path, PAIR_PROCS,
+                rates[freeze] = _everystep_burst(ctx.urls["memory"], proc, socket_path, PAIR_PROCS,
                                                  s.freeze_pair_runs)["runs_per_second"]
         out["freeze"].add(rates[True])
         out["nofreeze"].add(rates[False])
@@ -183,8 +183,8 @@ def long_burst(ctx: Context) -> dict[str, Any]:
                        extra=("--max-runs-per-child", str(s.long_burst_runs_per_child), "--log-level", "debug"))
     early_runs = max(s.long_burst_runs // 10, 1)
     with procs.running(proc):
-        first = _everystep_burst(ctx, url, proc, socket_path, PAIR_PROCS, early_runs)
-        last = _everystep_burst(ctx, url, proc, socket_path, PAIR_PROCS, s.long_burst_runs, before=early_runs)
+        first = _everystep_burst(url, proc, socket_path, PAIR_PROCS, early_runs)
+        last = _everystep_burst(url, proc, socket_path, PAIR_PROCS, s.long_burst_runs, before=early_runs)
         restarts = last["status"].get("restarts", {})
     froze = [(int(count), float(ms)) for count, ms in FROZE.findall(proc.log.read_text(errors="replace"))]
     return {"early": first["tree"]["parent"], "end": last["tree"]["parent"], "froze": froze,
