@@ -49,6 +49,15 @@ class Settings:
     lever_runs: int = 300
     against_runs: int = 2000
     against_reps: int = 6
+    #: Case 17: the app's heap (MiB), the worker counts, the burst per
+    #: worker, the paired per-run cost, and the parent's long burst.
+    heap_mb: int = 270
+    tree_procs: tuple[int, ...] = (2, 4, 8)
+    tree_runs_per_child: int = 100
+    freeze_pair_runs: int = 500
+    freeze_pair_reps: int = 4
+    long_burst_runs: int = 5000
+    long_burst_runs_per_child: int = 25
 
     @classmethod
     def for_mode(cls, quick: bool, smoke: bool = False) -> Settings:
@@ -63,7 +72,8 @@ class Settings:
                 depth_history=(0, 2_000), depth_backlog=(500,), depth_runs=50, depth_probes=10, depth_reps=1,
                 history_reps=1, scale_supervisors=(1, 2), scale_single_procs=2, scale_runs=60, scale_reps=1,
                 prune_history=2_000, prune_phase_seconds=0.5, profile_runs=60, profile_windows=1, lever_runs=20,
-                against_runs=30, against_reps=1,
+                against_runs=30, against_reps=1, heap_mb=16, tree_procs=(2,), tree_runs_per_child=5,
+                freeze_pair_runs=20, freeze_pair_reps=1, long_burst_runs=40, long_burst_runs_per_child=5,
             )
         if not quick:
             return cls()
@@ -75,7 +85,8 @@ class Settings:
             history_reps=1,
             scale_supervisors=(1, 2), scale_single_procs=4, scale_runs=300, scale_reps=1,
             prune_history=20_000, prune_phase_seconds=1.5, profile_runs=1000, lever_runs=60,
-            against_runs=1000, against_reps=3,
+            against_runs=1000, against_reps=3, tree_runs_per_child=50, freeze_pair_runs=400, freeze_pair_reps=2,
+            long_burst_runs=1000,
         )
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
                case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues, case12_waits,
-               case13_transactional, case14_async, case15_no_regression, case16_pooler, case_mariadb, esdb, pg)
+               case13_transactional, case14_async, case15_no_regression, case16_pooler, case17_memory, case_mariadb, esdb, pg)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -46,6 +46,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case14", "Case 14 — async I/O", case14_async.run, case14_async.section),
     ("case15", "Case 15 — no regression", case15_no_regression.run, case15_no_regression.section),
     ("case16", "Case 16 — behind a pooler", case16_pooler.run, case16_pooler.section),
+    ("case17", "Case 17 — a big app in every child", case17_memory.run, case17_memory.section),
     ("mariadb", "MariaDB — cases 2 and 4", case_mariadb.run, case_mariadb.section),
 ]
 
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx.urls["queues"] = server.create_database("bench_queues")
         ctx.urls["against_base"] = server.create_database("bench_against_base")  # each side migrates its own
         ctx.urls["against_here"] = server.create_database("bench_against_here")
-        for key in ("es", "es_async", "scale", "profile", "queues"):
+        ctx.urls["memory"] = server.create_database("bench_memory")
+        for key in ("es", "es_async", "scale", "profile", "queues", "memory"):
             esdb.migrate(ctx.urls[key])
         server.enable_statement_stats(ctx.urls["profile"])
         settings_seen = server.settings(ctx.urls["es"])
@@ -181,6 +183,9 @@ TARGETS = [
     ("case12", "send to resume", "Case 12: send to resume, p50 ≤ 5 ms and p99 ≤ 25 ms"),
     ("case15", "no regression", "Case 15: case 2 at --procs 2 ≥ 1.0× b722e5f, paired (no regression)"),
     ("case16", "through PgBouncer", "Case 16: case 2 at --procs 2 through PgBouncer (transaction mode) ≥ 0.8× direct, paired"),
+    ("case17", "USS per child", "Case 17: USS per child ≤ 15 % of the app's heap at every --procs"),
+    ("case17", "total PSS", "Case 17: total PSS of the tree ≤ 2× the app's heap at --procs 8"),
+    ("case17", "cost per run", "Case 17: the freeze's cost per run ≤ 1 %, paired"),
 ]
 _TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
 

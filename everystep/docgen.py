@@ -243,6 +243,8 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "reason": metrics.RESTART_REASONS,
     "command": (*metrics.SUPERVISOR_COMMANDS, INVALID_COMMAND),
     "kind": metrics.WAIT_KINDS,
+    "process": metrics.MEMORY_PROCESSES,
+    "measure": metrics.MEMORY_MEASURES,
 }
 
 

@@ -44,6 +44,13 @@ RESTART_REASONS: tuple[str, ...] = tuple(RestartReason)
 #: Buckets of the step cost histograms: CPU seconds, and bytes of peak RSS growth.
 CPU_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, float("inf"))
 RSS_BUCKETS = tuple(float(1 << shift) for shift in (16, 20, 22, 24, 26, 28, 30, 32)) + (float("inf"),)
+#: ``everystep_supervisor_memory_bytes``: whose memory (the parent, its
+#: children added up, the child owning most), and which measure: USS (the
+#: pages only that process holds), PSS (those plus its share of shared
+#: pages: adds up to what the tree holds) and RSS (every resident page, the
+#: app's shared ones included).
+MEMORY_PROCESSES = ("parent", "children", "largest_child")
+MEMORY_MEASURES = ("uss", "pss", "rss")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class Metrics:
     blocked: Gauge
     oldest_pending_age: Gauge
     children: Gauge
+    memory: Gauge
     child_restarts: Counter
     step_timeouts: Counter
     control_requests: Counter
@@ -131,6 +139,10 @@ def _create() -> Metrics | None:
         oldest_pending_age=Gauge("everystep_workflows_oldest_pending_age_seconds",
                                  "Age of the oldest scheduled run", multiprocess_mode=latest),
         children=Gauge("everystep_supervisor_children", "Child processes alive", ["runner"], multiprocess_mode=live),
+        memory=Gauge("everystep_supervisor_memory_bytes",
+                     "Memory of the supervisor's processes, read when scraped: uss is what a process owns, pss "
+                     "adds its share of shared pages, rss counts every resident page (the app's shared ones too)",
+                     ["runner", "process", "measure"], multiprocess_mode=latest),
         child_restarts=Counter("everystep_supervisor_child_restarts_total", "Children replaced, by reason",
                                ["runner", "reason"]),
         step_timeouts=Counter("everystep_supervisor_step_timeouts_total", "Steps killed past their timeout",

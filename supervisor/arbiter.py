@@ -24,6 +24,11 @@ hooks), so no child can inherit a live connection and finalize it, which
 would terminate the parent's session. They reopen lazily afterwards, and a
 claim and a fence check follow at once in case a notification arrived
 while LISTEN was closed. Every deadline uses ``time.monotonic()``.
+
+Shared memory: right before forking, the parent freezes the collector's
+view of its heap (``heap``: CPython's ``gc.freeze()`` recipe), so a
+child's garbage collections never write to the app's objects and the
+app's pages stay shared with every child.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import sys
 import time
 
 from everystep import metrics, traces, versions
+from everystep.cliutil import EXIT_USAGE
 from everystep.claimloop import ClaimLoop
 from everystep.listener import Listener
 from everystep.models import TERMINAL_STATUSES, Outcome, Run
@@ -46,7 +52,7 @@ from everystep.store import Store, close_default_stores
 from everystep.store.postgres import FENCE_CHANNEL
 
 from . import child as child_process
-from . import reporting, titles, verbs
+from . import heap, reporting, titles, verbs
 from .budgets import Budgets
 from .channels import ChildChannels
 from .children import Child, describe_exit
@@ -107,6 +113,7 @@ class Arbiter:
         self.channels = ChildChannels(self.selector, self._on_ready, self._on_done)
         self.http: LoopHTTPServer | None = None
         self._boot_failures = 0
+        self._baseline_checked = False
         self._reload_requested = False
         self.progress = reporting.Progress(self.notifier, config.show_progress)
         self._last_sweep = 0.0
@@ -133,6 +140,7 @@ class Arbiter:
             self.listener.open()
             self.budgets.open()
             self._spawn_missing()
+            heap.after_fork()  # forked or not (--procs 0), the parent collects its own garbage from here
             self.notifier.ready(reporting.status_line(self))
             logger.info("%s: master pid %d, %s, %s, control socket %s", self.who, os.getpid(),
                         reporting.plural(self.procs, "child", "children"), self.store.describe(),
@@ -282,8 +290,11 @@ class Arbiter:
                 hook()
             except Exception:
                 logger.exception("%s: before_fork hook %r failed", self.who, hook)
+        took = heap.before_fork()  # last: what the hooks dropped is not frozen
+        logger.debug("%s: froze %d objects before forking in %.1f ms", self.who, heap.frozen(), took * 1000)
 
     def _after_fork(self) -> None:
+        heap.after_fork()
         if not self.stopping:
             self.listener.open()
         self._listening_again()
@@ -359,7 +370,24 @@ class Arbiter:
 
     def _on_ready(self, kid: Child, ready: Ready) -> None:
         self._boot_failures = 0
+        kid.owned = ready.owned
         self.budgets.joined(kid, ready.cgroup)
+        if not self._baseline_checked:
+            self._baseline_checked = True
+            self._check_baseline(kid, ready.owned)
+
+    def _check_baseline(self, kid: Child, owned: int) -> None:
+        """A ``--max-memory-per-child`` below what a child owns as it starts
+        would replace every child after every run: refused at start."""
+        limit = self.config.max_memory_per_child
+        if not limit or owned <= limit * 1024 * 1024:
+            return
+        logger.error("%s: --max-memory-per-child %d MB is below what a new child owns (%.0f MB USS, child %d "
+                     "right after it started): every child would be replaced after every run; set it above %d "
+                     "or to 0", self.who, limit, owned / 1048576, kid.slot, -(-owned // 1048576),
+                     extra={"event": "max_memory_below_baseline"})
+        self.exit_code = EXIT_USAGE
+        self.begin_drain()
 
     # -- reaping ------------------------------------------------------------------
 
@@ -404,6 +432,9 @@ class Arbiter:
         overrun = self.budgets.ended(kid, status, steps)
         if overrun is not None and kid.kill_reason is None:
             how = "killed by SIGKILL (the kernel's out-of-memory killer)"
+        if kid.bye_reason == ByeReason.MAX_MEMORY:
+            how += (f" (replaced: it owned {kid.owned / 1048576:.0f} MB, USS, over --max-memory-per-child "
+                    f"{self.config.max_memory_per_child})")
         reason = restart_reason(kid.kill_reason, kid.bye_reason, run is not None, overrun is not None)
         if not self.stopping:
             self.restarts[reason] += 1  # a replacement is spawned

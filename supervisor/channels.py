@@ -105,7 +105,7 @@ class ChildChannels:
             kid.said_bye(ByeReason.parse(message.reason))
 
     def _run_done(self, kid: Child, done: Done) -> None:
-        run = kid.done(done.run, done.rss)
+        run = kid.done(done.run, done.owned)
         if run is None:
             return
         self.on_done(kid, run, Outcome(done.outcome))

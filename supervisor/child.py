@@ -36,8 +36,9 @@ from everystep.models import RUNNING, Run
 from everystep.observer import Observer, Observers
 from everystep.store import connect
 
-from . import titles
+from . import heap, titles
 from .cgroups import ChildGroup, OpenGroup
+from .memory import MemorySampler
 from .meter import ChildMeter
 from .protocol import (
     Bye,
@@ -63,6 +64,9 @@ BOOT_ERROR = 3
 PR_SET_PDEATHSIG = 1
 PARENT_WATCH_INTERVAL = 0.5
 IDLE_WAKEUP = 0.5
+#: With ``--max-memory-per-child``, seconds between two USS readings (each
+#: walks the page tables: about 2 ms for a 350 MB process).
+MEMORY_CHECK_EVERY = 1.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class ChildSpec:
 
 def main(spec: ChildSpec, channel: Channel, inherited: list[int]) -> NoReturn:
     """Entry point right after ``fork()``; never returns."""
+    heap.in_child()
     code = 1
     try:
         code = _serve(spec, channel, inherited)
@@ -272,19 +277,27 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
     meter = ChildMeter(spec.step_memory_limit, spec.step_cpu_limit, group)
     meter.install()
     process = psutil.Process()
+    memory = MemorySampler(every=MEMORY_CHECK_EVERY)
     runs_done = 0
 
-    def rss() -> int:
-        return process.memory_info().rss if spec.max_memory_mb else 0
+    def owned() -> int:
+        """What this child owns (USS) if a limit needs it; its RSS when that
+        alone shows it under the limit."""
+        if not spec.max_memory_mb:
+            return 0
+        rss = process.memory_info().rss
+        if rss <= spec.max_memory_mb * 1024 * 1024:
+            return rss  # USS <= RSS: under the limit without reading smaps
+        return memory.sample(process).owned
 
     def leaving_after_this_run() -> ByeReason | None:
         if draining.is_set():
             return ByeReason.DRAIN
-        return _recycle_reason(spec, runs_done + 1, rss())
+        return _recycle_reason(spec, runs_done + 1, owned())
 
     reporter = Reporter(channel, spec, leaving_after_this_run, meter)
     observer = Observers([reporter, *spec.observers])
-    reporter.send(Ready(os.getpid(), cgroup=group is not None))
+    reporter.send(Ready(os.getpid(), cgroup=group is not None, owned=memory.sample(process).owned))
     while True:
         if draining.is_set() or os.getppid() != spec.parent_pid:
             reporter.send(Bye(ByeReason.DRAIN))
@@ -323,7 +336,7 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
                 reporter.send(Bye(leaving))
         runs_done += 1
         reporter.run_ended()
-        reporter.send(Done(run=run.id, outcome=outcome, rss=rss()))
+        reporter.send(Done(run=run.id, outcome=outcome, owned=owned()))
         titles.child_idle(spec.slot)
         if leaving:
             return 0
@@ -343,10 +356,11 @@ def _join_cgroup(spec: ChildSpec) -> OpenGroup | None:
         return None
 
 
-def _recycle_reason(spec: ChildSpec, runs_done: int, rss: int) -> ByeReason | None:
-    """Why this child should be replaced now, between runs (or None)."""
+def _recycle_reason(spec: ChildSpec, runs_done: int, owned: int) -> ByeReason | None:
+    """Why this child should be replaced now, between runs (or None).
+    ``owned``: what it owns (``supervisor.memory``), in bytes."""
     if spec.max_runs and runs_done >= spec.max_runs:
         return ByeReason.MAX_RUNS
-    if spec.max_memory_mb and rss > spec.max_memory_mb * 1024 * 1024:
+    if spec.max_memory_mb and owned > spec.max_memory_mb * 1024 * 1024:
         return ByeReason.MAX_MEMORY
     return None

@@ -38,6 +38,7 @@ from everystep.models import Run
 
 from .cgroups import ChildGroup
 from .fate import Overrun
+from .memory import Footprint, MemorySampler
 from .protocol import Channel, ProtocolError, build
 from .stepboard import StepBoard
 from .states import ByeReason, ChildState, KillReason, StepInFlight
@@ -92,7 +93,10 @@ class Child:
     #: every step in flight, timed or not, is on ``board``.
     timed_steps: dict[str, StepInFlight] = field(default_factory=dict)
     runs_done: int = 0
-    rss: int = 0
+    #: What it last said it owns: its USS as it booted, then after each run
+    #: (with ``--max-memory-per-child``) its USS, or its RSS where that
+    #: alone shows it under the limit.
+    owned: int = 0
     kill_reason: KillReason | None = None
     overdue_steps: list[StepInFlight] = field(default_factory=list)
     bye_reason: ByeReason | None = None
@@ -114,6 +118,7 @@ class Child:
     _delivered: bool = field(default=True, init=False)
     _process: psutil.Process | None = field(default=None, init=False)
     _cpu: CpuSampler = field(default_factory=CpuSampler, init=False)
+    _memory: MemorySampler = field(default_factory=MemorySampler, init=False)
 
     # -- what it is doing (read-only: the transitions below write it) ------------------
 
@@ -230,7 +235,7 @@ class Child:
         self._timed_run()
         return True
 
-    def done(self, run_id: str, rss: int) -> Run | None:
+    def done(self, run_id: str, owned: int) -> Run | None:
         """Its execution of ``run_id`` ended (``Done``); returns that run, or
         None if it is none of this child's (a stale message). A child that
         was finishing it stays busy with the run handed to it since."""
@@ -238,7 +243,7 @@ class Child:
         run = self._finishing_run if finished_early else self._run
         if run is None or run.id != run_id:
             return None
-        self.rss = rss or self.rss
+        self.owned = owned or self.owned
         self.runs_done += 1
         if finished_early:
             self._finishing_run = None  # ``run`` is its next run, already handed over
@@ -297,16 +302,19 @@ class Child:
         return self._process
 
     def usage(self) -> dict[str, Any]:
-        """RSS, and CPU% over the last window of at least ``CPU_WINDOW``
-        (``CpuSampler``), from psutil (``/proc/<pid>/stat``)."""
+        """Its memory (``MemorySampler``: RSS now, USS and PSS at most
+        ``memory.FULL_EVERY`` seconds old), and CPU% over the last window of
+        at least ``CPU_WINDOW`` (``CpuSampler``), from psutil."""
+        now = time.monotonic()
         try:
             process = self.process()
             with process.oneshot():
-                rss = process.memory_info().rss
+                memory = self._memory.sample(process, now)
                 times = process.cpu_times()
+            cpu = self._cpu.sample(now, times.user + times.system)
         except (psutil.Error, OSError):
-            return {"rss": self.rss, "cpu_percent": self._cpu.percent}
-        return {"rss": rss, "cpu_percent": self._cpu.sample(time.monotonic(), times.user + times.system)}
+            memory, cpu = self._memory.last or Footprint(rss=self.owned), self._cpu.percent
+        return {"rss": memory.rss, "uss": memory.uss, "pss": memory.pss, "cpu_percent": cpu}
 
 
 def describe_exit(status: int, kill_reason: KillReason | None = None) -> tuple[str, bool]:

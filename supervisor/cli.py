@@ -36,7 +36,7 @@ from everystep.errors import EverystepError, NameInUse, SchemaMissing, StoreMisc
 from everystep.resources import parse_size
 from everystep.store import Store, connect
 
-from . import ctl
+from . import ctl, heap
 from .claim_ahead import SHORT_RUN
 from .config import MAX_PROCS, Config, default_socket_path
 from .verbs import VERBS
@@ -52,8 +52,8 @@ logger = logging.getLogger("everystep.supervisor")
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "done",
     EXIT_FAILED: "stopped by a failure (children failing to boot, runner name taken over)",
-    EXIT_USAGE: "bad command line or a database that refuses the configuration (no such database or role, a "
-                "bad password or option)",
+    EXIT_USAGE: "bad command line (a --max-memory-per-child below what a new child owns included) or a "
+                "database that refuses the configuration (no such database or role, a bad password or option)",
     EXIT_UNAVAILABLE: "database still unreachable when --wait-for-database ran out",
 }
 
@@ -133,7 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-runs-per-child", type=count(0, 10**9), default=0, metavar="N",
                         help="recycle a child after N runs (default 0: never)")
     parser.add_argument("--max-memory-per-child", type=count(0, 10**7), default=0, metavar="MB",
-                        help="recycle a child whose RSS exceeds MB after a run (default 0: never)")
+                        help="recycle a child that owns more than MB after a run: its USS (pages only it "
+                             "holds, from /proc/PID/smaps_rollup; RSS where unreadable), checked at most once a "
+                             "second; refused at start if below a new child's USS (default 0: never)")
     parser.add_argument("--max-crashes", type=count(1, 1000), default=defaults.max_crashes, metavar="N",
                         help=f"fail a run after its child died N times running it (default {defaults.max_crashes})")
     parser.add_argument("--socket", default=None, metavar="PATH",
@@ -302,10 +304,12 @@ def _run(config: Config) -> int:
 def _start(config: Config, notifier: Notifier, who: str) -> int:
     from .arbiter import Arbiter
     from .control import ControlSocketError
-    from .startup import wait_for_database
+    from .startup import wait_for_database, warn_fork_hazards
 
+    heap.hold()  # the app's heap stays whole until the fork (heap.py)
     try:
         registry.import_apps(config.app)
+        warn_fork_hazards(logger, f"{PROG} {config.name}")
         versions.set_app_version(config.app_version)
         store = connect(config.database, statement_timeout=config.db_timeout, listen_url=config.listen_database)
         wait_for_database(lambda: _check_database(store), limit=config.wait_for_database, notifier=notifier,

@@ -88,10 +88,10 @@ def render_status(reply: StatusReply) -> str:
             step = f"{step} {kid.step_name.rsplit('.', 1)[-1]}"
         cpu = "" if kid.cpu_percent is None else f"{kid.cpu_percent:.0f}%"
         rows.append((kid.slot, kid.pid, kid.state, kid.run_id or "", kid.workflow or "", step,
-                     _seconds(kid.step_seconds), _seconds(kid.run_seconds), _megabytes(kid.rss), cpu,
-                     kid.runs_done))
-    table = format_table(("SLOT", "PID", "STATE", "RUN", "WORKFLOW", "STEP", "STEP FOR", "RUN FOR", "RSS", "CPU",
-                          "DONE"), rows)
+                     _seconds(kid.step_seconds), _seconds(kid.run_seconds), _megabytes(kid.uss),
+                     _megabytes(kid.rss), cpu, kid.runs_done))
+    table = format_table(("SLOT", "PID", "STATE", "RUN", "WORKFLOW", "STEP", "STEP FOR", "RUN FOR", "USS", "RSS",
+                          "CPU", "DONE"), rows)
     unhealthy = f"UNHEALTHY: {reply.engine_errors}\n" if reply.engine_errors else ""
     return f"{head}\n{unhealthy}{table}"
 

@@ -21,7 +21,7 @@ The life of one run::
     the child counts as idle: the next                                 under way
     Dispatch may be sent (it waits in the channel)
                        ◀──────────────────────────────  Bye(reason)   only if it leaves after R
-                       ◀──────────────────────────────  Done(R, outcome, rss)
+                       ◀──────────────────────────────  Done(R, outcome, owned)
     Exit(reason) ────────────────────────────────────▶ Bye(reason); os._exit(0)
 
 A child announces itself with ``Ready`` after the fork. The parent reads
@@ -174,6 +174,8 @@ class Ready(Message):
     pid: int
     #: The child joined the cgroup the parent made for it.
     cgroup: bool = False
+    #: What it owns once booted (USS, else RSS, bytes): its baseline.
+    owned: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,9 @@ class Done(Message):
     TAG: ClassVar[str] = "done"
     run: str
     outcome: str
-    rss: int = 0
+    #: With a memory limit, what it owns after the run (bytes): its USS, or
+    #: its RSS where that alone shows it under the limit; else 0.
+    owned: int = 0
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,9 @@ class ChildStatus:
     rss: int
     cpu_percent: float | None
     runs_done: int
+    #: What it owns (``supervisor.memory``); None where smaps is unreadable.
+    uss: int | None = None
+    pss: int | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ to import leaves the running code in place, and the failure is reported in
 one line with the file and line where it happened. The arbiter replaces the
 children (``Arbiter.replace_children``): idle ones at once, busy ones at
 their next step boundary; each new child forks from the re-imported parent.
+The new code is imported with the garbage collector off and frozen before
+any replacement child is forked (``heap``), so it is shared like the first.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from everystep import versions
 from everystep.errors import describe
 
+from . import heap
 from .protocol import ErrorReply, ReloadReply, Reply
 from .reporting import plural, status_line
 from .states import ByeReason
@@ -53,13 +56,17 @@ def reload(arbiter: Operable, who: str) -> Reply:
     if arbiter.stopping:
         return ErrorReply("the supervisor is stopping")
     arbiter.notifier.reloading()
+    heap.reloading()
     try:
         modules = reimport(arbiter.config.app)
     except ReloadFailed as exc:
+        heap.reloaded(imported=False)
         logger.error("%s: %s; keeping the running code (%s)", arbiter.who, exc, who,
                      exc_info=exc.__cause__ is not None and logger.isEnabledFor(logging.DEBUG))
         arbiter.notifier.ready(status_line(arbiter))
         return ErrorReply(f"{exc}; keeping the running code")
+    took = heap.reloaded(imported=True)
+    logger.debug("%s: old code collected, new code frozen in %.1f ms", arbiter.who, took * 1000)
     arbiter.loop.refresh_names()
     arbiter.loop.serve_versions(versions.served(arbiter.config.serve_versions))
     replacing = arbiter.replace_children(ByeReason.RELOAD)

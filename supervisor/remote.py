@@ -174,6 +174,8 @@ def snapshot(status: dict[str, Any], instance: str, wall: float) -> dict[str, An
             "step_since": round(wall - step_seconds, 3) if step_seconds is not None else None,
             "run_since": round(wall - run_seconds, 3) if run_seconds is not None else None,
             "rss": child.get("rss"),
+            "uss": child.get("uss"),
+            "pss": child.get("pss"),
             "cpu_percent": child.get("cpu_percent"),
             "runs_done": child.get("runs_done"),
         })

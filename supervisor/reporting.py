@@ -12,12 +12,16 @@ import selectors
 import time
 from typing import TYPE_CHECKING
 
+import psutil
+
 from everystep import exposition, metrics
 from everystep.errors import EverystepError
+from everystep.metrics import MEMORY_MEASURES
 from everystep.models import TERMINAL_STATUSES
 
 from .control import ControlSocketError
 from .http import LoopHTTPServer
+from .memory import measure
 from .protocol import ChildStatus, StatusReply
 from .states import ChildState
 
@@ -54,6 +58,8 @@ def _child_status(kid: Child, now: float) -> ChildStatus:
         rss=int(usage["rss"] or 0),
         cpu_percent=usage["cpu_percent"],
         runs_done=kid.runs_done,
+        uss=usage["uss"],
+        pss=usage["pss"],
     )
 
 
@@ -128,6 +134,30 @@ def gauge_children(arbiter: SupervisorView) -> None:
     metrics.record(update)
 
 
+def gauge_memory(arbiter: SupervisorView) -> None:
+    """``everystep_supervisor_memory_bytes``: the parent's memory now, its
+    children's as last sampled (``Child.usage``)."""
+    try:
+        parent = measure(psutil.Process())
+    except (psutil.Error, OSError):
+        return
+    kids = [kid.usage() for kid in arbiter.children.values()]
+    largest = max(kids, key=lambda usage: usage["uss"] or usage["rss"] or 0, default=None)
+    values = {
+        "parent": {"uss": parent.uss, "pss": parent.pss, "rss": parent.rss},
+        "children": {kind: sum(usage[kind] or 0 for usage in kids) for kind in MEMORY_MEASURES},
+        "largest_child": {kind: (largest[kind] or 0) if largest else 0 for kind in MEMORY_MEASURES},
+    }
+
+    def update(m: metrics.Metrics) -> None:
+        for process, measures in values.items():
+            for kind, value in measures.items():
+                if value is not None:
+                    m.memory.labels(arbiter.name, process, kind).set(value)
+
+    metrics.record(update)
+
+
 def metrics_server(arbiter: SupervisorView, selector: selectors.BaseSelector) -> LoopHTTPServer | None:
     """The metrics port, served from the arbiter's loop (``selector``), if configured."""
     config = arbiter.config
@@ -145,6 +175,7 @@ def metrics_server(arbiter: SupervisorView, selector: selectors.BaseSelector) ->
 def respond_http(arbiter: SupervisorView, path: str) -> tuple[int, str, bytes]:
     """The metrics port's answer to ``path``."""
     gauge_children(arbiter)  # gauges of the process tree are read when scraped
+    gauge_memory(arbiter)
     return exposition.respond(path, arbiter.store, arbiter.loop.engine)
 
 

@@ -30,6 +30,13 @@ Python's own SIGINT handler does, since what it interrupts (an app's
 import, a sleep, a connection attempt) holds nothing to settle; the
 arbiter installs its recording handlers first thing, so from then on a
 signal is queued for its loop.
+
+It also looks, once the app is imported, for what a fork cannot carry
+(``warn_fork_hazards``): threads the app's import started exist in the
+parent only (a child has none of them, and may inherit a lock one held),
+and network connections it opened would be shared by every child, their
+bytes interleaved on one socket. Either is said in one warning line; the
+supervisor still starts.
 """
 
 from __future__ import annotations
@@ -37,8 +44,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
+
+import psutil
 
 from everystep.errors import StoreMisconfigured, StoreUnavailable
 
@@ -134,3 +144,29 @@ def _sleep_feeding_watchdog(seconds: float, notifier: Notifier, sleep: Callable[
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def warn_fork_hazards(logger: logging.Logger, who: str) -> None:
+    """Warn about threads and network connections that exist before the
+    fork (call it right after the app's import, before the supervisor
+    opens connections of its own)."""
+    threads = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
+    if threads:
+        logger.warning("%s: the app's import started %d thread(s) (%s); children are forked without them and "
+                       "may inherit a lock one of them held: start threads in the child, after the fork "
+                       "(e.g. in the first step that needs them)", who, len(threads), ", ".join(threads),
+                       extra={"event": "threads_before_fork"})
+    try:
+        connections = psutil.Process().net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return
+    if connections:
+        where = ", ".join(sorted({_address(conn.raddr or conn.laddr) for conn in connections}))
+        logger.warning("%s: the app's import opened %d network connection(s) (%s); every child inherits "
+                       "them and would share one socket: open connections in the child, after the fork", who, len(connections), where,
+                       extra={"event": "connections_before_fork"})
+
+
+def _address(addr: object) -> str:
+    ip, port = getattr(addr, "ip", ""), getattr(addr, "port", "")
+    return f"{ip}:{port}" if ip else "?"

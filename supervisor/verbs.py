@@ -111,7 +111,8 @@ def _status(arbiter: Operable, request: StatusRequest, who: str) -> Reply:
 
 STATUS: Verb[StatusRequest, StatusReply] = Verb(
     StatusRequest, "children, their runs and steps",
-    "The supervisor's children: state, run, workflow, step, time in step, RSS, CPU.",
+    "The supervisor's children: state, run, workflow, step, time in step, memory (USS: what the child owns, at "
+    "most 5 s old; RSS: resident pages, the app's shared ones included), CPU.",
     handle=_status, describe=render_status,
 )
 

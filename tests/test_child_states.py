@@ -148,13 +148,13 @@ def test_the_first_kill_reason_and_bye_reason_stand() -> None:
     assert [name for name, _ in SIGNALS] == ["killpg", "killpg"]
 
 
-def test_done_counts_runs_and_keeps_the_last_known_rss() -> None:
+def test_done_counts_runs_and_keeps_what_the_child_last_said_it_owns() -> None:
     kid = child_in("busy")
     kid.done(R1.id, 0)
-    assert (kid.runs_done, kid.rss, kid.run_started) == (1, 0, None)
+    assert (kid.runs_done, kid.owned, kid.run_started) == (1, 0, None)
     kid.hand(R2, 3.0)
     kid.done(R2.id, 4096)
-    assert (kid.runs_done, kid.rss) == (2, 4096)
+    assert (kid.runs_done, kid.owned) == (2, 4096)
 
 
 def test_an_unknown_bye_reason_reads_as_exit() -> None:

@@ -9,6 +9,7 @@ socket. Waits poll with generous deadlines; no fixed sleep is an assertion.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -207,6 +208,9 @@ def test_max_memory_per_child_recycles_a_child_above_the_limit(db_url, store, su
     wait_for_pids_gone([hog_pid])
     status = sup.wait_idle()
     assert status["restarts"].get("recycle") == 1
+    owned = re.search(rf"child 1 \(pid {hog_pid}\) exited with code 0 \(replaced: it owned (\d+) MB, USS, over "
+                      r"--max-memory-per-child 200\)", sup.log())
+    assert owned and 300 <= int(owned.group(1)) < 400, sup.log()
 
 
 # -- burst -----------------------------------------------------------------------------

@@ -76,7 +76,7 @@ export function runnersPage(main) {
       return h("p", { class: "hint", text: runner.kind === "supervisor"
         ? "No children published yet." : "Threaded worker: runs on its threads, no children to show." });
     }
-    const head = h("thead", {}, h("tr", {}, ["Child", "PID", "State", "Run", "Workflow", "Step", "In step", "Memory", "CPU", ""]
+    const head = h("thead", {}, h("tr", {}, ["Child", "PID", "State", "Run", "Workflow", "Step", "In step", "USS", "RSS", "CPU", ""]
       .map((text) => h("th", { text }))));
     const rows = detail.children.map((child) => h("tr", { dataset: { slot: child.slot, run: child.run_id || "" } },
       h("td", { text: child.slot }),
@@ -86,7 +86,9 @@ export function runnersPage(main) {
       h("td", { class: "workflow", text: child.workflow || "" }),
       h("td", {}, child.step_id ? [h("code", { text: child.step_id }), " ", h("span", { text: child.step_name || "" })] : ""),
       h("td", {}, child.step_seconds !== null && child.step_seconds !== undefined ? age(child.step_seconds) : ""),
-      h("td", { text: bytes(child.rss) }),
+      h("td", { text: child.uss === null || child.uss === undefined ? "" : bytes(child.uss),
+                title: "what the child owns (unique set size): freed when it exits" }),
+      h("td", { text: bytes(child.rss), title: "resident pages, the app's shared ones included" }),
       h("td", { text: child.cpu_percent === null || child.cpu_percent === undefined ? "" : `${child.cpu_percent.toFixed(0)} %` }),
       h("td", {}, mayOperate && child.run_id ? h("button", {
         type: "button", class: "danger small", text: "Kill", title: "kill this child; its step is recorded as StepKilled",
@@ -96,7 +98,7 @@ export function runnersPage(main) {
         },
       }) : "")));
     return h("div", { class: "table-scroll" }, h("table", { class: "children" }, head,
-      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 10, class: "empty", text: "no children" })))));
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 11, class: "empty", text: "no children" })))));
   }
 
   function render(data) {
