@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import aio, body_calls, borrowed, new_run, registry, resources, runner, waits
+from . import async_steps, body_calls, borrowed, forks, loops, new_run, registry, resources, sleeps, steps, waits
 from . import transactional as transactional_steps
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
@@ -46,7 +46,7 @@ class WorkflowFunction:
         self.fn = fn
         self.name = name
         #: Whether the body is ``async def``, decided once: runners ask on every run.
-        self.is_async = aio.is_async(fn)
+        self.is_async = loops.is_async(fn)
         #: Seconds a run may take from its schedule before it is cancelled
         #: (reason "deadline"), unless ``schedule()`` gives its own.
         self.timeout = timeout
@@ -89,7 +89,7 @@ class StepFunction:
         self.fn = fn
         self.name = name
         #: Whether it is ``async def``, decided once: asked on every call.
-        self.is_async = aio.is_async(fn)
+        self.is_async = loops.is_async(fn)
         self.unsafe_to_repeat = unsafe_to_repeat
         self.timeout = timeout
         self.retry = retry
@@ -102,7 +102,17 @@ class StepFunction:
         self.transactional = transactional
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return runner.call_step(self, args, kwargs)
+        """Entry point of every ``@step`` call: a plain call outside a
+        running body (and in a step's own code); in an async body an
+        awaitable (``everystep.async_steps``); in a body, recorded now
+        (``everystep.steps``)."""
+        name = kwargs.pop("everystep_id", None)
+        ctx = runner_context()
+        if ctx is None:
+            return self.fn(*args, **kwargs)
+        if loops.in_async_body():
+            return async_steps.step_call(self, args, kwargs, name)
+        return steps.run_step(ctx, self, args, kwargs, name)
 
     def __repr__(self) -> str:
         flags = " unsafe_to_repeat" if self.unsafe_to_repeat else " transactional" if self.transactional else ""
@@ -243,7 +253,7 @@ def parallel(*branches: Any, everystep_id: str | None = None) -> tuple[Any, ...]
     Healthy branches still run to completion and are recorded. Branch steps
     get ids under ``<fork id>.<branch index>.``.
     """
-    return runner.run_parallel(branches, everystep_id)
+    return forks.run_parallel(branches, everystep_id)
 
 
 @declare(BodyRule.PLAIN, "The async fork: each branch's calls follow their own class, as in parallel.")
@@ -259,7 +269,7 @@ async def gather(*branches: Any, everystep_id: str | None = None) -> tuple[Any, 
     ``parallel``: healthy branches run to completion and are recorded, one
     failure re-raises as is, several as ``ExceptionGroup``, interrupts first.
     """
-    return await aio.gather(branches, everystep_id)
+    return await async_steps.gather(branches, everystep_id)
 
 
 @declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
@@ -280,13 +290,13 @@ def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> Non
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
             or seconds < 0:
         raise EverystepError(f"sleep needs a finite number of seconds, 0 or more, not {seconds!r}")
-    runner.sleep_until(utcnow() + dt.timedelta(seconds=seconds), everystep_id)
+    sleeps.sleep_until(utcnow() + dt.timedelta(seconds=seconds), everystep_id)
 
 
 @declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
 def sleep_until(when: dt.datetime, everystep_id: str | None = None) -> None:
     """Wait until ``when`` (an aware datetime), durably: see ``sleep``."""
-    runner.sleep_until(aware(when, "sleep_until"), everystep_id)
+    sleeps.sleep_until(aware(when, "sleep_until"), everystep_id)
 
 
 @declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
@@ -296,7 +306,7 @@ async def sleep_async(seconds: float | dt.timedelta, everystep_id: str | None = 
     if runner_context() is None:
         await asyncio.sleep(seconds.total_seconds() if isinstance(seconds, dt.timedelta) else seconds)
         return
-    await aio.in_thread(sleep, seconds, everystep_id)
+    await loops.in_thread(sleep, seconds, everystep_id)
 
 
 @declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
@@ -305,7 +315,7 @@ async def sleep_until_async(when: dt.datetime, everystep_id: str | None = None) 
     if runner_context() is None:
         await asyncio.sleep(max((aware(when, "sleep_until") - utcnow()).total_seconds(), 0.0))
         return
-    await aio.in_thread(sleep_until, when, everystep_id)
+    await loops.in_thread(sleep_until, when, everystep_id)
 
 
 def _workflow_name(wf: WorkflowFunction | str | Callable[..., Any]) -> str:
@@ -452,7 +462,7 @@ async def schedule_async(
     the way without a connection of yours. In an async body, a step as
     ``schedule``'s (``conn`` refused)."""
     if conn is None or body_calls.body_context("schedule_async", conn=conn) is not None:
-        return await aio.in_thread(
+        return await loops.in_thread(
             schedule, wf, *args, idempotency_key=idempotency_key, database=database, run_at=run_at, delay=delay,
             queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
             deadline=deadline, timeout=timeout, everystep_id=everystep_id)
@@ -499,7 +509,7 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
 async def recv_async(topic: str, timeout: float | dt.timedelta | None = None,
                      everystep_id: str | None = None) -> Any:
     """``recv`` in an async workflow: the same step, the same release."""
-    return await aio.in_thread(waits.recv, topic, timeout, everystep_id)
+    return await loops.in_thread(waits.recv, topic, timeout, everystep_id)
 
 
 @declare(BodyRule.RECORDED, 'Published in the transaction that records the step; a replay does not publish again.')
@@ -529,7 +539,7 @@ async def get_event_async(run_id: str, key: str, timeout: float = 0, database: s
                           everystep_id: str | None = None) -> Any:
     """``get_event`` from async code: in a worker thread, so the loop goes
     on (in an async body, the same step or wait as ``get_event``'s)."""
-    return await aio.in_thread(get_event, run_id, key, timeout, database, everystep_id)
+    return await loops.in_thread(get_event, run_id, key, timeout, database, everystep_id)
 
 
 @declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
@@ -563,13 +573,13 @@ def call(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
 @declare(BodyRule.RECORDED, 'Published in the transaction that records the step; a replay does not publish again.')
 async def set_event_async(key: str, value: Any, everystep_id: str | None = None) -> None:
     """``set_event`` in an async workflow."""
-    await aio.in_thread(set_event, key, value, everystep_id)
+    await loops.in_thread(set_event, key, value, everystep_id)
 
 
 @declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
 async def start_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> waits.ChildHandle:
     """``start`` in an async workflow; await ``handle.result_async()``."""
-    return await aio.in_thread(start, wf, *args, **options)
+    return await loops.in_thread(start, wf, *args, **options)
 
 
 @declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.")
@@ -586,7 +596,7 @@ async def send_async(run_id: str, topic: str, payload: Any, idempotency_key: str
     in the caller's open transaction, on the loop; without, the sync
     ``send`` in a worker thread (in an async body, a step as ``send``'s)."""
     if conn is None or body_calls.body_context("send_async", conn=conn) is not None:
-        return await aio.in_thread(send, run_id, topic, payload, idempotency_key, database, None, everystep_id)
+        return await loops.in_thread(send, run_id, topic, payload, idempotency_key, database, None, everystep_id)
     return await borrowed.send_async(conn, run_id, topic, waits.message_json(topic, payload, idempotency_key),
                                      idempotency_key)
 
@@ -618,7 +628,7 @@ async def get_run_async(run_id: str, database: str | Store | None = None, conn: 
     same step as ``get_run``'s)."""
     if conn is not None and body_calls.body_context("get_run_async", conn=conn) is None:
         return await borrowed.get_run_async(conn, run_id)
-    return await aio.in_thread(get_run, run_id, database, everystep_id)
+    return await loops.in_thread(get_run, run_id, database, everystep_id)
 
 
 @declare(BodyRule.RECORDED, 'Recorded: every replay sees the steps the first execution read.')
@@ -652,7 +662,7 @@ async def get_steps_async(run_id: str, database: str | Store | None = None,
                           everystep_id: str | None = None) -> list[StepRecord]:
     """``get_steps`` from async code, in a worker thread (in an async body,
     the same step as ``get_steps``'s)."""
-    return await aio.in_thread(get_steps, run_id, database, everystep_id)
+    return await loops.in_thread(get_steps, run_id, database, everystep_id)
 
 
 @declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, checked again after a tenth of the time waited (0.5 s to 30 s); returns the run as it ended.")
@@ -689,7 +699,7 @@ async def wait_async(run_id: str, timeout: float | None = 60.0, poll: float = 0.
     ``asyncio.sleep``, so the loop is never blocked between polls. In an
     async body, the durable wait of ``wait`` (``conn`` refused)."""
     if body_calls.body_context("wait_async", database=database, conn=conn) is not None:
-        return await aio.in_thread(wait, run_id, timeout, poll, None, everystep_id)
+        return await loops.in_thread(wait, run_id, timeout, poll, None, everystep_id)
     deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
     if conn is None and _provided(database) is None:
         database = _store(database)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import runner, serde
+from . import recording, serde
 from .context import Context, Execution, recording_context
 from .errors import STORE_FAILURES, BodyCallRefused, EverystepError, RunNotFound, SendRefused
 from .models import STEP_DONE, STEP_FAILED, StepRecord
@@ -73,16 +73,16 @@ def record_write(ctx: Context, step_name: str, args: list[Any], everystep_id: st
     ex = ctx.execution
     step_id, recorded = _enter(ex, ctx, step_name, everystep_id)
     if recorded is not None:
-        return decode(runner.replay_outcome(ex, recorded))
+        return decode(recording.replay_outcome(ex, recorded))
     args_json = _args_json(ex, step_name, args)
     entry = NewStep(step_id, step_name, args_json, "{}", utcnow(), status=STEP_DONE)
-    runner.crash_point(ctx, step_id)
+    recording.crash_point(ctx, step_id)
     try:
-        written = runner.store_write(ex, lambda markers: write(ex, entry, markers))
+        written = recording.store_write(ex, lambda markers: write(ex, entry, markers))
     except RECORDED_FAILURES as exc:
         return _record_failure(ex, entry, args, exc)
     ex.outcomes[step_id] = written.record
-    return decode(runner.replay_outcome(ex, written.record))
+    return decode(recording.replay_outcome(ex, written.record))
 
 
 def record_read(ctx: Context, step_name: str, args: list[Any], everystep_id: str | None,
@@ -93,7 +93,7 @@ def record_read(ctx: Context, step_name: str, args: list[Any], everystep_id: str
     ex = ctx.execution
     step_id, recorded = _enter(ex, ctx, step_name, everystep_id)
     if recorded is not None:
-        return decode(runner.replay_outcome(ex, recorded))
+        return decode(recording.replay_outcome(ex, recorded))
     args_json = _args_json(ex, step_name, args)
     entry = NewStep(step_id, step_name, args_json, "{}", utcnow(), status=STEP_DONE)
     try:
@@ -101,26 +101,26 @@ def record_read(ctx: Context, step_name: str, args: list[Any], everystep_id: str
     except STORE_FAILURES as exc:
         raise ex.interrupt_with(exc) from None
     except RECORDED_FAILURES as exc:
-        runner.crash_point(ctx, step_id)
+        recording.crash_point(ctx, step_id)
         return _record_failure(ex, entry, args, exc)
-    runner.crash_point(ctx, step_id)
+    recording.crash_point(ctx, step_id)
     encoded = encode(value)
     done = NewStep(step_id, step_name, args_json, "{}", entry.started_at, status=STEP_DONE,
                    result_json=serde.dumps(encoded, f"result of {step_name}"))
     decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=step_name, status=STEP_DONE, args=args,
                          result=encoded, started_at=entry.started_at)
-    written = runner.store_write(ex, lambda markers: ex.store.record_step(ex.claim, done, decoded, markers), done)
+    written = recording.store_write(ex, lambda markers: ex.store.record_step(ex.claim, done, decoded, markers), done)
     ex.outcomes[step_id] = written.record
-    return decode(runner.replay_outcome(ex, written.record))
+    return decode(recording.replay_outcome(ex, written.record))
 
 
 def _enter(ex: Execution, ctx: Context, step_name: str, everystep_id: str | None) -> tuple[str, StepRecord | None]:
     """The step id of the call, and its record if it has one (a record of
     another call there is a divergence); none: the call may start."""
-    step_id = runner.next_step_id(ex, ctx, everystep_id)
-    recorded = runner.recorded_at(ex, step_id, step_name)
+    step_id = recording.next_step_id(ex, ctx, everystep_id)
+    recorded = recording.recorded_at(ex, step_id, step_name)
     if recorded is None:
-        runner.may_start(ex, step_id, step_name)
+        recording.may_start(ex, step_id, step_name)
     return step_id, recorded
 
 
@@ -138,10 +138,10 @@ def _record_failure(ex: Execution, entry: NewStep, args: list[Any], error: Excep
                      error_json=serde.dumps(encoded, f"exception of step {entry.step_id}"))
     decoded = StepRecord(workflow_id=ex.run.id, step_id=entry.step_id, name=entry.name, status=STEP_FAILED,
                          args=args, error=encoded, started_at=entry.started_at)
-    written = runner.store_write(ex, lambda markers: ex.store.record_step(ex.claim, failed, decoded, markers),
+    written = recording.store_write(ex, lambda markers: ex.store.record_step(ex.claim, failed, decoded, markers),
                                  failed)
     ex.outcomes[entry.step_id] = written.record
-    return runner.replay_outcome(ex, written.record)
+    return recording.replay_outcome(ex, written.record)
 
 
 __all__ = ["GET_EVENT_STEP", "GET_RUN_STEP", "GET_STEPS_STEP", "RECORDED_FAILURES", "SCHEDULE_STEP", "SEND_STEP",

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import (
@@ -47,8 +48,8 @@ if TYPE_CHECKING:
     from .observer import Observer
     from types import CodeType
 
+    from .models import Outcome
     from .resources import StepMeter
-    from .runner import HeldRecord
     from .store import Marker, Store
 
 MAX_STEP_ID_LENGTH = 300
@@ -99,6 +100,22 @@ class ReplayLog(Protocol):
     def unrecorded(self, step_id: str, name: str) -> None: ...
 
 
+class HeldStep(Protocol):
+    """The body's last step, its record held back to go with the run's
+    status (``everystep.last_step.HeldRecord``)."""
+
+    def flush(self, ex: Execution) -> Any: ...
+
+    def commit(self, ex: Execution, status: Outcome, result_json: str | None) -> bool: ...
+
+
+class FaultHooks(Protocol):
+    """Where the test hook ``fault`` is read from, live, at each crash
+    point (``everystep.runner``, whose ``fault`` tests set)."""
+
+    fault: Callable[[Context, str], None] | None
+
+
 class SignalFlag:
     """A flag a signal handler may set: no lock, unlike ``threading.Event``,
     so setting it from a handler can never deadlock the thread it interrupts."""
@@ -146,9 +163,15 @@ class Execution:
     #: The code of the workflow body, once it runs: a step called from it
     #: in tail position is the run's last act (``runner.HeldRecord``).
     body_code: CodeType | None = None
+    #: The frame code that calls the body (the runner's ``execute``): a step
+    #: whose caller's caller is it is called from the body's own top level.
+    body_caller: CodeType | None = None
     #: The record of the body's last step, held back to be written with the
     #: run's terminal status in one transaction.
-    held: HeldRecord | None = None
+    held: HeldStep | None = None
+    #: Where the ``fault`` test hook is read (None: no crash points, as in
+    #: a dry replay).
+    hooks: FaultHooks | None = None
     #: Patch markers decided and not yet written: they go with the next
     #: write of this execution, in its transaction (``everystep.patches``).
     markers: list[Marker] = field(default_factory=list)
@@ -216,6 +239,10 @@ class Execution:
                 self.wake_at = wake_at
             if wait_key is not None:
                 self.wait_keys.add(wait_key)
+
+    def fault_hook(self) -> Callable[[Context, str], None] | None:
+        """The ``fault`` test hook in force now, if any."""
+        return self.hooks.fault if self.hooks is not None else None
 
     def attempt_of(self, step_id: str) -> StepAttempt | None:
         """The attempt of step ``step_id``, while it is being started."""

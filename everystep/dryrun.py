@@ -35,11 +35,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import aio, patches, registry
+from . import loops, patches, registry
 from .context import Context, Execution, ReplayLog, _current
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
 from .models import ACTIVE_STATUSES, WAIT_FOREVER, Run, StepRecord
 from .observer import Observers
+from .recording import StopBeforeStep
 from .store import Store
 
 DEFAULT_TIMEOUT = 5.0
@@ -55,17 +56,6 @@ class ReplayAbandoned(BaseException):
 BATCH = 500
 
 
-class StopBeforeStep(BaseException):
-    """Raised by the runner in a dry replay instead of executing a step.
-
-    A ``BaseException``, so the workflow's own ``except Exception`` clauses
-    cannot catch it and wander into code the real run would not reach.
-    """
-
-    def __init__(self, step_id: str, name: str) -> None:
-        super().__init__(step_id, name)
-        self.step_id = step_id
-        self.name = name
 
 
 class Prediction(str, enum.Enum):
@@ -130,7 +120,7 @@ def _body(workflow: Any, run: Run, ctx: Context, box: dict[str, Any]) -> None:
     """The body over its records, in this thread: what it returned or raised goes in ``box``."""
     token = _current.set(ctx)
     try:
-        box["value"] = aio.call_body(workflow.fn, run.args)  # an async body on a loop of its own
+        box["value"] = loops.call_body(workflow.fn, run.args)  # an async body on a loop of its own
     except BaseException as exc:  # judged by the caller
         box["error"] = exc
     finally:

@@ -13,9 +13,26 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import EverystepError, describe
+from .retry import RetryPolicy
+
+class DeclaredStep(Protocol):
+    """A step as the engine reads its declaration (``everystep.api``'s
+    ``StepFunction`` is the one there is): said here, so the layers below
+    the public face need not import it."""
+
+    fn: Callable[..., Any]
+    name: str
+    is_async: bool
+    unsafe_to_repeat: bool
+    timeout: float | None
+    retry: RetryPolicy | None
+    memory_limit: int | None
+    cpu_limit: float | None
+    transactional: bool
+
 
 _workflows: dict[str, Any] = {}
 #: Steps that declare a memory or CPU limit, by name: what they declare. A

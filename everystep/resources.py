@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import EverystepError
 
 if TYPE_CHECKING:
-    from .api import StepFunction
+    from .registry import DeclaredStep
     from .context import Context
     from .models import StepRecord
 
@@ -188,7 +188,7 @@ class StepMeter:
     thread-safe. This base class measures nothing.
     """
 
-    def begin(self, ctx: Context, step_id: str, step: StepFunction) -> StepGauge:
+    def begin(self, ctx: Context, step_id: str, step: DeclaredStep) -> StepGauge:
         return _NOTHING
 
 

@@ -58,7 +58,7 @@ from .store.base.step_transactions import FAILED_INSIDE, OWN_COMMIT, StepTransac
 from .store.base.values import Marker, NewStep, StepWrite
 
 if TYPE_CHECKING:
-    from .api import StepFunction
+    from .registry import DeclaredStep
     from .context import Context, Execution
     from .models import StepRecord
     from .store import Store
@@ -111,7 +111,7 @@ def check_declaration(unsafe_to_repeat: bool) -> None:
 
 
 @contextlib.contextmanager
-def opened(ex: Execution, step: StepFunction) -> Iterator[StepTransaction | None]:
+def opened(ex: Execution, step: DeclaredStep) -> Iterator[StepTransaction | None]:
     """The step's transaction, open while the step runs and is recorded
     (None for a plain step). Whatever it has not committed on the way out
     rolls back; the database failing to begin it interrupts the run."""

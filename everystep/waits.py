@@ -1,6 +1,6 @@
 """Workflows that wait on the world: messages in, events out, child runs.
 
-Every wait here is the one mechanism durable sleep uses (``runner``): the
+Every wait here is the one mechanism durable sleep uses (``sleeps``): the
 waiting step is recorded ``waiting`` (what for in its args, its timeout in
 ``wake_at``), the scope unwinds with ``Suspended``, and the run is released
 back to ``scheduled`` with that time as its not-before time (or
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import body_calls, runner, serde
+from . import body_calls, loops, recording, serde
 from .body_rules import BodyRule, declare
 from .context import Context, Execution, current, recording_context
 from .errors import STORE_FAILURES, ChildFailed, ChildTimeout, EverystepError, RecvTimeout, RunNotFound
@@ -116,16 +116,16 @@ def _enter_wait(ex: Any, ctx: Any, name: str | None, step_name: str, wait_key: s
     a recorded outcome is replayed (``(None, value)``); a step still waiting
     keeps its start and deadline (a dry replay stops there); a new one is
     allowed to start and gets its deadline from ``timeout``."""
-    step_id = runner.next_step_id(ex, ctx, name)
-    recorded = runner.recorded_at(ex, step_id, step_name)
+    step_id = recording.next_step_id(ex, ctx, name)
+    recorded = recording.recorded_at(ex, step_id, step_name)
     if recorded is not None:
         if recorded.status != STEP_AWAITING:
-            return None, runner.replay_outcome(ex, recorded)
+            return None, recording.replay_outcome(ex, recorded)
         entered = _Entered(step_id, recorded.started_at or utcnow(), recorded.wake_at, False)
         if ex.dry_run:
-            raise runner.suspend(ex, entered.deadline or WAIT_FOREVER, wait_key, what)
+            raise recording.suspend(ex, entered.deadline or WAIT_FOREVER, wait_key, what)
         return entered, None
-    runner.may_start(ex, step_id, step_name)
+    recording.may_start(ex, step_id, step_name)
     started_at = utcnow()
     try:
         deadline = _timeout_at(started_at, timeout, label)
@@ -154,16 +154,16 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, name: str | No
                       wake_at=deadline) if first else None
     decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=RECV_STEP, status=STEP_DONE, args=[topic],
                          started_at=started_at, wake_at=deadline)
-    runner.crash_point(ctx, step_id)
+    recording.crash_point(ctx, step_id)
     write = _call(ex, lambda markers: ex.store.take_message(ex.claim, topic, done, waiting, decoded, markers))
     if write.record.status != STEP_AWAITING:
         ex.outcomes[step_id] = write.record
-        return write.record.result if write.ours else runner.replay_outcome(ex, write.record)
-    if deadline is not None and runner.is_due(ex, deadline):
+        return write.record.result if write.ours else recording.replay_outcome(ex, write.record)
+    if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, RECV_STEP, [topic], started_at, deadline,
                      RecvTimeout(f"no message on topic {topic!r} within the timeout (run {ex.run.id}, "
                                  f"step {step_id})"))
-    raise runner.suspend(ex, deadline or WAIT_FOREVER, message_key(topic), what)
+    raise recording.suspend(ex, deadline or WAIT_FOREVER, message_key(topic), what)
 
 
 def message_json(topic: str, payload: Any, idempotency_key: str | None) -> str:
@@ -208,19 +208,19 @@ def set_event(key: str, value: Any, name: str | None = None) -> None:
     event_key_checked(key, "set_event")
     ctx = _workflow_context("set_event")
     ex = ctx.execution
-    step_id = runner.next_step_id(ex, ctx, name)
-    recorded = runner.recorded_at(ex, step_id, EVENT_STEP)
+    step_id = recording.next_step_id(ex, ctx, name)
+    recorded = recording.recorded_at(ex, step_id, EVENT_STEP)
     if recorded is not None:
-        runner.replay_outcome(ex, recorded)
+        recording.replay_outcome(ex, recorded)
         return
-    runner.may_start(ex, step_id, EVENT_STEP)
+    recording.may_start(ex, step_id, EVENT_STEP)
     try:
         value_json = serde.dumps(value, f"event {key!r}")
         args_json = serde.dumps([key, value], f"event {key!r}")
     except EverystepError as exc:
         raise ex.interrupt_with(exc) from None
     entry = NewStep(step_id, EVENT_STEP, args_json, "{}", utcnow(), status=STEP_DONE, result_json="null")
-    runner.crash_point(ctx, step_id)  # before its one transaction: a crash publishes nothing
+    recording.crash_point(ctx, step_id)  # before its one transaction: a crash publishes nothing
     write = _call(ex, lambda markers: ex.store.record_with_event(ex.claim, entry, key, value_json, markers))
     assert write is not None
     ex.outcomes[step_id] = write.record
@@ -302,7 +302,7 @@ def await_event(ctx: Context, run_id: str, key: str, seconds: float, name: str |
         pass
     else:
         return _finish(ex, step_id, step_name, args, started_at, deadline, event)
-    if deadline is not None and runner.is_due(ex, deadline):
+    if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, step_name, args, started_at, deadline, _no_event(run_id, key, seconds))
     return _watch(ex, step_id, step_name, args, started_at, deadline, first, event_key(run_id, key), what)
 
@@ -327,7 +327,7 @@ def wait_for_run(ctx: Context, run_id: str, timeout: float | None, name: str | N
         return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline, exc)  # type: ignore[no-any-return]
     if run.status in TERMINAL_STATUSES:
         return row_from_fields(Run, _finish(ex, step_id, RUN_STEP, [run_id], started_at, deadline, row_fields(run)))
-    if deadline is not None and runner.is_due(ex, deadline):
+    if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline,  # type: ignore[no-any-return]
                      TimeoutError(f"run {run_id} is still {run.status} after {timeout:g}s"))
     return _watch(ex, step_id, RUN_STEP, [run_id], started_at, deadline, first, run_key(run_id), what)  # type: ignore[no-any-return]
@@ -344,11 +344,11 @@ def _watch(ex: Execution, step_id: str, step_name: str, args: list[Any], started
         write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, None, markers))
         if not write.ours:
             ex.outcomes[step_id] = write.record
-            return runner.replay_outcome(ex, write.record)
+            return recording.replay_outcome(ex, write.record)
     now = utcnow()
     waited = max((now - started_at).total_seconds(), 0.0)
     check = now + dt.timedelta(seconds=min(RECHECK_MAX, max(RECHECK_MIN, waited / 10)))
-    raise runner.suspend(ex, min(check, deadline) if deadline is not None else check, wait_key, what)
+    raise recording.suspend(ex, min(check, deadline) if deadline is not None else check, wait_key, what)
 
 
 # -- child runs ----------------------------------------------------------------------
@@ -374,9 +374,7 @@ class ChildHandle:
     async def result_async(self, timeout: float | dt.timedelta | None = None,
                            everystep_id: str | None = None) -> Any:
         """``result()`` in an async workflow: the same step, the same release."""
-        from . import aio
-
-        return await aio.in_thread(await_child, self.run_id, timeout, everystep_id)
+        return await loops.in_thread(await_child, self.run_id, timeout, everystep_id)
 
     def __str__(self) -> str:
         return self.run_id
@@ -388,20 +386,20 @@ def start_child(decide: Callable[[], NewRun], step_name: str | None = None) -> C
     started, never on a replay of the step."""
     ctx = _workflow_context("start")
     ex = ctx.execution
-    step_id = runner.next_step_id(ex, ctx, step_name)
-    recorded = runner.recorded_at(ex, step_id, START_STEP)
+    step_id = recording.next_step_id(ex, ctx, step_name)
+    recorded = recording.recorded_at(ex, step_id, START_STEP)
     if recorded is not None:
-        return ChildHandle(str(runner.replay_outcome(ex, recorded)))
-    runner.may_start(ex, step_id, START_STEP)
+        return ChildHandle(str(recording.replay_outcome(ex, recorded)))
+    recording.may_start(ex, step_id, START_STEP)
     child = decide()
     entry = NewStep(step_id, START_STEP, serde.dumps([child.name], "start"), "{}", utcnow(), status=STEP_DONE)
-    runner.crash_point(ctx, step_id)  # before its one transaction: a crash starts no child
+    recording.crash_point(ctx, step_id)  # before its one transaction: a crash starts no child
     write = _call(ex, lambda markers: ex.store.start_child(ex.claim, entry, child.name, child.args_json,
                                                            child.idempotency_key, child.placement, child.deadline,
                                                            child.app_version, markers))
     assert write is not None
     ex.outcomes[step_id] = write.record
-    return ChildHandle(str(runner.replay_outcome(ex, write.record)))
+    return ChildHandle(str(recording.replay_outcome(ex, write.record)))
 
 
 def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name: str | None = None) -> Any:
@@ -427,7 +425,7 @@ def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name
         if outcome.status == COMPLETED:
             return _finish(ex, step_id, CHILD_STEP, [child_id], started_at, deadline, outcome.result)
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline, _child_failed(child_id, outcome))
-    if deadline is not None and runner.is_due(ex, deadline):
+    if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline,
                      ChildTimeout(f"child run {child_id} did not end within the timeout (run {ex.run.id}, "
                                   f"step {step_id})"))
@@ -438,8 +436,8 @@ def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name
         assert write is not None
         if not write.ours:
             ex.outcomes[step_id] = write.record
-            return runner.replay_outcome(ex, write.record)
-    raise runner.suspend(ex, deadline or WAIT_FOREVER, child_key(child_id), what)
+            return recording.replay_outcome(ex, write.record)
+    raise recording.suspend(ex, deadline or WAIT_FOREVER, child_key(child_id), what)
 
 
 def _started_here(ex: Execution, child_id: str) -> bool:
@@ -475,7 +473,7 @@ def _poll_child(child_id: str, timeout: float | dt.timedelta | None) -> Any:
 
 def _call(ex: Execution, action: Any) -> Any:
     """A write of a wait step: a refused one interrupts as every step write's does."""
-    return runner.store_write(ex, action)
+    return recording.store_write(ex, action)
 
 
 def _call_value(ex: Execution, read: Any) -> Any:
@@ -494,7 +492,7 @@ def _finish(ex: Execution, step_id: str, step_name: str, args: list[Any], starte
                          result=result, started_at=started_at, wake_at=deadline)
     write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, decoded, markers))
     ex.outcomes[step_id] = write.record
-    return runner.replay_outcome(ex, write.record)
+    return recording.replay_outcome(ex, write.record)
 
 
 def _fail(ex: Execution, step_id: str, step_name: str, args: list[Any], started_at: dt.datetime,
@@ -507,7 +505,7 @@ def _fail(ex: Execution, step_id: str, step_name: str, args: list[Any], started_
                          error=encoded, started_at=started_at, wake_at=deadline)
     write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, decoded, markers))
     ex.outcomes[step_id] = write.record
-    return runner.replay_outcome(ex, write.record)
+    return recording.replay_outcome(ex, write.record)
 
 
 __all__ = ["CHILD_STEP", "EVENT_STEP", "RECHECK_MAX", "RECHECK_MIN", "RECV_STEP", "RUN_STEP", "START_STEP",

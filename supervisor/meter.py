@@ -65,7 +65,7 @@ from everystep.resources import Resource, StepCost, StepGauge, StepMeter, exceed
 from .cgroups import OpenGroup
 
 if TYPE_CHECKING:
-    from everystep.api import StepFunction
+    from everystep.registry import DeclaredStep
     from everystep.context import Context
 
 logger = logging.getLogger("everystep.supervisor")
@@ -126,7 +126,7 @@ class ChildMeter(StepMeter):
 
     # -- the runner's side ----------------------------------------------------------
 
-    def begin(self, ctx: Context, step_id: str, step: StepFunction) -> StepGauge:
+    def begin(self, ctx: Context, step_id: str, step: DeclaredStep) -> StepGauge:
         memory = step.memory_limit if step.memory_limit is not None else self.memory_default
         cpu = step.cpu_limit if step.cpu_limit is not None else self.cpu_default
         key = (ctx.workflow_id, step_id)

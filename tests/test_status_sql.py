@@ -203,4 +203,5 @@ def test_the_outcomes_that_are_statuses_are_where_an_execution_ends_a_run() -> N
     for outcome, status in statuses.items():
         assert outcome.value == status.value and outcome.log_level == status.log_level
     assert {outcome for outcome in models.Outcome if outcome.status is None} == {
-        models.Outcome.REQUEUED, models.Outcome.RELEASED, models.Outcome.LOST, models.Outcome.UNFINISHED}
+        models.Outcome.REQUEUED, models.Outcome.RELEASED, models.Outcome.LOST, models.Outcome.UNFINISHED,
+        models.Outcome.DEFERRED}

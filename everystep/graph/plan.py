@@ -94,7 +94,7 @@ def waits() -> dict[Any, WaitKind]:
     ``start(...).result()`` likewise."""
     from .. import api
     from .. import waits as engine_waits
-    from ..runner import SLEEP_STEP
+    from ..sleeps import SLEEP_STEP
 
     sleep = WaitKind("sleep", SLEEP_STEP)
     message = WaitKind("message", engine_waits.RECV_STEP)
