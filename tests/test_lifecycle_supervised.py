@@ -280,7 +280,7 @@ def test_every_cancel_refusal_exits_2_with_one_line(db_url, store, supervisors, 
     assert everystep(subprocess_env, db_url, "cancel", sleeping.id).returncode == 0
     assert f"run {sleeping.id} is cancelled" in refused(everystep(subprocess_env, db_url, "cancel", sleeping.id))
     assert "no run with id" in refused(everystep(subprocess_env, db_url, "cancel", "01a2bbbb-0000-7000-8000-000000000000"))
-    assert "run ids are UUIDs" in refused(everystep(subprocess_env, db_url, "cancel", "not-a-run"))
+    assert "run ids are hexadecimal digits and dashes" in refused(everystep(subprocess_env, db_url, "cancel", "not-a-run"))
     other = schedule(lifecycle.sleepy_flow, spec(tmp_path, seconds=600), database=store)
     assert "must not be empty" in refused(everystep(subprocess_env, db_url, "cancel", other.id, "--reason", " "))
     assert store.get_run(other.id).status != CANCELLED
