@@ -7,6 +7,7 @@ the top and skipping the steps already recorded.
 from __future__ import annotations
 
 from .api import (
+    ChildHandle,
     StepFunction,
     WorkflowFunction,
     call,
@@ -65,7 +66,6 @@ from .errors import (
 )
 from .models import Run, StepRecord
 from .patches import deprecate_patch, patched
-from .waits import ChildHandle
 from .provider import set_connection_provider
 from .transactional import step_connection
 

@@ -11,26 +11,21 @@ import asyncio
 import datetime as dt
 import functools
 import math
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
-from . import async_steps, body_calls, borrowed, forks, loops, new_run, registry, resources, sleeps, steps, waits
+from . import async_steps, body_calls, client, forks, loops, new_run, registry, resources, sleeps, steps, waits
 from . import transactional as transactional_steps
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
 from .cron import CronSchedule
 from .errors import EverystepError
-from .models import TERMINAL_STATUSES, Run, StepRecord, row_fields, row_from_fields
+from .models import Run, StepRecord
 from .new_run import aware, positive_seconds
-# Decided with a new run's other options (everystep.new_run); still importable from here.
-from .new_run import check_arguments as check_arguments
-from .new_run import run_deadline as run_deadline
-from .new_run import workflow_placement as workflow_placement
-from .provider import ConnectionProvider, connection_provider
 from .queues import Placement
 from .retry import RetryPolicy
-from .store import Store, default_store, utcnow
+from .store import Store, utcnow
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -328,17 +323,6 @@ def _workflow_name(wf: WorkflowFunction | str | Callable[..., Any]) -> str:
     raise EverystepError(f"{wf!r} is not a workflow: decorate it with @workflow")
 
 
-def _store(database: str | Store | None) -> Store:
-    if isinstance(database, Store):
-        return database
-    return default_store(database)
-
-
-def _provided(database: str | Store | None) -> ConnectionProvider | None:
-    """The host's connection provider, unless the caller named a database."""
-    return connection_provider() if database is None else None
-
-
 @declare(BodyRule.RECORDED, 'A detached run (no parent, not cancelled with this one) inserted in the transaction that records the step; a replay returns the same run.')
 def schedule(
     wf: WorkflowFunction | str,
@@ -392,44 +376,23 @@ def schedule(
     to this one is a child: ``start``). ``conn`` and ``database`` are
     refused there.
     """
-    name, args_json, not_before, placement, version, ends = _prepared(
-        wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
+    new = _decided(wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline,
+                   timeout)
     ctx = body_calls.body_context("schedule", database=database, conn=conn)
     if ctx is not None:
-        return body_calls.record_write(  # type: ignore[no-any-return]
-            ctx, body_calls.SCHEDULE_STEP, [name], everystep_id,
-            lambda ex, entry, markers: ex.store.record_schedule(ex.claim, entry, name, args_json, idempotency_key,
-                                                                not_before, placement, version, ends, markers),
-            _run_of)
-    if conn is not None:
-        return borrowed.schedule(conn, name, args_json, idempotency_key, not_before, placement, version,
-                                 deadline=ends)
-    provider = _provided(database)
-    if provider is not None:
-        with provider() as provided:
-            return borrowed.schedule(provided, name, args_json, idempotency_key, not_before, placement, version,
-                                     deadline=ends)
-    return _store(database).schedule(name, args_json, idempotency_key, not_before, placement, version, deadline=ends)
+        return body_calls.schedule(ctx, new, everystep_id)
+    return client.schedule(new, database, conn)
 
 
-def _run_of(fields: Any) -> Run:
-    """A run recorded by a body's step (``schedule``, ``get_run``, ``wait``)."""
-    return row_from_fields(Run, fields)
-
-
-def _prepared(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key: str | None,
-              run_at: dt.datetime | None, delay: float | dt.timedelta | None, queue: str | None,
-              priority: int | None, concurrency_key: str | None, app_version: str | None,
-              deadline: dt.datetime | None, timeout: float | dt.timedelta | None,
-              ) -> tuple[str, str, dt.datetime | None, Placement, str | None, dt.datetime | None]:
+def _decided(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key: str | None,
+             run_at: dt.datetime | None, delay: float | dt.timedelta | None, queue: str | None,
+             priority: int | None, concurrency_key: str | None, app_version: str | None,
+             deadline: dt.datetime | None, timeout: float | dt.timedelta | None) -> new_run.NewRun:
     """A new run's options as ``everystep.new_run.decide`` decides them for
-    every way of starting one (checked before anything is written): its
-    workflow name, arguments as JSON, not-before time, placement, code
-    version and deadline."""
-    new = new_run.decide(_workflow_name(wf), args, idempotency_key=idempotency_key, run_at=run_at, delay=delay,
-                         queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
-                         deadline=deadline, timeout=timeout)
-    return new.name, new.args_json, new.not_before, new.placement, new.app_version, new.deadline
+    every way of starting one, checked before anything is written."""
+    return new_run.decide(_workflow_name(wf), args, idempotency_key=idempotency_key, run_at=run_at, delay=delay,
+                          queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
+                          deadline=deadline, timeout=timeout)
 
 
 @declare(BodyRule.RECORDED, 'A detached run inserted in the transaction that records the step; a replay returns the same run.')
@@ -466,10 +429,9 @@ async def schedule_async(
             schedule, wf, *args, idempotency_key=idempotency_key, database=database, run_at=run_at, delay=delay,
             queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
             deadline=deadline, timeout=timeout, everystep_id=everystep_id)
-    name, args_json, not_before, placement, version, ends = _prepared(
-        wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline, timeout)
-    return await borrowed.schedule_async(conn, name, args_json, idempotency_key, not_before, placement, version,
-                                         deadline=ends)
+    new = _decided(wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline,
+                   timeout)
+    return await client.schedule_async(new, conn)
 
 
 # -- waiting on the world ------------------------------------------------------
@@ -502,7 +464,11 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
     (``everystep_id`` names it): the message is stored in the transaction
     that records it, so a replay returns its id and sends nothing again
     (``conn`` and ``database`` are refused there)."""
-    return waits.send(run_id, topic, payload, idempotency_key, database, conn, everystep_id)
+    payload_json = waits.message_json(topic, payload, idempotency_key)
+    ctx = body_calls.body_context("send", database=database, conn=conn)
+    if ctx is not None:
+        return body_calls.send(ctx, run_id, topic, payload_json, idempotency_key, everystep_id)
+    return client.send(run_id, topic, payload_json, idempotency_key, database, conn)
 
 
 @declare(BodyRule.WAIT, 'Consumes its message in the transaction that records it; released while none is there.')
@@ -531,7 +497,14 @@ def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store |
     first execution read (value or error) is what every replay sees; with
     a timeout it is a durable wait, like ``recv``: the run is released
     until the event is set (which wakes it) or the timeout passes."""
-    return waits.get_event(run_id, key, timeout, database, everystep_id=everystep_id)
+    waits.event_key_checked(key)
+    seconds = waits.finite_seconds(timeout, "get_event timeout")
+    ctx = body_calls.body_context("get_event", database=database)
+    if ctx is None:
+        return client.get_event(run_id, key, seconds, database)
+    if seconds > 0:
+        return waits.await_event(ctx, run_id, key, seconds, everystep_id)
+    return body_calls.get_event(ctx, run_id, key, everystep_id)
 
 
 @declare(BodyRule.RECORDED, "Recorded as get_event(); with a timeout, a wait that holds no process.")
@@ -542,11 +515,43 @@ async def get_event_async(run_id: str, key: str, timeout: float = 0, database: s
     return await loops.in_thread(get_event, run_id, key, timeout, database, everystep_id)
 
 
+@declare(BodyRule.PLAIN, "A handle on a child run (start() makes one): its result() is a wait that holds no process.")
+@dataclass(frozen=True)
+class ChildHandle:
+    """A child run started by a workflow (``everystep.start``): ``run_id``,
+    the child run's id (``str(handle)`` is the same), and ``result()`` to
+    wait for its end."""
+
+    run_id: str
+
+    @declare(BodyRule.WAIT, "The child's end is recorded with its result; the run is released while the child runs.")
+    def result(self, timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> Any:
+        """The child's result, waited for durably (inside a workflow the
+        parent is released while the child runs, holding no process); raises
+        ``ChildFailed`` if the child failed, stopped or was cancelled, and
+        ``ChildTimeout`` after ``timeout`` seconds. Outside a workflow it
+        polls the database."""
+        ctx = runner_context()
+        if ctx is None:
+            seconds = timeout.total_seconds() if isinstance(timeout, dt.timedelta) else timeout
+            return client.child_result(self.run_id, seconds)
+        return waits.await_child(ctx, self.run_id, timeout, everystep_id)
+
+    @declare(BodyRule.WAIT, "result() in an async workflow: the same step, the same release.")
+    async def result_async(self, timeout: float | dt.timedelta | None = None,
+                           everystep_id: str | None = None) -> Any:
+        """``result()`` in an async workflow: the same step, the same release."""
+        return await loops.in_thread(self.result, timeout, everystep_id)
+
+    def __str__(self) -> str:
+        return self.run_id
+
+
 @declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
 def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = None, queue: str | None = None,
           priority: int | None = None, concurrency_key: str | None = None, deadline: dt.datetime | None = None,
           timeout: float | dt.timedelta | None = None, app_version: str | None = None,
-          everystep_id: str | None = None) -> waits.ChildHandle:
+          everystep_id: str | None = None) -> ChildHandle:
     """Inside a workflow: start a child run of ``wf`` (a durable step: a
     replay returns the same child, never schedules a second). The child
     records this run as its parent, and this run's code version unless
@@ -561,7 +566,7 @@ def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = 
                               concurrency_key=concurrency_key, app_version=app_version, deadline=deadline,
                               timeout=timeout, child=True)
 
-    return waits.start_child(child, everystep_id)
+    return ChildHandle(waits.start_child(child, everystep_id))
 
 
 @declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.")
@@ -577,7 +582,7 @@ async def set_event_async(key: str, value: Any, everystep_id: str | None = None)
 
 
 @declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
-async def start_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> waits.ChildHandle:
+async def start_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> ChildHandle:
     """``start`` in an async workflow; await ``handle.result_async()``."""
     return await loops.in_thread(start, wf, *args, **options)
 
@@ -597,8 +602,8 @@ async def send_async(run_id: str, topic: str, payload: Any, idempotency_key: str
     ``send`` in a worker thread (in an async body, a step as ``send``'s)."""
     if conn is None or body_calls.body_context("send_async", conn=conn) is not None:
         return await loops.in_thread(send, run_id, topic, payload, idempotency_key, database, None, everystep_id)
-    return await borrowed.send_async(conn, run_id, topic, waits.message_json(topic, payload, idempotency_key),
-                                     idempotency_key)
+    return await client.send_async(run_id, topic, waits.message_json(topic, payload, idempotency_key),
+                                   idempotency_key, conn)
 
 
 @declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.')
@@ -609,14 +614,8 @@ def get_run(run_id: str, database: str | Store | None = None, everystep_id: str 
     a step: every replay sees the run as the first execution read it."""
     ctx = body_calls.body_context("get_run", database=database)
     if ctx is not None:
-        store = ctx.execution.store
-        return body_calls.record_read(  # type: ignore[no-any-return]
-            ctx, body_calls.GET_RUN_STEP, [run_id], everystep_id, lambda: store.get_run(run_id), row_fields, _run_of)
-    provider = _provided(database)
-    if provider is not None:
-        with provider() as provided:
-            return borrowed.get_run(provided, run_id)
-    return _store(database).get_run(run_id)
+        return body_calls.get_run(ctx, run_id, everystep_id)
+    return client.get_run(run_id, database)
 
 
 @declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.')
@@ -627,7 +626,7 @@ async def get_run_async(run_id: str, database: str | Store | None = None, conn: 
     the loop, else the sync read in a worker thread (in an async body, the
     same step as ``get_run``'s)."""
     if conn is not None and body_calls.body_context("get_run_async", conn=conn) is None:
-        return await borrowed.get_run_async(conn, run_id)
+        return await client.get_run_async(run_id, conn=conn)
     return await loops.in_thread(get_run, run_id, database, everystep_id)
 
 
@@ -638,23 +637,8 @@ def get_steps(run_id: str, database: str | Store | None = None, everystep_id: st
     execution read."""
     ctx = body_calls.body_context("get_steps", database=database)
     if ctx is not None:
-        store = ctx.execution.store
-
-        def read() -> list[StepRecord]:
-            store.get_run(run_id)  # RunNotFound for an unknown run
-            return store.get_steps(run_id)
-
-        return body_calls.record_read(  # type: ignore[no-any-return]
-            ctx, body_calls.GET_STEPS_STEP, [run_id], everystep_id, read,
-            lambda steps: [row_fields(step) for step in steps],
-            lambda fields: [row_from_fields(StepRecord, step) for step in fields])
-    provider = _provided(database)
-    if provider is not None:
-        with provider() as provided:
-            return borrowed.get_steps(provided, run_id)
-    store = _store(database)
-    store.get_run(run_id)
-    return store.get_steps(run_id)
+        return body_calls.get_steps(ctx, run_id, everystep_id)
+    return client.get_steps(run_id, database)
 
 
 @declare(BodyRule.RECORDED, "Recorded as get_steps().")
@@ -680,16 +664,7 @@ def wait(run_id: str, timeout: float | None = 60.0, poll: float = 0.1, database:
     ctx = body_calls.body_context("wait", database=database)
     if ctx is not None:
         return waits.wait_for_run(ctx, run_id, timeout, everystep_id)
-    deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
-    if _provided(database) is None:
-        database = _store(database)
-    while True:
-        run = get_run(run_id, database)
-        if run.status in TERMINAL_STATUSES:
-            return run
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
-        time.sleep(poll)
+    return client.wait(run_id, timeout, poll, database)
 
 
 @declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, as wait().")
@@ -700,16 +675,7 @@ async def wait_async(run_id: str, timeout: float | None = 60.0, poll: float = 0.
     async body, the durable wait of ``wait`` (``conn`` refused)."""
     if body_calls.body_context("wait_async", database=database, conn=conn) is not None:
         return await loops.in_thread(wait, run_id, timeout, poll, None, everystep_id)
-    deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
-    if conn is None and _provided(database) is None:
-        database = _store(database)
-    while True:
-        run = await get_run_async(run_id, database, conn)
-        if run.status in TERMINAL_STATUSES:
-            return run
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
-        await asyncio.sleep(poll)
+    return await client.wait_async(run_id, timeout, poll, database, conn)
 
 
 __all__ = ["StepFunction", "WorkflowFunction", "call", "call_async", "gather", "get_event", "get_event_async",

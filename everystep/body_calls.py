@@ -35,8 +35,9 @@ from typing import Any
 from . import recording, serde
 from .context import Context, Execution, recording_context
 from .errors import STORE_FAILURES, BodyCallRefused, EverystepError, RunNotFound, SendRefused
-from .models import STEP_DONE, STEP_FAILED, StepRecord
-from .store import Marker, NewStep, StepWrite, utcnow
+from .models import STEP_DONE, STEP_FAILED, Run, StepRecord, row_fields, row_from_fields
+from .new_run import NewRun
+from .store import Marker, NewStep, Store, StepWrite, utcnow
 
 SEND_STEP = "everystep.send"
 SCHEDULE_STEP = "everystep.schedule"
@@ -46,6 +47,71 @@ GET_EVENT_STEP = "everystep.get_event"
 
 #: What a read may end with that the body sees and every replay sees again.
 RECORDED_FAILURES: tuple[type[Exception], ...] = (RunNotFound, SendRefused, TimeoutError)
+
+
+def send(ctx: Context, run_id: str, topic: str, payload_json: str, idempotency_key: str | None,
+         name: str | None) -> int:
+    """A body's ``send``: the message stored in the transaction that
+    records the step with its id."""
+    return int(record_write(
+        ctx, SEND_STEP, [run_id, topic], name,
+        lambda ex, entry, markers: ex.store.record_send(ex.claim, entry, run_id, topic, payload_json,
+                                                        idempotency_key, markers)))
+
+
+def schedule(ctx: Context, new: NewRun, name: str | None) -> Run:
+    """A body's ``schedule``: a detached run inserted in the transaction
+    that records the step with that run."""
+    return record_write(  # type: ignore[no-any-return]
+        ctx, SCHEDULE_STEP, [new.name], name,
+        lambda ex, entry, markers: ex.store.record_schedule(ex.claim, entry, new.name, new.args_json,
+                                                            new.idempotency_key, new.not_before, new.placement,
+                                                            new.app_version, new.deadline, markers),
+        run_of)
+
+
+def get_run(ctx: Context, run_id: str, name: str | None) -> Run:
+    """A body's ``get_run``: recorded, so every replay sees the same run."""
+    store = ctx.execution.store
+    return record_read(ctx, GET_RUN_STEP, [run_id], name, lambda: store.get_run(run_id),  # type: ignore[no-any-return]
+                       row_fields, run_of)
+
+
+def get_steps(ctx: Context, run_id: str, name: str | None) -> list[StepRecord]:
+    """A body's ``get_steps``: recorded, so every replay sees the same steps."""
+    store = ctx.execution.store
+
+    def read() -> list[StepRecord]:
+        store.get_run(run_id)  # RunNotFound for an unknown run
+        return store.get_steps(run_id)
+
+    return record_read(ctx, GET_STEPS_STEP, [run_id], name, read,  # type: ignore[no-any-return]
+                       lambda steps: [row_fields(step) for step in steps],
+                       lambda fields: [row_from_fields(StepRecord, step) for step in fields])
+
+
+def get_event(ctx: Context, run_id: str, key: str, name: str | None) -> Any:
+    """A body's ``get_event`` without a timeout: recorded, value or error
+    (``everystep.waits.await_event`` is the one with a timeout)."""
+    return record_read(ctx, GET_EVENT_STEP, [run_id, key], name, lambda: read_event(ctx.execution.store, run_id, key))
+
+
+def run_of(fields: Any) -> Run:
+    """A run recorded by a body's step (``schedule``, ``get_run``, ``wait``)."""
+    return row_from_fields(Run, fields)
+
+
+def no_event(run_id: str, key: str, seconds: float) -> TimeoutError:
+    return TimeoutError(f"run {run_id} has not set event {key!r}" + (f" within {seconds:g}s" if seconds else ""))
+
+
+def read_event(store: Store, run_id: str, key: str) -> Any:
+    """Run ``run_id``'s event ``key`` now: the value, or ``TimeoutError``."""
+    store.get_run(run_id)  # RunNotFound for an unknown run
+    event = store.get_event(run_id, key)
+    if event is None:
+        raise no_event(run_id, key, 0)
+    return event.value
 
 
 def body_context(function: str, *, database: Any = None, conn: Any = None) -> Context | None:
@@ -145,4 +211,5 @@ def _record_failure(ex: Execution, entry: NewStep, args: list[Any], error: Excep
 
 
 __all__ = ["GET_EVENT_STEP", "GET_RUN_STEP", "GET_STEPS_STEP", "RECORDED_FAILURES", "SCHEDULE_STEP", "SEND_STEP",
-           "body_context", "record_read", "record_write"]
+           "body_context", "get_event", "get_run", "get_steps", "no_event", "read_event", "record_read",
+           "record_write", "run_of", "schedule", "send"]

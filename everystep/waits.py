@@ -37,14 +37,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import body_calls, loops, recording, serde
-from .body_rules import BodyRule, declare
-from .context import Context, Execution, current, recording_context
+from . import body_calls, recording, serde
+from .context import Context, Execution, recording_context
 from .errors import STORE_FAILURES, ChildFailed, ChildTimeout, EverystepError, RecvTimeout, RunNotFound
 from .models import (
     ACTIVE_STATUSES,
@@ -57,14 +54,12 @@ from .models import (
     Run,
     StepRecord,
     row_fields,
-    row_from_fields,
 )
 from .store import NewStep, utcnow
 from .store.base.waits import child_key, event_key, message_key, run_key
 
 if TYPE_CHECKING:
     from .new_run import NewRun
-    from .store import Store
 
 RECV_STEP = "everystep.recv"
 EVENT_STEP = "everystep.set_event"
@@ -89,7 +84,7 @@ RECHECK_MAX = 30.0
 def _timeout_at(now: dt.datetime, timeout: float | dt.timedelta | None, what: str) -> dt.datetime | None:
     if timeout is None:
         return None
-    return now + dt.timedelta(seconds=_finite_seconds(timeout, f"{what} timeout"))
+    return now + dt.timedelta(seconds=finite_seconds(timeout, f"{what} timeout"))
 
 
 def _workflow_context(call: str) -> Context:
@@ -175,31 +170,6 @@ def message_json(topic: str, payload: Any, idempotency_key: str | None) -> str:
     return serde.dumps(payload, f"message on topic {topic!r}")
 
 
-def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
-         database: str | Store | None = None, conn: Any = None, everystep_id: str | None = None) -> int:
-    """See ``everystep.send``."""
-    from . import api, borrowed
-
-    payload_json = message_json(topic, payload, idempotency_key)
-    ctx = body_calls.body_context("send", database=database, conn=conn)
-    if ctx is not None:
-        return int(body_calls.record_write(
-            ctx, body_calls.SEND_STEP, [run_id, topic], everystep_id,
-            lambda ex, entry, markers: ex.store.record_send(ex.claim, entry, run_id, topic, payload_json,
-                                                            idempotency_key, markers)))
-    if conn is not None:
-        return borrowed.send(conn, run_id, topic, payload_json, idempotency_key)
-    running = current()
-    if database is None and running is not None:
-        # From a step's own code: the database the run lives in.
-        return running.execution.store.send(run_id, topic, payload_json, idempotency_key)
-    provider = api._provided(database)
-    if provider is not None:
-        with provider() as provided:
-            return borrowed.send(provided, run_id, topic, payload_json, idempotency_key)
-    return api._store(database).send(run_id, topic, payload_json, idempotency_key)
-
-
 # -- events ------------------------------------------------------------------------
 
 
@@ -233,32 +203,7 @@ def event_key_checked(key: Any, call: str = "get_event") -> str:
     return key
 
 
-def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store | None = None,
-              poll: float = 0.05, everystep_id: str | None = None) -> Any:
-    """See ``everystep.get_event``."""
-    from . import api
-
-    event_key_checked(key)
-    seconds = _finite_seconds(timeout, "get_event timeout")
-    ctx = body_calls.body_context("get_event", database=database)
-    if ctx is not None:
-        if seconds > 0:
-            return await_event(ctx, run_id, key, seconds, everystep_id)
-        return body_calls.record_read(ctx, body_calls.GET_EVENT_STEP, [run_id, key], everystep_id,
-                                      lambda: _read_event(ctx.execution.store, run_id, key))
-    store = api._store(database)
-    give_up = time.monotonic() + seconds
-    store.get_run(run_id)  # RunNotFound for an unknown run
-    while True:
-        event = store.get_event(run_id, key)
-        if event is not None:
-            return event.value
-        if time.monotonic() >= give_up:
-            raise _no_event(run_id, key, seconds)
-        time.sleep(min(poll, max(give_up - time.monotonic(), 0.0)) or poll)
-
-
-def _finite_seconds(value: Any, what: str) -> float:
+def finite_seconds(value: Any, what: str) -> float:
     """``value`` (a number or a timedelta) in seconds, refused (one line)
     unless finite and 0 or more."""
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
@@ -266,19 +211,6 @@ def _finite_seconds(value: Any, what: str) -> float:
             or seconds < 0:
         raise EverystepError(f"{what} must be a finite number of seconds, 0 or more, not {value!r}")
     return float(seconds)
-
-
-def _no_event(run_id: str, key: str, seconds: float) -> TimeoutError:
-    return TimeoutError(f"run {run_id} has not set event {key!r}" + (f" within {seconds:g}s" if seconds else ""))
-
-
-def _read_event(store: Store, run_id: str, key: str) -> Any:
-    """A body's ``get_event`` without a timeout: the value, or TimeoutError."""
-    store.get_run(run_id)  # RunNotFound for an unknown run
-    event = store.get_event(run_id, key)
-    if event is None:
-        raise _no_event(run_id, key, 0)
-    return event.value
 
 
 def await_event(ctx: Context, run_id: str, key: str, seconds: float, name: str | None) -> Any:
@@ -295,7 +227,7 @@ def await_event(ctx: Context, run_id: str, key: str, seconds: float, name: str |
     step_id, started_at, deadline, first = entered
     args = [run_id, key]
     try:
-        event = _call_value(ex, lambda: _read_event(ex.store, run_id, key))
+        event = _call_value(ex, lambda: body_calls.read_event(ex.store, run_id, key))
     except RunNotFound as exc:
         return _fail(ex, step_id, step_name, args, started_at, deadline, exc)
     except TimeoutError:
@@ -303,7 +235,7 @@ def await_event(ctx: Context, run_id: str, key: str, seconds: float, name: str |
     else:
         return _finish(ex, step_id, step_name, args, started_at, deadline, event)
     if deadline is not None and recording.is_due(ex, deadline):
-        return _fail(ex, step_id, step_name, args, started_at, deadline, _no_event(run_id, key, seconds))
+        return _fail(ex, step_id, step_name, args, started_at, deadline, body_calls.no_event(run_id, key, seconds))
     return _watch(ex, step_id, step_name, args, started_at, deadline, first, event_key(run_id, key), what)
 
 
@@ -319,14 +251,14 @@ def wait_for_run(ctx: Context, run_id: str, timeout: float | None, name: str | N
     what = f"run {run_id}"
     entered, replayed = _enter_wait(ex, ctx, name, RUN_STEP, run_key(run_id), what, timeout, "wait")
     if entered is None:
-        return row_from_fields(Run, replayed)
+        return body_calls.run_of(replayed)
     step_id, started_at, deadline, first = entered
     try:
         run = _call_value(ex, lambda: ex.store.get_run(run_id))
     except RunNotFound as exc:
         return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline, exc)  # type: ignore[no-any-return]
     if run.status in TERMINAL_STATUSES:
-        return row_from_fields(Run, _finish(ex, step_id, RUN_STEP, [run_id], started_at, deadline, row_fields(run)))
+        return body_calls.run_of(_finish(ex, step_id, RUN_STEP, [run_id], started_at, deadline, row_fields(run)))
     if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline,  # type: ignore[no-any-return]
                      TimeoutError(f"run {run_id} is still {run.status} after {timeout:g}s"))
@@ -354,33 +286,7 @@ def _watch(ex: Execution, step_id: str, step_name: str, args: list[Any], started
 # -- child runs ----------------------------------------------------------------------
 
 
-@declare(BodyRule.PLAIN, "A handle on a child run (start() makes one): its result() is a wait that holds no process.")
-@dataclass(frozen=True)
-class ChildHandle:
-    """A child run started by a workflow (``everystep.start``): ``run_id``,
-    the child run's id (``str(handle)`` is the same), and ``result()`` to
-    wait for its end."""
-
-    run_id: str
-
-    def result(self, timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> Any:
-        """The child's result, waited for durably (inside a workflow the
-        parent is released while the child runs, holding no process); raises
-        ``ChildFailed`` if the child failed, stopped or was cancelled, and
-        ``ChildTimeout`` after ``timeout`` seconds. Outside a workflow it
-        polls the database."""
-        return await_child(self.run_id, timeout, everystep_id)
-
-    async def result_async(self, timeout: float | dt.timedelta | None = None,
-                           everystep_id: str | None = None) -> Any:
-        """``result()`` in an async workflow: the same step, the same release."""
-        return await loops.in_thread(await_child, self.run_id, timeout, everystep_id)
-
-    def __str__(self) -> str:
-        return self.run_id
-
-
-def start_child(decide: Callable[[], NewRun], step_name: str | None = None) -> ChildHandle:
+def start_child(decide: Callable[[], NewRun], step_name: str | None = None) -> str:
     """See ``everystep.start``: inside a workflow only. ``decide`` gives the
     child's options (``everystep.new_run``), called only when the child is
     started, never on a replay of the step."""
@@ -389,7 +295,7 @@ def start_child(decide: Callable[[], NewRun], step_name: str | None = None) -> C
     step_id = recording.next_step_id(ex, ctx, step_name)
     recorded = recording.recorded_at(ex, step_id, START_STEP)
     if recorded is not None:
-        return ChildHandle(str(recording.replay_outcome(ex, recorded)))
+        return str(recording.replay_outcome(ex, recorded))
     recording.may_start(ex, step_id, START_STEP)
     child = decide()
     entry = NewStep(step_id, START_STEP, serde.dumps([child.name], "start"), "{}", utcnow(), status=STEP_DONE)
@@ -399,13 +305,15 @@ def start_child(decide: Callable[[], NewRun], step_name: str | None = None) -> C
                                                            child.app_version, markers))
     assert write is not None
     ex.outcomes[step_id] = write.record
-    return ChildHandle(str(recording.replay_outcome(ex, write.record)))
+    return str(recording.replay_outcome(ex, write.record))
 
 
-def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name: str | None = None) -> Any:
-    ctx = recording_context()
-    if ctx is None:
-        return _poll_child(child_id, timeout)
+def await_child(ctx: Context, child_id: str, timeout: float | dt.timedelta | None = None,
+                name: str | None = None) -> Any:
+    """A body's wait for its child's end (``ChildHandle.result``): recorded
+    with the child's result, or ``ChildFailed`` (``ChildTimeout`` past
+    ``timeout``); the run is released meanwhile, and the child's end wakes
+    it."""
     ex = ctx.execution
     what = f"child {child_id}"
     entered, replayed = _enter_wait(ex, ctx, name, CHILD_STEP, child_key(child_id), what, timeout, "child result")
@@ -424,7 +332,7 @@ def await_child(child_id: str, timeout: float | dt.timedelta | None = None, name
     if outcome.status not in ACTIVE_STATUSES:
         if outcome.status == COMPLETED:
             return _finish(ex, step_id, CHILD_STEP, [child_id], started_at, deadline, outcome.result)
-        return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline, _child_failed(child_id, outcome))
+        return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline, child_failed(child_id, outcome))
     if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline,
                      ChildTimeout(f"child run {child_id} did not end within the timeout (run {ex.run.id}, "
@@ -446,26 +354,11 @@ def _started_here(ex: Execution, child_id: str) -> bool:
     return any(record.name == START_STEP and record.result == child_id for record in ex.outcomes.values())
 
 
-def _child_failed(child_id: str, outcome: Any) -> ChildFailed:
+def child_failed(child_id: str, outcome: Any) -> ChildFailed:
     cause = serde.decode_exception(outcome.error)
     detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
     return ChildFailed(f"child run {child_id} ended {outcome.status}{detail}", child_id, outcome.status,
                        outcome.error, cause)
-
-
-def _poll_child(child_id: str, timeout: float | dt.timedelta | None) -> Any:
-    from . import api
-
-    seconds = timeout.total_seconds() if isinstance(timeout, dt.timedelta) else timeout
-    try:
-        run = api.wait(child_id, timeout=seconds if seconds is not None else 10 ** 9)
-    except TimeoutError as exc:
-        raise ChildTimeout(str(exc)) from None
-    if run.status == COMPLETED:
-        return run.result
-    from .store.base.waits import ChildOutcome
-
-    raise _child_failed(child_id, ChildOutcome(run.status, run.result, run.error))
 
 
 # -- recording -------------------------------------------------------------------------
@@ -509,5 +402,6 @@ def _fail(ex: Execution, step_id: str, step_name: str, args: list[Any], started_
 
 
 __all__ = ["CHILD_STEP", "EVENT_STEP", "RECHECK_MAX", "RECHECK_MIN", "RECV_STEP", "RUN_STEP", "START_STEP",
-           "WAIT_STEPS", "ChildHandle", "await_child", "await_event", "event_key_checked", "get_event", "recv", "send",
-           "set_event", "start_child", "wait_for_run"]
+           "WAIT_STEPS", "await_child", "await_event", "child_failed", "event_key_checked", "finite_seconds",
+           "message_json", "recv", "set_event", "start_child",
+           "wait_for_run"]

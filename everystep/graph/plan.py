@@ -103,7 +103,7 @@ def waits() -> dict[Any, WaitKind]:
     # The async forms (``await everystep.sleep_async(...)``) record the same.
     return {api.sleep: sleep, api.sleep_until: sleep, api.sleep_async: sleep, api.sleep_until_async: sleep,
             api.recv: message, api.recv_async: message,
-            engine_waits.ChildHandle.result: child, engine_waits.ChildHandle.result_async: child,
+            api.ChildHandle.result: child, api.ChildHandle.result_async: child,
             api.wait: run, api.wait_async: run}
 
 
