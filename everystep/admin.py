@@ -17,7 +17,8 @@ from .models import (
     ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run, StepRecord,
 )
 from .store import RunnerInfo, Store
-from .store.base.waits import Sent, child_key
+from .store.base.waits import Sent
+from .wait_kinds import CHILD
 
 _MISSING: Any = object()
 
@@ -169,7 +170,7 @@ def cancel_counting(store: Store, run_id: str, reason: str | None = None) -> Can
         parent = store.links(run.id).parent_id
         if parent is not None:
             # A parent waiting for this child wakes to its end (ChildFailed).
-            store.wake_waiter(parent, child_key(run.id), conn)
+            store.wake_waiter(parent, CHILD.key(run.id), conn)
     children, descendants = _cancel_children(store, run.id, error)
     return Cancellation(store.get_run(run_id), children, descendants)
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from . import loops, runner
 from .context import Flag, _current
 from .models import Outcome, Run
-from .observer import Observer
+from .context import Observer
 from .store import Store
 
 T = TypeVar("T")

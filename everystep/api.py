@@ -267,7 +267,8 @@ async def gather(*branches: Any, everystep_id: str | None = None) -> tuple[Any, 
     return await async_steps.gather(branches, everystep_id)
 
 
-@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
+@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.',
+         records=(sleeps.SLEEP_STEP,))
 def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
     """Wait ``seconds`` (a number or a ``timedelta``), durably.
 
@@ -288,13 +289,15 @@ def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> Non
     sleeps.sleep_until(utcnow() + dt.timedelta(seconds=seconds), everystep_id)
 
 
-@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
+@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.',
+         records=(sleeps.SLEEP_STEP,))
 def sleep_until(when: dt.datetime, everystep_id: str | None = None) -> None:
     """Wait until ``when`` (an aware datetime), durably: see ``sleep``."""
     sleeps.sleep_until(aware(when, "sleep_until"), everystep_id)
 
 
-@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
+@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.',
+         records=(sleeps.SLEEP_STEP,))
 async def sleep_async(seconds: float | dt.timedelta, everystep_id: str | None = None) -> None:
     """``sleep`` in an async workflow: the same recorded step and release.
     Outside a workflow it is ``asyncio.sleep``."""
@@ -304,7 +307,8 @@ async def sleep_async(seconds: float | dt.timedelta, everystep_id: str | None = 
     await loops.in_thread(sleep, seconds, everystep_id)
 
 
-@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.')
+@declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.',
+         records=(sleeps.SLEEP_STEP,))
 async def sleep_until_async(when: dt.datetime, everystep_id: str | None = None) -> None:
     """``sleep_until`` in an async workflow: see ``sleep_async``."""
     if runner_context() is None:
@@ -323,7 +327,8 @@ def _workflow_name(wf: WorkflowFunction | str | Callable[..., Any]) -> str:
     raise EverystepError(f"{wf!r} is not a workflow: decorate it with @workflow")
 
 
-@declare(BodyRule.RECORDED, 'A detached run (no parent, not cancelled with this one) inserted in the transaction that records the step; a replay returns the same run.')
+@declare(BodyRule.RECORDED, 'A detached run (no parent, not cancelled with this one) inserted in the transaction that records the step; a replay returns the same run.',
+         records=(body_calls.SCHEDULE_STEP,))
 def schedule(
     wf: WorkflowFunction | str,
     *args: Any,
@@ -395,7 +400,8 @@ def _decided(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key:
                           deadline=deadline, timeout=timeout)
 
 
-@declare(BodyRule.RECORDED, 'A detached run inserted in the transaction that records the step; a replay returns the same run.')
+@declare(BodyRule.RECORDED, 'A detached run inserted in the transaction that records the step; a replay returns the same run.',
+         records=(body_calls.SCHEDULE_STEP,))
 async def schedule_async(
     wf: WorkflowFunction | str,
     *args: Any,
@@ -437,7 +443,8 @@ async def schedule_async(
 # -- waiting on the world ------------------------------------------------------
 
 
-@declare(BodyRule.WAIT, 'Consumes its message in the transaction that records it; released while none is there.')
+@declare(BodyRule.WAIT, 'Consumes its message in the transaction that records it; released while none is there.',
+         records=(waits.RECV_STEP,))
 def recv(topic: str, timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> Any:
     """Inside a workflow: the next message sent to this run on ``topic``
     (``send``), oldest first; each message is consumed by exactly one
@@ -449,7 +456,8 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, everystep_id: 
     return waits.recv(topic, timeout, everystep_id)
 
 
-@declare(BodyRule.RECORDED, 'The message is stored in the transaction that records the step; a replay returns its id and sends nothing.')
+@declare(BodyRule.RECORDED, 'The message is stored in the transaction that records the step; a replay returns its id and sends nothing.',
+         records=(body_calls.SEND_STEP,))
 def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
          database: str | Store | None = None, conn: Any = None, everystep_id: str | None = None) -> int:
     """Send ``payload`` (JSON-serialisable, as step results are) to run
@@ -471,14 +479,16 @@ def send(run_id: str, topic: str, payload: Any, idempotency_key: str | None = No
     return client.send(run_id, topic, payload_json, idempotency_key, database, conn)
 
 
-@declare(BodyRule.WAIT, 'Consumes its message in the transaction that records it; released while none is there.')
+@declare(BodyRule.WAIT, 'Consumes its message in the transaction that records it; released while none is there.',
+         records=(waits.RECV_STEP,))
 async def recv_async(topic: str, timeout: float | dt.timedelta | None = None,
                      everystep_id: str | None = None) -> Any:
     """``recv`` in an async workflow: the same step, the same release."""
     return await loops.in_thread(waits.recv, topic, timeout, everystep_id)
 
 
-@declare(BodyRule.RECORDED, 'Published in the transaction that records the step; a replay does not publish again.')
+@declare(BodyRule.RECORDED, 'Published in the transaction that records the step; a replay does not publish again.',
+         records=(waits.EVENT_STEP,))
 def set_event(key: str, value: Any, everystep_id: str | None = None) -> None:
     """Inside a workflow: publish ``value`` under ``key`` for anyone outside
     to read (``get_event``). A durable step: a replay does not write it
@@ -486,7 +496,8 @@ def set_event(key: str, value: Any, everystep_id: str | None = None) -> None:
     waits.set_event(key, value, everystep_id)
 
 
-@declare(BodyRule.RECORDED, 'Recorded: every replay sees the value the first execution read. With a timeout, a wait (woken by the set_event) that holds no process.')
+@declare(BodyRule.RECORDED, 'Recorded: every replay sees the value the first execution read. With a timeout, a wait (woken by the set_event) that holds no process.',
+         records=(body_calls.GET_EVENT_STEP,))
 def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store | None = None,
               everystep_id: str | None = None) -> Any:
     """The value run ``run_id`` published under ``key``, waiting up to
@@ -507,7 +518,8 @@ def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store |
     return body_calls.get_event(ctx, run_id, key, everystep_id)
 
 
-@declare(BodyRule.RECORDED, "Recorded as get_event(); with a timeout, a wait that holds no process.")
+@declare(BodyRule.RECORDED, "Recorded as get_event(); with a timeout, a wait that holds no process.",
+         records=(body_calls.GET_EVENT_STEP,))
 async def get_event_async(run_id: str, key: str, timeout: float = 0, database: str | Store | None = None,
                           everystep_id: str | None = None) -> Any:
     """``get_event`` from async code: in a worker thread, so the loop goes
@@ -524,7 +536,8 @@ class ChildHandle:
 
     run_id: str
 
-    @declare(BodyRule.WAIT, "The child's end is recorded with its result; the run is released while the child runs.")
+    @declare(BodyRule.WAIT, "The child's end is recorded with its result; the run is released while the child runs.",
+             records=(waits.CHILD_STEP,))
     def result(self, timeout: float | dt.timedelta | None = None, everystep_id: str | None = None) -> Any:
         """The child's result, waited for durably (inside a workflow the
         parent is released while the child runs, holding no process); raises
@@ -537,7 +550,8 @@ class ChildHandle:
             return client.child_result(self.run_id, seconds)
         return waits.await_child(ctx, self.run_id, timeout, everystep_id)
 
-    @declare(BodyRule.WAIT, "result() in an async workflow: the same step, the same release.")
+    @declare(BodyRule.WAIT, "result() in an async workflow: the same step, the same release.",
+             records=(waits.CHILD_STEP,))
     async def result_async(self, timeout: float | dt.timedelta | None = None,
                            everystep_id: str | None = None) -> Any:
         """``result()`` in an async workflow: the same step, the same release."""
@@ -547,7 +561,8 @@ class ChildHandle:
         return self.run_id
 
 
-@declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
+@declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.',
+         records=(waits.START_STEP,))
 def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = None, queue: str | None = None,
           priority: int | None = None, concurrency_key: str | None = None, deadline: dt.datetime | None = None,
           timeout: float | dt.timedelta | None = None, app_version: str | None = None,
@@ -569,32 +584,37 @@ def start(wf: WorkflowFunction | str, *args: Any, idempotency_key: str | None = 
     return ChildHandle(waits.start_child(child, everystep_id))
 
 
-@declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.")
+@declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.",
+         records=(waits.START_STEP, waits.CHILD_STEP))
 def call(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
     """Inside a workflow: ``start(wf, *args, **options).result()``, two steps."""
     return start(wf, *args, **options).result()
 
 
-@declare(BodyRule.RECORDED, 'Published in the transaction that records the step; a replay does not publish again.')
+@declare(BodyRule.RECORDED, 'Published in the transaction that records the step; a replay does not publish again.',
+         records=(waits.EVENT_STEP,))
 async def set_event_async(key: str, value: Any, everystep_id: str | None = None) -> None:
     """``set_event`` in an async workflow."""
     await loops.in_thread(set_event, key, value, everystep_id)
 
 
-@declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.')
+@declare(BodyRule.RECORDED, 'The child is scheduled in the transaction that records the step; a replay returns the same child.',
+         records=(waits.START_STEP,))
 async def start_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> ChildHandle:
     """``start`` in an async workflow; await ``handle.result_async()``."""
     return await loops.in_thread(start, wf, *args, **options)
 
 
-@declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.")
+@declare(BodyRule.WAIT, "start() and the wait for the child's end: two steps; released while the child runs.",
+         records=(waits.START_STEP, waits.CHILD_STEP))
 async def call_async(wf: WorkflowFunction | str, *args: Any, **options: Any) -> Any:
     """``call`` in an async workflow: ``await (await start_async(...)).result_async()``."""
     handle = await start_async(wf, *args, **options)
     return await handle.result_async()
 
 
-@declare(BodyRule.RECORDED, 'The message is stored in the transaction that records the step; a replay returns its id and sends nothing.')
+@declare(BodyRule.RECORDED, 'The message is stored in the transaction that records the step; a replay returns its id and sends nothing.',
+         records=(body_calls.SEND_STEP,))
 async def send_async(run_id: str, topic: str, payload: Any, idempotency_key: str | None = None,
                      database: str | Store | None = None, conn: Any = None, everystep_id: str | None = None) -> int:
     """``send`` from async code. With ``conn`` (a ``psycopg.AsyncConnection``)
@@ -606,7 +626,8 @@ async def send_async(run_id: str, topic: str, payload: Any, idempotency_key: str
                                    idempotency_key, conn)
 
 
-@declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.')
+@declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.',
+         records=(body_calls.GET_RUN_STEP,))
 def get_run(run_id: str, database: str | Store | None = None, everystep_id: str | None = None) -> Run:
     """Read a run; raises ``RunNotFound`` for an unknown id. (Through the
     host's connection when a provider is installed, so a run scheduled in
@@ -618,7 +639,8 @@ def get_run(run_id: str, database: str | Store | None = None, everystep_id: str 
     return client.get_run(run_id, database)
 
 
-@declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.')
+@declare(BodyRule.RECORDED, 'Recorded: every replay sees the run as the first execution read it.',
+         records=(body_calls.GET_RUN_STEP,))
 async def get_run_async(run_id: str, database: str | Store | None = None, conn: Any = None,
                         everystep_id: str | None = None) -> Run:
     """``get_run`` from async code: through ``conn`` (a
@@ -630,7 +652,8 @@ async def get_run_async(run_id: str, database: str | Store | None = None, conn: 
     return await loops.in_thread(get_run, run_id, database, everystep_id)
 
 
-@declare(BodyRule.RECORDED, 'Recorded: every replay sees the steps the first execution read.')
+@declare(BodyRule.RECORDED, 'Recorded: every replay sees the steps the first execution read.',
+         records=(body_calls.GET_STEPS_STEP,))
 def get_steps(run_id: str, database: str | Store | None = None, everystep_id: str | None = None) -> list[StepRecord]:
     """The recorded steps of a run, in the order they were first recorded.
     In a workflow body it is a step: every replay sees what the first
@@ -641,7 +664,8 @@ def get_steps(run_id: str, database: str | Store | None = None, everystep_id: st
     return client.get_steps(run_id, database)
 
 
-@declare(BodyRule.RECORDED, "Recorded as get_steps().")
+@declare(BodyRule.RECORDED, "Recorded as get_steps().",
+         records=(body_calls.GET_STEPS_STEP,))
 async def get_steps_async(run_id: str, database: str | Store | None = None,
                           everystep_id: str | None = None) -> list[StepRecord]:
     """``get_steps`` from async code, in a worker thread (in an async body,
@@ -649,7 +673,8 @@ async def get_steps_async(run_id: str, database: str | Store | None = None,
     return await loops.in_thread(get_steps, run_id, database, everystep_id)
 
 
-@declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, checked again after a tenth of the time waited (0.5 s to 30 s); returns the run as it ended.")
+@declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, checked again after a tenth of the time waited (0.5 s to 30 s); returns the run as it ended.",
+         records=(waits.RUN_STEP,))
 def wait(run_id: str, timeout: float | None = 60.0, poll: float = 0.1, database: str | Store | None = None,
          everystep_id: str | None = None) -> Run:
     """Poll until the run reaches a terminal status; ``TimeoutError`` past
@@ -667,7 +692,8 @@ def wait(run_id: str, timeout: float | None = 60.0, poll: float = 0.1, database:
     return client.wait(run_id, timeout, poll, database)
 
 
-@declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, as wait().")
+@declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, as wait().",
+         records=(waits.RUN_STEP,))
 async def wait_async(run_id: str, timeout: float | None = 60.0, poll: float = 0.1,
                      database: str | Store | None = None, conn: Any = None, everystep_id: str | None = None) -> Run:
     """``wait`` from async code: polls with ``get_run_async`` and

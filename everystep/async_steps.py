@@ -37,10 +37,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import forks, recording, steps
-from .context import Context, _current, _in_step, recording_context
+from .context import Context, StepGauge, _current, _in_step, recording_context
 from .errors import EverystepError
 from .registry import DeclaredStep
-from .resources import StepGauge
 
 
 async def step_call(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:

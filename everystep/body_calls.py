@@ -38,12 +38,13 @@ from .errors import STORE_FAILURES, BodyCallRefused, EverystepError, RunNotFound
 from .models import STEP_DONE, STEP_FAILED, Run, StepRecord, row_fields, row_from_fields
 from .new_run import NewRun
 from .store import Marker, NewStep, Store, StepWrite, utcnow
+from .wait_kinds import EVENT
 
 SEND_STEP = "everystep.send"
 SCHEDULE_STEP = "everystep.schedule"
 GET_RUN_STEP = "everystep.get_run"
 GET_STEPS_STEP = "everystep.get_steps"
-GET_EVENT_STEP = "everystep.get_event"
+GET_EVENT_STEP = EVENT.step  # while it waits (with a timeout), an event wait
 
 #: What a read may end with that the body sees and every replay sees again.
 RECORDED_FAILURES: tuple[type[Exception], ...] = (RunNotFound, SendRefused, TimeoutError)

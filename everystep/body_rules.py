@@ -56,17 +56,22 @@ class Declaration:
     rule: BodyRule
     note: str
     instead: str | None = None
+    #: The step names the call records in a body, in order (``call`` is a
+    #: child's start, then the wait for its end): each takes a position in
+    #: its scope, so the graph reads them here to number what follows.
+    records: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.rule == BodyRule.REFUSED) != (self.instead is not None):
             raise ValueError("a refused call names what to use instead; no other call does")
 
 
-def declare(rule: BodyRule, note: str, *, instead: str | None = None) -> Callable[[T], T]:
+def declare(rule: BodyRule, note: str, *, instead: str | None = None,
+            records: tuple[str, ...] = ()) -> Callable[[T], T]:
     """Declare the decorated function or type's class in a body. It only
     records the declaration: a refused function is refused by
-    ``body_calls.refused_in_body``, which declares it too."""
-    declaration = Declaration(rule, note, instead)
+    ``refusals.refused_in_body``, which declares it too."""
+    declaration = Declaration(rule, note, instead, records)
 
     def mark(obj: T) -> T:
         setattr(obj, ATTRIBUTE, declaration)

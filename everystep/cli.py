@@ -41,7 +41,7 @@ from .models import (
     PRUNABLE_STATUSES, RUN_FILTERS, RUNNING, STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, WAITING,
     Run, StepRecord,
 )
-from .observer import Observer
+from .context import Observer
 from .store import Store, connect
 from .waiting import describe_wait, effect_uncertain, ended_wait, in_status, waiting_for, waits_of
 from .lease import DEFAULT_LEASE

@@ -24,10 +24,9 @@ import datetime as dt
 import itertools
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import (
@@ -44,12 +43,11 @@ from .errors import (
 from .models import Claim, StepRecord
 
 if TYPE_CHECKING:
-    from .models import Run
-    from .observer import Observer
     from types import CodeType
 
-    from .models import Outcome
-    from .resources import StepMeter
+    from .models import Outcome, Run
+    from .registry import DeclaredStep
+    from .resources import StepCost
     from .store import Marker, Store
 
 MAX_STEP_ID_LENGTH = 300
@@ -98,6 +96,78 @@ class ReplayLog(Protocol):
     def diverged(self, step_id: str, recorded: str, called: str) -> None: ...
 
     def unrecorded(self, step_id: str, name: str) -> None: ...
+
+
+# -- what a runner plugs into an execution ---------------------------------------
+
+
+class Observer:
+    """No-op base class; override what you need."""
+
+    def run_started(self, run: Run, ctx: Context) -> Any:
+        return None
+
+    def run_settling(self, run: Run, status: str) -> None:
+        """The body is done; the runner is about to write ``status`` (a run
+        status, or ``requeued``). Runs no more workflow code after this."""
+
+    def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
+        """``status`` is a run status, or ``requeued``/``lost``/``crashed``."""
+
+    def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
+        return None
+
+    def step_finished(
+        self, ctx: Context, step_id: str, name: str, status: str, error: BaseException | None, token: Any
+    ) -> None:
+        """``status`` is ``done`` or ``failed`` (or ``crashed`` when the fault
+        hook simulated a process death before the record)."""
+
+    def fork_started(self, ctx: Context, fork_id: str, branches: int) -> Any:
+        return None
+
+    def fork_finished(self, ctx: Context, fork_id: str, error: BaseException | None, token: Any) -> None:
+        pass
+
+
+class StepGauge:
+    """One step's measurement, from ``StepMeter.begin`` to ``end``.
+
+    ``call`` runs the step's function (a meter may arm an interrupt only for
+    that long, and turn what its limit caused into ``StepResourceExceeded``);
+    ``end`` lifts whatever bounded the step and returns its cost. The runner
+    calls ``end`` exactly once, whatever the step did.
+    """
+
+    __slots__ = ()
+
+    def call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return fn(*args, **kwargs)
+
+    def end(self) -> StepCost | None:
+        return None
+
+    def failed(self, exc: MemoryError) -> Exception:
+        """What an async step's ``MemoryError`` is its failure as (an async
+        step's coroutine is awaited, not run by ``call``)."""
+        return exc
+
+
+class StepMeter:
+    """Measures, and may bound, every step a runner executes.
+
+    The runner calls ``begin`` right before a step's function runs (after
+    its arguments were stored, before the observers hear of it), then
+    ``gauge.call`` and ``gauge.end``. ``begin`` runs on the thread that runs
+    the step (a parallel branch's, for a branch step): meters must be
+    thread-safe. This base class measures nothing.
+    """
+
+    def begin(self, ctx: Context, step_id: str, step: DeclaredStep) -> StepGauge:
+        return _NOTHING
+
+
+_NOTHING = StepGauge()
 
 
 class HeldStep(Protocol):

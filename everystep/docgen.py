@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from . import cliutil, metrics
+from . import cliutil, metrics, wait_kinds
 from .vocabulary import INVALID_COMMAND
 from .models import (
     ACTIVE_STATUSES, CANCELLABLE_STATUSES, EXECUTION_ENDS, PRUNABLE_STATUSES, STEP_OPEN_STATUSES, STEP_WAITING,
@@ -242,7 +242,7 @@ class MetricInfo:
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "reason": metrics.RESTART_REASONS,
     "command": (*metrics.SUPERVISOR_COMMANDS, INVALID_COMMAND),
-    "kind": metrics.WAIT_KINDS,
+    "kind": wait_kinds.GAUGE_LABELS,
     "process": metrics.MEMORY_PROCESSES,
     "measure": metrics.MEMORY_MEASURES,
 }

@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from . import wait_kinds
 from .models import EXECUTION_ENDS, STEP_DONE, STEP_FAILED, STEP_RETRYING
-from .observer import Observer
+from .context import Observer
 from .store import utcnow
 from .vocabulary import INVALID_COMMAND, Command, RestartReason
 
@@ -194,10 +195,6 @@ def observe_step_cost(workflow: str, step: str, cost: StepCost) -> None:
         metrics.step_peak_rss.labels(workflow, step).observe(cost.peak_rss_bytes)
 
 
-#: The labels of ``everystep_workflows_waiting_by_kind``: a message, a child
-#: run, another run's event or end, several of those (parallel branches), or
-#: only the clock (a delayed start, a sleep, a retry's backoff).
-WAIT_KINDS = ("message", "child", "event", "run", "several", "time")
 
 
 def refresh_queue_gauges(store: Store) -> None:
@@ -214,7 +211,7 @@ def refresh_queue_gauges(store: Store) -> None:
     metrics.blocked.set(stats["blocked"])
     metrics.oldest_pending_age.set(stats["oldest_pending_age_seconds"])
     by_kind = store.waiting_counts()
-    for kind in WAIT_KINDS:
+    for kind in wait_kinds.GAUGE_LABELS:
         metrics.waiting_by_kind.labels(kind).set(by_kind.get(kind, 0))
     queues = store.queues()
     gone = metrics.queues_seen - {queue.name for queue in queues}

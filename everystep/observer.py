@@ -17,40 +17,14 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .context import Context, Observer
+
 if TYPE_CHECKING:
-    from .context import Context
     from .models import Run
 
 logger = logging.getLogger("everystep")
 
 
-class Observer:
-    """No-op base class; override what you need."""
-
-    def run_started(self, run: Run, ctx: Context) -> Any:
-        return None
-
-    def run_settling(self, run: Run, status: str) -> None:
-        """The body is done; the runner is about to write ``status`` (a run
-        status, or ``requeued``). Runs no more workflow code after this."""
-
-    def run_finished(self, run: Run, ctx: Context, status: str, error: BaseException | None, token: Any) -> None:
-        """``status`` is a run status, or ``requeued``/``lost``/``crashed``."""
-
-    def step_started(self, ctx: Context, step_id: str, name: str, timeout: float | None, unsafe: bool) -> Any:
-        return None
-
-    def step_finished(
-        self, ctx: Context, step_id: str, name: str, status: str, error: BaseException | None, token: Any
-    ) -> None:
-        """``status`` is ``done`` or ``failed`` (or ``crashed`` when the fault
-        hook simulated a process death before the record)."""
-
-    def fork_started(self, ctx: Context, fork_id: str, branches: int) -> Any:
-        return None
-
-    def fork_finished(self, ctx: Context, fork_id: str, error: BaseException | None, token: Any) -> None:
-        pass
 
 
 class Observers(Observer):

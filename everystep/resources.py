@@ -10,7 +10,8 @@ limit fails with ``StepResourceExceeded``, recorded like any step failure.
 
 Only a runner that gives each run a process of its own can bound a step, so
 the engine does not enforce anything itself: the runner hands
-``runner.execute`` a ``StepMeter``, which wraps every step it runs (the
+``runner.execute`` a ``StepMeter`` (``everystep.context``, with the other
+hooks a runner plugs into an execution), which wraps every step it runs (the
 supervisor's children do, see ``supervisor/meter.py``). The threaded worker
 has none and refuses to start when the app declares limits
 (``registry.limited_steps``), rather than pretend to honour them.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -33,8 +34,6 @@ from typing import TYPE_CHECKING, Any
 from .errors import EverystepError
 
 if TYPE_CHECKING:
-    from .registry import DeclaredStep
-    from .context import Context
     from .models import StepRecord
 
 
@@ -155,47 +154,13 @@ def run_cost(steps: Iterable[StepRecord]) -> RunCost | None:
     )
 
 
-class StepGauge:
-    """One step's measurement, from ``StepMeter.begin`` to ``end``.
-
-    ``call`` runs the step's function (a meter may arm an interrupt only for
-    that long, and turn what its limit caused into ``StepResourceExceeded``);
-    ``end`` lifts whatever bounded the step and returns its cost. The runner
-    calls ``end`` exactly once, whatever the step did.
-    """
-
-    __slots__ = ()
-
-    def call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return fn(*args, **kwargs)
-
-    def end(self) -> StepCost | None:
-        return None
-
-    def failed(self, exc: MemoryError) -> Exception:
-        """What an async step's ``MemoryError`` is its failure as (an async
-        step's coroutine is awaited, not run by ``call``)."""
-        return exc
 
 
-class StepMeter:
-    """Measures, and may bound, every step a runner executes.
-
-    The runner calls ``begin`` right before a step's function runs (after
-    its arguments were stored, before the observers hear of it), then
-    ``gauge.call`` and ``gauge.end``. ``begin`` runs on the thread that runs
-    the step (a parallel branch's, for a branch step): meters must be
-    thread-safe. This base class measures nothing.
-    """
-
-    def begin(self, ctx: Context, step_id: str, step: DeclaredStep) -> StepGauge:
-        return _NOTHING
 
 
-_NOTHING = StepGauge()
 
 
 __all__ = [
-    "Resource", "RunCost", "StepCost", "StepGauge", "StepMeter", "describe", "exceeded_message",
+    "Resource", "RunCost", "StepCost", "describe", "exceeded_message",
     "format_cpu", "format_size", "parse_cpu", "parse_size", "run_cost",
 ]

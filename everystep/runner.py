@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from . import engine_errors, loops, outcomes, recording, registry, serde, telemetry
-from .context import Context, Execution, FaultHooks, Flag, _current
+from .context import Context, Execution, FaultHooks, Flag, StepMeter, _current
 from .errors import (
     Cancelled,
     ClaimLost,
@@ -68,9 +68,9 @@ from .errors import (
     WorkflowCodeError,
 )
 from .models import EXECUTION_ENDS, Outcome, Run, StepRecord
-from .observer import Observer, Observers
+from .context import Observer
+from .observer import Observers
 from .recovery import requeue_patiently
-from .resources import StepMeter
 from .store import Store
 
 logger = logging.getLogger("everystep")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .models import FAILED
-from .observer import Observer
+from .context import Observer
 
 if TYPE_CHECKING:
     from .context import Context

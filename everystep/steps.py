@@ -37,12 +37,12 @@ from collections.abc import Generator
 from typing import Any
 
 from . import loops, recording, serde, transactional
-from .context import Context, Execution, StepAttempt, _in_step
+from .context import Context, Execution, StepAttempt, StepGauge, _in_step
 from .errors import STORE_FAILURES, EverystepError, SimulatedCrash, StepTimeout, Terminal
 from .last_step import HeldRecord, is_last_act
 from .models import STEP_DONE, STEP_FAILED, STEP_RETRYING, STEP_STARTED, StepRecord
 from .registry import DeclaredStep
-from .resources import StepCost, StepGauge
+from .resources import StepCost
 from .store import NewStep, utcnow
 from .store.base.step_transactions import StepTransaction
 

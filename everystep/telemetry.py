@@ -8,7 +8,7 @@ from functools import cache
 
 from . import traces
 from .metrics import MetricsObserver
-from .observer import Observer
+from .context import Observer
 from .sentry import SentryObserver
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import Terminal
 from .models import FAILED
-from .observer import Observer
+from .context import Observer
 
 if TYPE_CHECKING:
     from .context import Context

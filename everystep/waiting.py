@@ -8,6 +8,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from . import wait_kinds
 from .models import (
     ACTIVE_STATUSES, RUNNING, SCHEDULED, STEP_AWAITING, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, STEP_WAITING,
     WAIT_FOREVER, WAITING, Run, StepRecord,
@@ -64,15 +65,8 @@ def describe_wait(step: StepRecord) -> str:
     """A ``waiting`` step in words: ``waiting for message "approved"``,
     ``waiting for child 01a23bd9-…``, ``waiting for run …``, ``waiting for
     event "status" of run …``, with its timeout if it has one."""
-    from .waits import WAIT_STEPS
-
-    kind = WAIT_STEPS.get(step.name, "message")
-    target = str(step.args[0]) if step.args else "?"
-    if kind == "event":
-        key = str(step.args[1]) if len(step.args) > 1 else "?"
-        what = f'event "{key}" of run {target}'
-    else:
-        what = f'message "{target}"' if kind == "message" else f"{kind} {target}"
+    kind = wait_kinds.by_step.get(step.name, wait_kinds.MESSAGE)
+    what = kind.describe(step.args)
     until = f" until {step.wake_at.isoformat()}" if step.wake_at is not None and step.wake_at < WAIT_FOREVER else ""
     return f"waiting for {what}{until}"
 
@@ -93,13 +87,6 @@ def ended_wait(run: Run, step: StepRecord) -> str | None:
     return f"the run ended ({run.status}) while {what}"
 
 
-def wait_kind(step: StepRecord) -> str | None:
-    """``message``, ``child``, ``run`` or ``event`` for a ``waiting`` step (the console's and the metrics' word)."""
-    from .waits import WAIT_STEPS
-
-    return WAIT_STEPS.get(step.name) if step.status == STEP_AWAITING else None
-
-
 def effect_uncertain(run: Run, step: StepRecord) -> bool:
     """An unsafe step's ``started`` row outside a running run (blocked, or
     cut off by a cancel): it may have had its effect, and nothing recorded
@@ -107,5 +94,5 @@ def effect_uncertain(run: Run, step: StepRecord) -> bool:
     return step.status == STEP_STARTED and run.status != RUNNING
 
 
-__all__ = ["describe_wait", "effect_uncertain", "ended_wait", "in_status", "is_waiting", "wait_kind", "waiting_for",
+__all__ = ["describe_wait", "effect_uncertain", "ended_wait", "in_status", "is_waiting", "waiting_for",
            "waits_of"]

@@ -56,21 +56,18 @@ from .models import (
     row_fields,
 )
 from .store import NewStep, utcnow
-from .store.base.waits import child_key, event_key, message_key, run_key
+from .store.base.values import checked_run_id
+from .wait_kinds import CHILD, EVENT, MESSAGE, RUN
 
 if TYPE_CHECKING:
     from .new_run import NewRun
 
-RECV_STEP = "everystep.recv"
+RECV_STEP = MESSAGE.step
 EVENT_STEP = "everystep.set_event"
 START_STEP = "everystep.start"
-CHILD_STEP = "everystep.child"
+CHILD_STEP = CHILD.step
 #: A body's ``wait(run_id)``: a wait for that run's end.
-RUN_STEP = "everystep.wait"
-#: The function names of the steps this module records: what each waits for.
-#: (A body's ``get_event`` with a timeout records ``body_calls.GET_EVENT_STEP``
-#: while it waits.)
-WAIT_STEPS = {RECV_STEP: "message", CHILD_STEP: "child", RUN_STEP: "run", body_calls.GET_EVENT_STEP: "event"}
+RUN_STEP = RUN.step
 
 #: A wait on another run (its event, its end) that nothing may wake at once
 #: (a run waiting for several things at the moment the event is set; a run
@@ -139,7 +136,7 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, name: str | No
     ctx = _workflow_context("recv")
     ex = ctx.execution
     what = f'message "{topic}"'
-    entered, replayed = _enter_wait(ex, ctx, name, RECV_STEP, message_key(topic), what, timeout, "recv")
+    entered, replayed = _enter_wait(ex, ctx, name, RECV_STEP, MESSAGE.key(topic), what, timeout, "recv")
     if entered is None:
         return replayed
     step_id, started_at, deadline, first = entered
@@ -158,7 +155,7 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, name: str | No
         return _fail(ex, step_id, RECV_STEP, [topic], started_at, deadline,
                      RecvTimeout(f"no message on topic {topic!r} within the timeout (run {ex.run.id}, "
                                  f"step {step_id})"))
-    raise recording.suspend(ex, deadline or WAIT_FOREVER, message_key(topic), what)
+    raise recording.suspend(ex, deadline or WAIT_FOREVER, MESSAGE.key(topic), what)
 
 
 def message_json(topic: str, payload: Any, idempotency_key: str | None) -> str:
@@ -221,7 +218,7 @@ def await_event(ctx: Context, run_id: str, key: str, seconds: float, name: str |
     ex = ctx.execution
     step_name = body_calls.GET_EVENT_STEP
     what = f'event "{key}" of run {run_id}'
-    entered, replayed = _enter_wait(ex, ctx, name, step_name, event_key(run_id, key), what, seconds, "get_event")
+    entered, replayed = _enter_wait(ex, ctx, name, step_name, EVENT.key(f"{checked_run_id(run_id)}:{key}"), what, seconds, "get_event")
     if entered is None:
         return replayed
     step_id, started_at, deadline, first = entered
@@ -236,7 +233,7 @@ def await_event(ctx: Context, run_id: str, key: str, seconds: float, name: str |
         return _finish(ex, step_id, step_name, args, started_at, deadline, event)
     if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, step_name, args, started_at, deadline, body_calls.no_event(run_id, key, seconds))
-    return _watch(ex, step_id, step_name, args, started_at, deadline, first, event_key(run_id, key), what)
+    return _watch(ex, step_id, step_name, args, started_at, deadline, first, EVENT.key(f"{checked_run_id(run_id)}:{key}"), what)
 
 
 def wait_for_run(ctx: Context, run_id: str, timeout: float | None, name: str | None) -> Run:
@@ -249,7 +246,7 @@ def wait_for_run(ctx: Context, run_id: str, timeout: float | None, name: str | N
     the time waited so far (``RECHECK_MIN`` to ``RECHECK_MAX`` seconds)."""
     ex = ctx.execution
     what = f"run {run_id}"
-    entered, replayed = _enter_wait(ex, ctx, name, RUN_STEP, run_key(run_id), what, timeout, "wait")
+    entered, replayed = _enter_wait(ex, ctx, name, RUN_STEP, RUN.key(run_id), what, timeout, "wait")
     if entered is None:
         return body_calls.run_of(replayed)
     step_id, started_at, deadline, first = entered
@@ -262,7 +259,7 @@ def wait_for_run(ctx: Context, run_id: str, timeout: float | None, name: str | N
     if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline,  # type: ignore[no-any-return]
                      TimeoutError(f"run {run_id} is still {run.status} after {timeout:g}s"))
-    return _watch(ex, step_id, RUN_STEP, [run_id], started_at, deadline, first, run_key(run_id), what)  # type: ignore[no-any-return]
+    return _watch(ex, step_id, RUN_STEP, [run_id], started_at, deadline, first, RUN.key(run_id), what)  # type: ignore[no-any-return]
 
 
 def _watch(ex: Execution, step_id: str, step_name: str, args: list[Any], started_at: dt.datetime,
@@ -316,7 +313,7 @@ def await_child(ctx: Context, child_id: str, timeout: float | dt.timedelta | Non
     it."""
     ex = ctx.execution
     what = f"child {child_id}"
-    entered, replayed = _enter_wait(ex, ctx, name, CHILD_STEP, child_key(child_id), what, timeout, "child result")
+    entered, replayed = _enter_wait(ex, ctx, name, CHILD_STEP, CHILD.key(child_id), what, timeout, "child result")
     if entered is None:
         return replayed
     step_id, started_at, deadline, first = entered
@@ -345,7 +342,7 @@ def await_child(ctx: Context, child_id: str, timeout: float | dt.timedelta | Non
         if not write.ours:
             ex.outcomes[step_id] = write.record
             return recording.replay_outcome(ex, write.record)
-    raise recording.suspend(ex, deadline or WAIT_FOREVER, child_key(child_id), what)
+    raise recording.suspend(ex, deadline or WAIT_FOREVER, CHILD.key(child_id), what)
 
 
 def _started_here(ex: Execution, child_id: str) -> bool:
@@ -402,6 +399,6 @@ def _fail(ex: Execution, step_id: str, step_name: str, args: list[Any], started_
 
 
 __all__ = ["CHILD_STEP", "EVENT_STEP", "RECHECK_MAX", "RECHECK_MIN", "RECV_STEP", "RUN_STEP", "START_STEP",
-           "WAIT_STEPS", "await_child", "await_event", "child_failed", "event_key_checked", "finite_seconds",
+           "await_child", "await_event", "child_failed", "event_key_checked", "finite_seconds",
            "message_json", "recv", "set_event", "start_child",
            "wait_for_run"]

@@ -47,7 +47,7 @@ from .exposition import ThreadedMetricsServer
 from .lease import DEFAULT_LEASE, Lease
 from .listener import Listener
 from .models import Outcome, Run
-from .observer import Observer
+from .context import Observer
 from .relay import REQUEST_CHANNEL
 from .store import Store, default_store
 from .store.postgres import FENCE_CHANNEL

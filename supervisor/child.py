@@ -33,7 +33,8 @@ import psutil
 from everystep import runner, serde, traces
 from everystep.context import Context, SignalFlag
 from everystep.models import RUNNING, Run
-from everystep.observer import Observer, Observers
+from everystep.context import Observer
+from everystep.observer import Observers
 from everystep.store import connect
 
 from . import heap, titles

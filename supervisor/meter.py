@@ -60,7 +60,8 @@ from typing import TYPE_CHECKING, Any
 
 from everystep import metrics
 from everystep.errors import StepResourceExceeded
-from everystep.resources import Resource, StepCost, StepGauge, StepMeter, exceeded_message
+from everystep.context import StepGauge, StepMeter
+from everystep.resources import Resource, StepCost, exceeded_message
 
 from .cgroups import OpenGroup
 

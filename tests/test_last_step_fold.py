@@ -31,7 +31,7 @@ from everystep.context import current
 from everystep.models import (
     CANCELLED, COMPLETED, FAILED, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Claim,
 )
-from everystep.observer import Observer
+from everystep.context import Observer
 from everystep.runner import Outcome
 from everystep.store import NewStep, Store, connect, utcnow
 from everystep.tail_position import is_tail_call

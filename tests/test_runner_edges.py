@@ -14,7 +14,7 @@ from everystep import runner, schedule, serde, step, workflow
 from everystep.context import Context, SignalFlag
 from everystep.errors import EverystepError, SimulatedCrash, WorkflowCodeError
 from everystep.models import COMPLETED, FAILED, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED
-from everystep.observer import Observer
+from everystep.context import Observer
 from everystep.store import connect
 from tests.support.runs import claim_run, crash_at, execute_run
 

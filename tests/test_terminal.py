@@ -14,7 +14,7 @@ import pytest
 from everystep import Terminal, parallel, schedule, serde, step, workflow
 from everystep.errors import EverystepError
 from everystep.models import COMPLETED, FAILED, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED, STOPPED
-from everystep.observer import Observer
+from everystep.context import Observer
 from tests.support.runs import claim_run, execute_run
 
 CALLS: Counter[str] = Counter()

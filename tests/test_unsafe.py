@@ -209,7 +209,7 @@ def test_unmarked_step_with_a_leftover_started_row_runs_again(store: Any, monkey
 
 
 def test_blocked_is_not_reported_as_a_failure(store: Any) -> None:
-    from everystep.observer import Observer
+    from everystep.context import Observer
 
     class Recorder(Observer):
         def __init__(self) -> None:

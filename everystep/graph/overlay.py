@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import registry
+from .. import registry, wait_kinds
 from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepRecord
 from ..patches import PATCH_STEP, is_marker, marker_id, patch_of
 from .plan import Choice, Exit, Fork, Loop, Node, Patch, Plan, StepCall, Try, Wait, wait_records
@@ -137,14 +137,18 @@ def _step(call: StepCall | None, step_id: str | None, record: StepRecord | None,
 
 
 def _wait(call: Wait | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
-    """A wait's node: ``wait`` says what it waits for, ``until`` its wake
-    time (None: until something else ends it, or not reached)."""
+    """A wait's node: ``wait`` says what kind of wait it is, ``what`` what it
+    waits for in words (from the kind's declaration, ``everystep.wait_kinds``),
+    ``until`` its wake time (None: until something else ends it, or not
+    reached)."""
     row = wait_records().get(record.name) if record is not None else None
     kind = call.kind if call is not None else row.kind if row is not None else "wait"
+    declared = wait_kinds.by_step.get(record.name) if record is not None else None
     node = _step(None, step_id, record, state)
     node.update({
         "kind": "wait",
         "wait": kind,
+        "what": declared.describe(record.args) if declared is not None and record is not None else kind,
         "function": call.function if call is not None else node["function"],
         "label": call.label if call is not None else kind,
         "line": call.line if call is not None else None,

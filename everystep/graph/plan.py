@@ -55,6 +55,12 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Union
 
+import everystep
+
+from .. import api, patches, wait_kinds
+from ..api import StepFunction, WorkflowFunction
+from ..body_rules import BodyRule, Declaration, declaration_of
+
 MAX_INLINE_DEPTH = 6
 MAX_NODES = 2000
 MAX_TEXT = 60
@@ -77,54 +83,56 @@ class StepCall:
 class WaitKind:
     """What an engine call that waits is, for the graph."""
 
-    kind: str  # what the run waits for: "sleep" (later "message", "child")
+    kind: str  # what the run waits for: "sleep", or a wait kind's name (``everystep.wait_kinds``)
     record: str  # the step name its record carries, e.g. ``everystep.sleep``
 
 
+def _declared() -> list[tuple[Any, Declaration]]:
+    """Every public call of ``everystep`` a body makes that records steps
+    (the methods of its public types too: a child handle's ``result``),
+    with its declaration (``everystep.body_rules``)."""
+    found = []
+    for name in everystep.__all__:
+        obj = getattr(everystep, name)
+        for candidate in [obj, *vars(obj).values()] if isinstance(obj, type) else [obj]:
+            declared = declaration_of(candidate)
+            if declared is not None and declared.records:
+                found.append((candidate, declared))
+    return found
+
+
+@functools.cache
 def waits() -> dict[Any, WaitKind]:
     """Every engine call that makes a run wait, by the object a body calls.
 
     Each wait is recorded as a step row (with its wake time, if any) and
     takes a position in its scope like a step, so the graph must know every
     one of them: a call missing here would be read as nothing and the steps
-    after it numbered one short. A method of a handle (a child run's
-    ``result``) is keyed by the function found on its class: the reader
-    resolves ``handle.result()`` when ``handle`` was assigned once from a
-    call whose return annotation names that class, and
+    after it numbered one short. Read from the calls' declarations: a wait
+    that records one step, of a declared wait kind or a sleep. A method of
+    a handle (a child run's ``result``) is keyed by the function found on
+    its class: the reader resolves ``handle.result()`` when ``handle`` was
+    assigned once from a call whose return annotation names that class, and
     ``start(...).result()`` likewise."""
-    from .. import api
-    from .. import waits as engine_waits
-    from ..sleeps import SLEEP_STEP
-
-    sleep = WaitKind("sleep", SLEEP_STEP)
-    message = WaitKind("message", engine_waits.RECV_STEP)
-    child = WaitKind("child", engine_waits.CHILD_STEP)
-    run = WaitKind("run", engine_waits.RUN_STEP)
-    # The async forms (``await everystep.sleep_async(...)``) record the same.
-    return {api.sleep: sleep, api.sleep_until: sleep, api.sleep_async: sleep, api.sleep_until_async: sleep,
-            api.recv: message, api.recv_async: message,
-            api.ChildHandle.result: child, api.ChildHandle.result_async: child,
-            api.wait: run, api.wait_async: run}
+    out = {}
+    for call, declared in _declared():
+        if declared.rule != BodyRule.WAIT or len(declared.records) != 1:
+            continue
+        record = declared.records[0]
+        kind = wait_kinds.by_step.get(record)
+        out[call] = WaitKind(kind.name if kind is not None else "sleep", record)
+    return out
 
 
+@functools.cache
 def engine_steps() -> dict[Any, tuple[str, ...]]:
     """Engine calls that record steps of their own, by the object a body
     calls: the record names they write, in order (``call`` is a child's
-    start and then the wait for its end). Like ``waits``, a call missing
-    here would number the steps after it one short."""
-    from .. import api, body_calls
-    from .. import waits as engine_waits
-
-    event, start, call = (engine_waits.EVENT_STEP,), (engine_waits.START_STEP,), \
-        (engine_waits.START_STEP, engine_waits.CHILD_STEP)
-    send, schedule = (body_calls.SEND_STEP,), (body_calls.SCHEDULE_STEP,)
-    get_run, get_steps, get_event = (body_calls.GET_RUN_STEP,), (body_calls.GET_STEPS_STEP,), \
-        (body_calls.GET_EVENT_STEP,)
-    return {api.set_event: event, api.set_event_async: event, api.start: start, api.start_async: start,
-            api.call: call, api.call_async: call, api.send: send, api.send_async: send,
-            api.schedule: schedule, api.schedule_async: schedule, api.get_run: get_run,
-            api.get_run_async: get_run, api.get_steps: get_steps, api.get_steps_async: get_steps,
-            api.get_event: get_event, api.get_event_async: get_event}
+    start and then the wait for its end), from their declarations. Like
+    ``waits``, a call missing here would number the steps after it one
+    short."""
+    waiting = waits()
+    return {call: declared.records for call, declared in _declared() if call not in waiting}
 
 
 def wait_records() -> dict[str, WaitKind]:
@@ -657,8 +665,6 @@ class _Reader:
 
     def invoke(self, target: Any, node: ast.AST) -> list[Node]:
         """What calling ``target`` (at ``node``) does, in steps."""
-        from ..api import StepFunction, WorkflowFunction
-
         if _is_patched(target):
             if not self._budget():
                 return []
@@ -791,20 +797,14 @@ def _engine_records(target: Any) -> tuple[str, ...] | None:
 
 def _is_parallel(target: Any) -> bool:
     """``parallel`` or its async form ``gather``: a fork, drawn alike."""
-    from .. import api
-
     return target is api.parallel or target is api.gather
 
 
 def _is_patched(target: Any) -> bool:
-    from .. import patches
-
     return target is patches.patched
 
 
 def _is_gather(target: Any) -> bool:
-    from .. import api
-
     return target is api.gather
 
 

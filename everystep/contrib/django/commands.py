@@ -22,7 +22,7 @@ from django.db import close_old_connections
 from everystep import registry
 from everystep.cliutil import EXIT_USAGE
 from everystep.errors import EverystepError
-from everystep.observer import Observer
+from everystep.context import Observer
 
 from . import conf, database
 

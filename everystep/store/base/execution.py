@@ -30,6 +30,7 @@ from typing import Any
 from ... import serde
 from ...models import STEP_STARTED, Claim, Run, StepRecord
 from ...resources import StepCost
+from ...wait_kinds import CHILD
 from .core import Row, StoreCore
 from .values import LOST, ClaimState, Marker, NewStep, StepWrite, checked_run_id, utcnow
 
@@ -334,7 +335,7 @@ class Execution(StoreCore):
         waits (``waits.py``). Where the finishing statement did it already
         (PostgreSQL), ``parent_id`` is None."""
         if parent_id is not None:
-            self.wake_waiter(str(parent_id), f"child:{run_id}")
+            self.wake_waiter(str(parent_id), CHILD.key(str(run_id)))
 
     def wake_waiter(self, run_id: str, wait_key: str, conn: Any = None) -> None:
         """End ``run_id``'s wait for ``wait_key`` (``message:<topic>``,

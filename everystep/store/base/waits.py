@@ -41,9 +41,10 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from ... import serde
+from ... import serde, wait_kinds
 from ...errors import RunNotFound, SendRefused
 from ...models import ACTIVE_STATUSES, STEP_AWAITING, Claim, Run, StepRecord, row_fields
+from ...wait_kinds import EVENT, MESSAGE
 from . import statements
 from .core import Row
 from .execution import Execution
@@ -113,28 +114,6 @@ class ChildOutcome:
     parent_id: str | None = None
 
 
-def message_key(topic: str) -> str:
-    return f"message:{topic}"
-
-
-def child_key(run_id: str) -> str:
-    return f"child:{run_id}"
-
-
-def event_key(run_id: str, key: str) -> str:
-    """A body's ``get_event`` with a timeout: the event ``key`` of run ``run_id``."""
-    return f"event:{run_id}:{key}"
-
-
-def run_key(run_id: str) -> str:
-    """A body's ``wait(run_id)``: that run's end."""
-    return f"run:{run_id}"
-
-
-#: ``wait_key`` of a run whose scopes wait for different things: any wake ends its wait.
-SEVERAL = "*"
-
-
 class _NothingWritten(Exception):
     """Rolls back a transaction of which one write was refused."""
 
@@ -181,7 +160,7 @@ class Waits(Execution, Runs):
         except RunNotFound:
             raise SendRefused(f"no run with id {run_id!r}: the message was not stored") from None
         params = cls._params(run_id=target, topic=topic, payload=payload_json,
-                             key=idempotency_key, wait_key=message_key(topic))
+                             key=idempotency_key, wait_key=MESSAGE.key(topic))
         run = yield statements.Statement(sql["lock_run_wait"], params)
         if run is None:
             raise SendRefused(f"no run with id {run_id}: the message was not stored")
@@ -193,7 +172,7 @@ class Waits(Execution, Runs):
             if found is not None:
                 return Sent(int(found["id"]), stored=False)
         row = yield statements.Statement(sql["insert_message"], params)
-        if run["status"] == "scheduled" and run["wait_key"] in (params["wait_key"], SEVERAL):
+        if run["status"] == "scheduled" and run["wait_key"] in (params["wait_key"], wait_kinds.SEVERAL):
             yield statements.Statement(sql["wake_waiter"], params, all=True)
         return Sent(int(row["id"]), stored=True)
 
@@ -248,7 +227,7 @@ class Waits(Execution, Runs):
         in one transaction fenced by ``claim`` (returns like ``record_step``)."""
         def publish(conn: Any) -> str | None:
             params = self._params(run_id=checked_run_id(claim.run_id), key=key, value=value_json,
-                                  wait_key=event_key(claim.run_id, key))
+                                  wait_key=EVENT.key(f"{checked_run_id(claim.run_id)}:{key}"))
             conn.execute(self.sql["put_event"], params)
             conn.execute(self.sql["wake_watchers"], params).fetchall()
             return None
@@ -337,7 +316,7 @@ class Waits(Execution, Runs):
         it waits for is there already it is due at once instead (see the
         module docstring). False if ``claim`` is no longer current."""
         keys = sorted(set(waits))
-        wait_key: str | None = keys[0] if len(keys) == 1 else SEVERAL
+        wait_key: str | None = keys[0] if len(keys) == 1 else wait_kinds.SEVERAL
         params = self._params(**self._claim_params(claim))
         with self.connection() as conn, self._transaction(conn):
             if conn.execute(self.sql["lock_claimed"], params).fetchone() is None:
@@ -349,22 +328,19 @@ class Waits(Execution, Runs):
             return bool(released)
 
     def _ready(self, conn: Any, run_id: str, key: str) -> bool:
-        kind, _, target = key.partition(":")
-        if kind == "message":
-            params = {"run_id": checked_run_id(run_id), "topic": target}
-            return conn.execute(self.sql["next_message"], params).fetchone() is not None
-        if kind in ("child", "run"):
-            row = conn.execute(self.sql["child_outcome"], {"run_id": checked_run_id(target)}).fetchone()
-            return row is None or row["status"] not in ACTIVE_STATUSES
-        if kind == "event":
-            # The publisher's row first (``wake_watchers``): a set_event under
-            # way commits before this read, or finds this run released.
-            watched, _, event = target.partition(":")
-            params = {"run_id": checked_run_id(watched), "key": event}
-            if conn.execute(self.sql["lock_watched"], params).fetchone() is None:
-                return True  # the run is gone: the wait ends, and says so
-            return conn.execute(self.sql["get_event"], params).fetchone() is not None
-        return True
+        """Whether what ``key`` waits for is there now: its kind's ready
+        statements (``everystep.wait_kinds``), in this transaction."""
+        parsed = wait_kinds.parse(key)
+        if parsed is None:
+            return True  # an unknown kind: the wait ends, and the body says why
+        kind, target = parsed
+        params = kind.params(run_id, target)
+        if "run_id" in params:
+            params["run_id"] = checked_run_id(params["run_id"])
+        row = None
+        for name in kind.ready:
+            row = conn.execute(self.sql[name], params).fetchone()
+        return row is not None
 
     def child_outcome(self, child_id: str) -> ChildOutcome | None:
         row = self._fetchone("child_outcome", {"run_id": checked_run_id(child_id)})
@@ -435,5 +411,4 @@ class Waits(Execution, Runs):
         return Event(row["key"], cls._json(row["value"]), cls._time(row["updated_at"]))
 
 
-__all__ = ["LOST", "ChildOutcome", "Event", "Links", "Message", "SEVERAL", "SendRefused", "Sent", "Waits",
-           "child_key", "event_key", "message_key", "run_key"]
+__all__ = ["LOST", "ChildOutcome", "Event", "Links", "Message", "SendRefused", "Sent", "Waits"]

@@ -7,7 +7,9 @@ every statement a backend runs can be read in one place.
 Status sets are never written out in a ``.sql`` file: a statement names
 one as a placeholder (``{active_statuses}``) and ``load`` renders it from
 ``everystep.models``, so a new status changes ``models.py`` and the SQL
-follows. ``STATUS_SETS`` lists the placeholders.
+follows. ``STATUS_SETS`` lists the placeholders. Wait keys alike: their
+prefixes and the kind of a key come from ``everystep.wait_kinds``
+(``WAIT_KEYS``).
 
 A block whose name starts with ``_`` is a fragment, not a statement: text
 that several statements of the file share (the claim fence every executor
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 
-from ... import models
+from ... import models, wait_kinds
 
 RUN_COLUMNS = (
     "id", "name", "args", "status", "idempotency_key", "claimed_by", "claimed_at",
@@ -40,6 +42,7 @@ STATUS_SETS: dict[str, tuple[str, ...]] = {
     "step_open_statuses": models.STEP_OPEN_STATUSES,
     "step_waiting_statuses": models.STEP_WAITING,
 }
+
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -59,6 +62,26 @@ def sql_list(values: Sequence[str]) -> str:
     return "(" + ", ".join(f"'{value}'" for value in values) + ")"
 
 
+def _wait_key_sql() -> dict[str, str]:
+    """The wait keys' SQL, from ``everystep.wait_kinds``: each kind's prefix
+    (``{wait_prefix_child}``: ``'child:'``) and its length, and
+    ``{wait_kind_of}``, the kind of a run's ``wait_key`` (what the waiting
+    gauge counts by)."""
+    values: dict[str, str] = {}
+    cases = []
+    for kind in wait_kinds.KINDS:
+        prefix = kind.key("")
+        values[f"wait_prefix_{kind.name}"] = sql_list([prefix])[1:-1]
+        values[f"wait_prefix_{kind.name}_length"] = str(len(prefix))
+        cases.append(f"WHEN substr(wait_key, 1, {len(prefix)}) = {values[f'wait_prefix_{kind.name}']} THEN '{kind.name}'")
+    values["wait_kind_of"] = (f"CASE {' '.join(cases)} WHEN wait_key = '{wait_kinds.SEVERAL}' THEN 'several' "
+                              "ELSE 'time' END")
+    return values
+
+
+WAIT_KEYS = _wait_key_sql()
+
+
 @cache
 def load(backend: str) -> dict[str, str]:
     """Parse ``<backend>.sql`` into ``{name: statement}``."""
@@ -70,6 +93,7 @@ def load(backend: str) -> dict[str, str]:
         "step_columns": _columns(STEP_COLUMNS),
         "step_columns_s": _columns(STEP_COLUMNS, "s"),
         **{placeholder: sql_list(statuses) for placeholder, statuses in STATUS_SETS.items()},
+        **WAIT_KEYS,
     }
     blocks = {name: "\n".join(line for line in body.strip().splitlines() if not line.lstrip().startswith("--"))
               for name, body in zip(parts[1::2], parts[2::2])}

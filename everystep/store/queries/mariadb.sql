@@ -844,6 +844,12 @@ SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = %(ru
 -- name: child_outcome
 SELECT id, status, result, error, parent_id FROM everystep_workflow WHERE id = %(run_id)s
 
+-- name: run_ended
+-- A wait for a run's end is over (everystep.wait_kinds): a row when the
+-- run has ended, or is gone.
+SELECT 1 AS ended FROM DUAL WHERE NOT EXISTS (
+    SELECT 1 FROM everystep_workflow WHERE id = %(run_id)s AND status IN {active_statuses})
+
 -- name: list_children
 SELECT {run_columns} FROM everystep_workflow WHERE parent_id = %(run_id)s
 ORDER BY created_at, id
@@ -862,17 +868,12 @@ LIMIT %(limit)s
 -- Parents still waiting for a child that has ended: a runner that died
 -- between the child's end and the parent's wake (two writes here).
 SELECT p.id, p.wait_key FROM everystep_workflow AS p
-JOIN everystep_workflow AS c ON p.wait_key = CONCAT('child:', c.id)
-WHERE p.status = 'scheduled' AND p.wait_key LIKE 'child:%%' AND c.status NOT IN {active_statuses}
+JOIN everystep_workflow AS c ON p.wait_key = CONCAT({wait_prefix_child}, c.id)
+WHERE p.status = 'scheduled' AND substr(p.wait_key, 1, {wait_prefix_child_length}) = {wait_prefix_child} AND c.status NOT IN {active_statuses}
 LIMIT 100
 
 -- name: waiting_counts
-SELECT CASE WHEN wait_key LIKE 'message:%%' THEN 'message'
-            WHEN wait_key LIKE 'child:%%' THEN 'child'
-            WHEN wait_key LIKE 'event:%%' THEN 'event'
-            WHEN wait_key LIKE 'run:%%' THEN 'run'
-            WHEN wait_key = '*' THEN 'several'
-            ELSE 'time' END AS kind,
+SELECT {wait_kind_of} AS kind,
        count(*) AS runs
 FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > UTC_TIMESTAMP(6)

@@ -255,9 +255,9 @@ LEFT JOIN everystep_step AS s ON s.workflow_id = %(run_id)s AND s.step_id = %(st
 -- are notified by the statement's last line.
 woke AS (
     UPDATE everystep_workflow AS p
-    SET not_before = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
+    SET not_before = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ({wait_prefix_child} || finished.id::text, '*')
                           THEN clock_timestamp() ELSE p.not_before END,
-        wait_key = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ('child:' || finished.id::text, '*')
+        wait_key = CASE WHEN p.status = 'scheduled' AND p.wait_key IN ({wait_prefix_child} || finished.id::text, '*')
                         THEN NULL ELSE p.wait_key END
     FROM finished
     WHERE p.id = finished.parent_id
@@ -996,6 +996,12 @@ SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = %(ru
 -- name: child_outcome
 SELECT id, status, result, error, parent_id FROM everystep_workflow WHERE id = %(run_id)s
 
+-- name: run_ended
+-- A wait for a run's end is over (everystep.wait_kinds): a row when the
+-- run has ended, or is gone.
+SELECT 1 AS ended WHERE NOT EXISTS (
+    SELECT 1 FROM everystep_workflow WHERE id = %(run_id)s AND status IN {active_statuses})
+
 -- name: list_children
 SELECT {run_columns} FROM everystep_workflow WHERE parent_id = %(run_id)s
 ORDER BY created_at, id
@@ -1015,18 +1021,13 @@ LIMIT %(limit)s
 -- its parent's wake are one statement here, so this finds only what an
 -- operator's edit left behind; the other backends' sweep needs it more.
 SELECT p.id, p.wait_key FROM everystep_workflow AS p
-JOIN everystep_workflow AS c ON p.wait_key = 'child:' || c.id::text
-WHERE p.status = 'scheduled' AND p.wait_key LIKE 'child:%%' AND c.status NOT IN {active_statuses}
+JOIN everystep_workflow AS c ON p.wait_key = {wait_prefix_child} || c.id::text
+WHERE p.status = 'scheduled' AND substr(p.wait_key, 1, {wait_prefix_child_length}) = {wait_prefix_child} AND c.status NOT IN {active_statuses}
 LIMIT 100
 
 -- name: waiting_counts
 -- Scheduled runs whose not-before time is ahead, by what they wait for.
-SELECT CASE WHEN wait_key LIKE 'message:%%' THEN 'message'
-            WHEN wait_key LIKE 'child:%%' THEN 'child'
-            WHEN wait_key LIKE 'event:%%' THEN 'event'
-            WHEN wait_key LIKE 'run:%%' THEN 'run'
-            WHEN wait_key = '*' THEN 'several'
-            ELSE 'time' END AS kind,
+SELECT {wait_kind_of} AS kind,
        count(*) AS runs
 FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > clock_timestamp()

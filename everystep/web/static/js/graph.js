@@ -14,8 +14,6 @@ const STATE_TEXT = {
   skipped: "not reached", diverged: "code diverged", running: "in flight", waiting: "waiting",
 };
 
-// What each kind of wait (everystep.graph.plan.waits) is called on its node.
-const WAIT_TEXT = { sleep: "sleep", message: "message", child: "child" };
 
 export function nodeKey(node, path) {
   return node.id ? `id:${node.id}` : `path:${path}`;
@@ -122,9 +120,10 @@ function withChild(el, node) {
 function waitNode(node, path, ctx) {
   const key = nodeKey(node, path);
   const record = node.record;
-  const topic = node.wait === "message" && record && Array.isArray(record.args) ? record.args[0] : null;
+  // What it waits for, in the words of its kind's declaration (the API's
+  // ``what``); a child is named by its workflow.
   const childName = node.wait === "child" && node.child ? workflowShort(node.child.name) || shortId(node.child.id) : null;
-  const what = topic ? `message "${topic}"` : childName ? `child ${childName}` : (WAIT_TEXT[node.wait] || node.wait);
+  const what = childName ? `child ${childName}` : (node.what || node.wait);
   const meta = [];
   if (node.until) {
     meta.push(node.state === "waiting" ? `wakes ${ago(node.until)}, ${when(node.until)}` : `until ${when(node.until)}`);
