@@ -11,14 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import serde
+from . import new_run, serde
+from .context import step_sort_key
 from .errors import Cancelled, EverystepError, StepFailure
 from .models import (
     ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, RUNNING, STEP_DONE, STEP_FAILED, STEP_STARTED, Run, StepRecord,
 )
 from .store import RunnerInfo, Store
 from .store.base.waits import Sent
+from .patches import PATCH_STEP, is_marker
 from .wait_kinds import CHILD
+from .waiting import waiting_for
+from .waits import EVENT_STEP, message_json
 
 _MISSING: Any = object()
 
@@ -197,8 +201,6 @@ def send(store: Store, run_id: str, topic: str, payload: Any, key: str | None = 
     ``run_id`` (``everystep.send``'s rules and refusals) and say what was
     done, in one line: sent, or already sent under the same key (the new
     payload is dropped, and the operator is told so)."""
-    from .waits import message_json
-
     sent = store.deliver(run_id, topic, message_json(topic, payload, key), key)
     if sent.stored:
         return sent, f"message {sent.id} sent to run {run_id} on topic {topic!r}"
@@ -227,9 +229,6 @@ def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING,
     with ``WorkflowArgumentsError``, as ``schedule`` refuses them.
     Everything is written in one transaction. Returns the new run and how
     many steps were copied."""
-    from . import new_run
-    from .patches import PATCH_STEP, is_marker
-
     with store.locked_run(run_id) as (conn, run):
         steps = store.steps_in(conn, run.id)
         if run.status in ACTIVE_STATUSES and not force:
@@ -257,8 +256,6 @@ def fork(store: Store, run_id: str, from_step: str, *, args: Any = _MISSING,
 
 
 def _unfinished_refusal(run: Run, steps: list[StepRecord]) -> str:
-    from .waiting import waiting_for
-
     state = run.status + (f", {waiting}" if (waiting := waiting_for(run, steps)) else "")
     return (f"run {run.id} is not finished ({state}): a fork would be a second live run of {run.name} beside "
             f"it, both acting on the same objects; cancel it first if the fork replaces it (everystep cancel "
@@ -269,9 +266,6 @@ def _publish_copied_events(store: Store, conn: Any, fork_id: str) -> None:
     """Publish on the fork, in its transaction, what its copied ``set_event``
     steps published on the source: each key's last value among them (a
     replay of those steps writes nothing, so nothing else would)."""
-    from .context import step_sort_key
-    from .waits import EVENT_STEP
-
     published = sorted(((step.completed_at, step_sort_key(step.step_id), step) for step in store.steps_in(conn, fork_id)
                         if step.name == EVENT_STEP and step.status == STEP_DONE and step.completed_at is not None),
                        key=lambda entry: entry[:2])

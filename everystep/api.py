@@ -19,7 +19,7 @@ from . import async_steps, body_calls, client, forks, loops, new_run, registry, 
 from . import transactional as transactional_steps
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
-from .cron import CronSchedule
+from .cron_schedule import CronSchedule
 from .errors import EverystepError
 from .models import Run, StepRecord
 from .new_run import aware, positive_seconds

@@ -30,6 +30,7 @@ from .models import Attempt, Run, StepRecord
 from .queues import Placement
 from .store import Store, backend_for_connection
 from .store.base import statements
+from .store.postgres import PostgresStore
 
 
 @contextlib.contextmanager
@@ -73,8 +74,6 @@ def _async_postgres(conn: Any) -> Any:
         raise EverystepError(f"conn must be a psycopg.AsyncConnection here, not {type(conn).__name__} (with a "
                              "sync connection, call the sync form in your own thread: its connection is not "
                              "this task's to hand to another)")
-    from .store.postgres import PostgresStore
-
     return PostgresStore
 
 

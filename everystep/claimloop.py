@@ -44,7 +44,7 @@ import logging
 import time
 from collections.abc import Collection, Sequence
 
-from . import metrics, outcomes, registry
+from . import admin, metrics, outcomes, registry
 from .cron import Ticker
 from .engine_errors import EngineHealth
 from .errors import EverystepError
@@ -183,8 +183,6 @@ class ClaimLoop:
         """Cancel the runs past their deadline (any runner may: the cancel
         is one conditional write, and a run cancelled already is refused),
         and wake parents left waiting for a child that ended."""
-        from . import admin
-
         self._next_deadlines = now + DEADLINE_EVERY
         try:
             for run_id in self.store.expired_deadlines():

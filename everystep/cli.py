@@ -36,7 +36,7 @@ from .cliutil import (
 )
 from .context import step_sort_key
 from .errors import EverystepError, StoreMisconfigured, StoreUnavailable, WorkflowArgumentsError
-from .cron import CronSchedule
+from .cron_schedule import CronSchedule
 from .models import (
     PRUNABLE_STATUSES, RUN_FILTERS, RUNNING, STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, WAITING,
     Run, StepRecord,
@@ -45,6 +45,7 @@ from .context import Observer
 from .store import Store, connect
 from .waiting import describe_wait, effect_uncertain, ended_wait, in_status, waiting_for, waits_of
 from .lease import DEFAULT_LEASE
+from .local_replay import replay_run
 from .worker import Worker, refuse_step_limits
 
 MAX_COUNT = 1_000_000
@@ -642,8 +643,6 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
 
 
 def cmd_replay(store: Store, args: argparse.Namespace) -> int:
-    from .local_replay import replay_run
-
     try:
         return replay_run(store, args.run_id, sys.stdout, until=args.until_step, debugger=args.pdb)
     finally:

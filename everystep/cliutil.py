@@ -23,6 +23,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from .errors import EverystepError
+from .queues import parse_queue_list
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -113,9 +116,6 @@ PORT = number(int, 0, 65535, "a TCP port")
 
 def queue_list(text: str) -> list[str]:
     """An argparse type for ``--queues NAME[,NAME]`` (one-line refusal)."""
-    from .errors import EverystepError
-    from .queues import parse_queue_list
-
     try:
         return parse_queue_list(text)
     except EverystepError as exc:

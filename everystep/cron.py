@@ -25,11 +25,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import TYPE_CHECKING
 
 from . import new_run
+from .cron_schedule import UTC, CronSchedule
 from .errors import EverystepError
 from .outage import OutageLog
 
@@ -37,64 +36,9 @@ if TYPE_CHECKING:
     from .models import Run
     from .store import Store
 
-UTC = dt.timezone.utc
 KEY_PREFIX = "cron:"
 #: After a failed enqueue (the database is away), try again this much later.
 RETRY_SECONDS = 1.0
-
-
-def _cronsim() -> Any:
-    try:
-        import cronsim
-    except ImportError:
-        raise EverystepError(
-            "cron schedules need the cron extra: pip install 'everystep[cron]'") from None
-    return cronsim
-
-
-@dataclass(frozen=True)
-class CronSchedule:
-    """A validated cron expression in a time zone."""
-
-    expr: str
-    timezone: str = "UTC"
-
-    @classmethod
-    def parse(cls, expr: Any, timezone: Any = None) -> CronSchedule:
-        """``EverystepError`` with one line for anything unusable."""
-        if not isinstance(expr, str) or not expr.strip():
-            raise EverystepError(f"cron must be a cron expression such as '*/5 * * * *', not {expr!r}")
-        zone_name = "UTC" if timezone is None else timezone
-        if not isinstance(zone_name, str):
-            raise EverystepError(f"timezone must be an IANA zone name such as 'Europe/Paris', not {timezone!r}")
-        try:
-            ZoneInfo(zone_name)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise EverystepError(f"unknown timezone {zone_name!r} (an IANA name such as 'Europe/Paris')") from None
-        cronsim = _cronsim()
-        try:
-            cronsim.CronSim(expr, dt.datetime.now(UTC))
-        except cronsim.CronSimError as exc:
-            raise EverystepError(f"invalid cron expression {expr!r}: {exc}") from None
-        return cls(" ".join(expr.split()), zone_name)
-
-    @property
-    def zone(self) -> ZoneInfo:
-        return ZoneInfo(self.timezone)
-
-    def next_after(self, when: dt.datetime) -> dt.datetime:
-        """The first tick strictly after ``when`` (UTC)."""
-        sim = _cronsim().CronSim(self.expr, when.astimezone(self.zone))
-        return next(sim).astimezone(UTC)  # type: ignore[no-any-return]
-
-    def latest_at_or_before(self, when: dt.datetime) -> dt.datetime:
-        """The last tick at or before ``when`` (UTC)."""
-        after = when.astimezone(self.zone).replace(microsecond=0) + dt.timedelta(seconds=1)
-        sim = _cronsim().CronSim(self.expr, after, reverse=True)
-        return next(sim).astimezone(UTC)  # type: ignore[no-any-return]
-
-    def describe(self) -> str:
-        return f"{self.expr} ({self.timezone})"
 
 
 def tick_key(tick: dt.datetime) -> str:

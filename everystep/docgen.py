@@ -23,7 +23,12 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import everystep
+
 from . import cliutil, metrics, wait_kinds
+from .body_rules import BodyRule, declaration_of
+from .cli import build_parser
+from .store import connect
 from .vocabulary import INVALID_COMMAND
 from .models import (
     ACTIVE_STATUSES, CANCELLABLE_STATUSES, EXECUTION_ENDS, PRUNABLE_STATUSES, STEP_OPEN_STATUSES, STEP_WAITING,
@@ -219,8 +224,6 @@ def undocumented_options(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def everystep_cli() -> str:
-    from .cli import build_parser
-
     return cli_markdown(build_parser())
 
 
@@ -371,8 +374,6 @@ def schema() -> dict[str, dict[str, list[tuple[Any, ...]]]]:
     """The tables a migrated SQLite database has: per table its columns
     (name, type, not null, default, primary key) and indexes (name,
     unique, columns), read back from a fresh database the migrations built."""
-    from .store import connect
-
     with tempfile.TemporaryDirectory(prefix="everystep-docgen-") as directory:
         path = os.path.join(directory, "schema.db")
         store = connect(f"sqlite:///{path}")
@@ -422,9 +423,6 @@ def tables_markdown() -> str:
 def body_calls_markdown() -> str:
     """Every public function of ``everystep`` and what it is in a workflow
     body, read from the declarations next to each (``everystep.body_rules``)."""
-    import everystep
-    from .body_rules import BodyRule, declaration_of
-
     order = {BodyRule.RECORDED: 0, BodyRule.WAIT: 1, BodyRule.REFUSED: 2, BodyRule.PLAIN: 3}
     rows = []
     for name in sorted(everystep.__all__):

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from everystep import EverystepError, workflow
-from everystep.cron import CronSchedule, Ticker, tick_key
+from everystep.cron import Ticker, tick_key
+from everystep.cron_schedule import CronSchedule
 from everystep.store import Store
 
 UTC = dt.timezone.utc

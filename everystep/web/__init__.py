@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import EverystepError
+
 try:
     from .app import create_app as app
 except ModuleNotFoundError as exc:
@@ -22,8 +24,6 @@ except ModuleNotFoundError as exc:
 
     def app(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
         """Stands in for the ASGI app when Starlette is not installed."""
-        from ..errors import EverystepError
-
         raise EverystepError("the console's ASGI app needs the ui extra: pip install 'everystep[ui]'") from _missing
 
 __all__ = ["app"]
