@@ -24,7 +24,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from . import loops, runner
-from .context import Flag, _current
+from .context import Flag, SCOPE
 from .models import Outcome, Run
 from .context import Observer
 from .store import Store
@@ -52,7 +52,7 @@ async def _execute(store: Store, run: Run, claimer: str, draining: Flag | None,
                                                        observer, None)
     raised: BaseException | None = None
     value: Any = None
-    _current.set(ctx)  # this task's own context: the run's scope
+    SCOPE.set(ctx)  # this task's own context: the run's scope
     try:
         if workflow is None:
             raised = runner.unregistered(run)

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import forks, recording, steps
-from .context import Context, StepGauge, _current, _in_step, recording_context
+from .context import Context, StepGauge, SCOPE, IN_STEP, recording_context
 from .errors import EverystepError
 from .registry import DeclaredStep
 
@@ -75,7 +75,7 @@ async def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, A
                   gauge: StepGauge | None) -> tuple[Any, Exception | None]:
     """Await the step's coroutine, inside the step (nested step calls are
     plain calls): (its result, None) or (None, its exception)."""
-    token = _in_step.set(True)
+    token = IN_STEP.set(True)
     try:
         return await step.fn(*args, **kwargs), None
     except MemoryError as exc:
@@ -83,7 +83,7 @@ async def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, A
     except Exception as exc:
         return None, exc
     finally:
-        _in_step.reset(token)
+        IN_STEP.reset(token)
 
 
 async def gather(branches: tuple[Any, ...], name: str | None) -> tuple[Any, ...]:
@@ -137,7 +137,7 @@ async def _all(jobs: list[tuple[Callable[[], Awaitable[Any]], Context | None]]) 
     """Every branch to its end (healthy ones complete and are recorded
     while another fails), then the branch error rules of ``parallel``."""
     async def branch(body: Callable[[], Awaitable[Any]], scope: Context | None) -> Any:
-        _current.set(scope)  # this task's own copy of the context
+        SCOPE.set(scope)  # this task's own copy of the context
         return await body()
 
     tasks = [asyncio.ensure_future(branch(body, scope)) for body, scope in jobs]

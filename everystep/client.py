@@ -22,7 +22,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from . import body_calls, borrowed, new_run, waits
+from . import body_calls, new_run, waits
+from .store import borrowed
 from .context import current
 from .errors import ChildTimeout
 from .models import COMPLETED, TERMINAL_STATUSES, Run, StepRecord

@@ -399,8 +399,11 @@ def validate_name(name: Any) -> str:
     return name
 
 
-_current: contextvars.ContextVar[Context | None] = contextvars.ContextVar("everystep_context", default=None)
-_in_step: contextvars.ContextVar[bool] = contextvars.ContextVar("everystep_in_step", default=False)
+#: The running scope of this thread or task (``current()``): set by whatever
+#: runs a body or a branch of it, reset when it ends.
+SCOPE: contextvars.ContextVar[Context | None] = contextvars.ContextVar("everystep_context", default=None)
+#: True while a step's own function runs: step calls made there are plain calls.
+IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("everystep_in_step", default=False)
 
 
 def current() -> Context | None:
@@ -409,12 +412,12 @@ def current() -> Context | None:
     Inside a step's own code it is the context of the step's scope, so the
     step can read ``outcomes``; step calls made from there are plain calls.
     """
-    return _current.get()
+    return SCOPE.get()
 
 
 def recording_context() -> Context | None:
     """The Context a step call should record in: none outside a workflow or
     inside another step."""
-    if _in_step.get():
+    if IN_STEP.get():
         return None
-    return _current.get()
+    return SCOPE.get()

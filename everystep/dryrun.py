@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import loops, patches, registry
-from .context import Context, Execution, ReplayLog, _current
+from .context import Context, Execution, ReplayLog, SCOPE
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
 from .models import ACTIVE_STATUSES, WAIT_FOREVER, Run, StepRecord
 from .observer import Observers
@@ -118,13 +118,13 @@ def _execution(run: Run, records: list[StepRecord], log: ReplayLog | None = None
 
 def _body(workflow: Any, run: Run, ctx: Context, box: dict[str, Any]) -> None:
     """The body over its records, in this thread: what it returned or raised goes in ``box``."""
-    token = _current.set(ctx)
+    token = SCOPE.set(ctx)
     try:
         box["value"] = loops.call_body(workflow.fn, run.args)  # an async body on a loop of its own
     except BaseException as exc:  # judged by the caller
         box["error"] = exc
     finally:
-        _current.reset(token)
+        SCOPE.reset(token)
 
 
 def replay(run: Run, records: list[StepRecord], timeout: float = DEFAULT_TIMEOUT) -> Verdict:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import recording
-from .context import NOT_AN_INTERRUPT, Context, _current, interrupt_rank, recording_context
+from .context import NOT_AN_INTERRUPT, Context, SCOPE, interrupt_rank, recording_context
 from .errors import EverystepError, Suspended
 
 
@@ -54,7 +54,7 @@ def _gather(jobs: list[tuple[Callable[[], Any], Context | None]]) -> tuple[Any, 
     errors: list[BaseException | None] = [None] * len(jobs)
 
     def run(index: int, body: Callable[[], Any], scope: Context | None) -> None:
-        _current.set(scope)
+        SCOPE.set(scope)
         try:
             results[index] = body()
         except BaseException as exc:  # re-raised in the caller's thread

@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from . import engine_errors, loops, outcomes, recording, registry, serde, telemetry
-from .context import Context, Execution, FaultHooks, Flag, StepMeter, _current
+from .context import Context, Execution, FaultHooks, Flag, StepMeter, SCOPE
 from .errors import (
     Cancelled,
     ClaimLost,
@@ -112,7 +112,7 @@ def execute(
     ex, ctx, token, workflow = start_execution(store, run, claimer, draining, observer, meter)
     raised: BaseException | None = None
     value: Any = None
-    context_token = _current.set(ctx)
+    context_token = SCOPE.set(ctx)
     try:
         if workflow is None:
             raised = unregistered(run)
@@ -127,7 +127,7 @@ def execute(
     except BaseException as exc:
         raised = body_raised(ctx, token, exc)
     finally:
-        _current.reset(context_token)
+        SCOPE.reset(context_token)
     return finish_execution(ctx, token, value, raised)
 
 

@@ -37,7 +37,7 @@ from collections.abc import Generator
 from typing import Any
 
 from . import loops, recording, serde, transactional
-from .context import Context, Execution, StepAttempt, StepGauge, _in_step
+from .context import Context, Execution, StepAttempt, StepGauge, IN_STEP
 from .errors import STORE_FAILURES, EverystepError, SimulatedCrash, StepTimeout, Terminal
 from .last_step import HeldRecord, is_last_act
 from .models import STEP_DONE, STEP_FAILED, STEP_RETRYING, STEP_STARTED, StepRecord
@@ -283,7 +283,7 @@ def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: t
 
 def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any],
             gauge: StepGauge | None = None) -> tuple[Any, Exception | None]:
-    token = _in_step.set(True)
+    token = IN_STEP.set(True)
     fn = loops.blocking(step.fn) if step.is_async else step.fn
     try:
         if gauge is not None:
@@ -294,7 +294,7 @@ def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any],
     except Exception as exc:
         return None, exc
     finally:
-        _in_step.reset(token)
+        IN_STEP.reset(token)
 
 
 __all__ = ["StepPhases", "advance", "run_step", "step_phases"]

@@ -19,7 +19,8 @@ from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
 import everystep
-from everystep import borrowed, get_run, get_steps, schedule, wait, workflow
+from everystep import get_run, get_steps, schedule, wait, workflow
+from everystep.store import borrowed
 from everystep.errors import EverystepError, RunNotFound
 from everystep.models import COMPLETED, SCHEDULED
 from everystep.provider import connection_provider, set_connection_provider

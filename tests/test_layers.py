@@ -32,7 +32,7 @@ DEFERRED = {
     ("everystep/cliutil.py", "importlib.metadata"): "only --version reads the installed version",
     ("everystep/cliutil.py", "everystep"): "--version from a checkout that is not installed",
     ("everystep/metrics.py", "prometheus_client"): "its multiprocess directory is read when it is first imported",
-    ("everystep/borrowed.py", "psycopg"): "an async caller's connection; psycopg is the only one",
+    ("everystep/store/borrowed.py", "psycopg"): "an async caller's connection; psycopg is the only one",
 }
 
 
@@ -66,3 +66,15 @@ def test_no_import_is_deferred_to_dodge_a_cycle() -> None:
     deferred = _deferred_imports()
     unexplained = sorted(item for item in deferred if item not in DEFERRED)
     assert unexplained == [], "imports inside functions with no reason given in DEFERRED"
+
+
+def test_no_module_imports_another_s_private_names() -> None:
+    """A name with a leading underscore is its module's own: another module
+    that needs it needs a public name (``from x import _y`` is refused)."""
+    found = []
+    for path in sorted([*(ROOT / "everystep").rglob("*.py"), *(ROOT / "supervisor").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{path.relative_to(ROOT)}: {alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert found == []

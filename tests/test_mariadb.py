@@ -259,7 +259,7 @@ def test_every_statement_the_other_backends_name_exists_here() -> None:
 def test_a_hosts_own_pymysql_connection_migrates_and_reads(fresh_url: str) -> None:
     """What a host framework does through its own connection (the connection
     provider): migrate, schedule, read back; the connection is left open."""
-    from everystep import borrowed
+    from everystep.store import borrowed
 
     conn = raw(fresh_url, autocommit=True)
     try:

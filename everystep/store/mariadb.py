@@ -386,7 +386,7 @@ class MariaDBStore(Store):
     def _raw(self, conn: Any) -> Any:
         return conn.raw
 
-    def _in_transaction(self, raw: Any) -> bool:
+    def in_transaction(self, raw: Any) -> bool:
         return _Connection(raw).in_transaction
 
     def _schema_missing(self, exc: BaseException) -> bool:

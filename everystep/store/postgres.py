@@ -249,10 +249,10 @@ class PostgresStore(Store):
             return LOST
         return StepWrite(self._written(claim, step, decoded, row), ours=True)
 
-    def _in_transaction(self, raw: Any) -> bool:
+    def in_transaction(self, raw: Any) -> bool:
         return raw.info.transaction_status != TransactionStatus.IDLE  # type: ignore[no-any-return]
 
-    def _transaction_failed(self, raw: Any) -> bool:
+    def transaction_failed(self, raw: Any) -> bool:
         return raw.info.transaction_status == TransactionStatus.INERROR  # type: ignore[no-any-return]
 
     @classmethod

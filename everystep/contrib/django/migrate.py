@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import connections
 
-from everystep import borrowed
+from everystep.store import borrowed
 
 from . import conf, database
 

@@ -75,7 +75,7 @@ def _atomic(store: Store, wrapper: Any) -> Iterator[StepTransaction]:
         raw = wrapper.connection
         with StepTransaction.on(store, raw, lambda: end(False), lambda: end(True),
                                 ended=lambda: not wrapper.in_atomic_block,
-                                failed=lambda: bool(wrapper.needs_rollback) or store._transaction_failed(raw)) as tx:
+                                failed=lambda: bool(wrapper.needs_rollback) or store.transaction_failed(raw)) as tx:
             yield tx
     finally:
         end(True)

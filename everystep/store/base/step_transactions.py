@@ -83,8 +83,8 @@ class StepTransaction:
         self._executor = executor  # runs our statements (rows by name)
         self._commit = commit
         self._rollback = rollback
-        self._ended = ended or (lambda: not store._in_transaction(raw))
-        self._failed = failed or (lambda: store._transaction_failed(raw))
+        self._ended = ended or (lambda: not store.in_transaction(raw))
+        self._failed = failed or (lambda: store.transaction_failed(raw))
         self.open = True
         #: How the step's body failed (its own doing, recorded as its failure).
         self.body_error: BaseException | None = None
@@ -194,11 +194,11 @@ class StepTransactions(StoreCore):
         """The DB-API connection behind a pooled one (the step's)."""
         return conn
 
-    def _in_transaction(self, raw: Any) -> bool:
+    def in_transaction(self, raw: Any) -> bool:
         """Whether the DB-API connection ``raw`` is inside a transaction."""
         return bool(raw.in_transaction)
 
-    def _transaction_failed(self, raw: Any) -> bool:
+    def transaction_failed(self, raw: Any) -> bool:
         """Whether ``raw``'s transaction can only roll back (PostgreSQL's
         aborted state; elsewhere a failed statement leaves it usable)."""
         return False

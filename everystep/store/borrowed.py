@@ -25,12 +25,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import EverystepError, RunNotFound
-from .models import Attempt, Run, StepRecord
-from .queues import Placement
-from .store import Store, backend_for_connection
-from .store.base import statements
-from .store.postgres import PostgresStore
+from ..errors import EverystepError, RunNotFound
+from ..models import Attempt, Run, StepRecord
+from ..queues import Placement
+from . import Store, backend_for_connection
+from .base import statements
+from .postgres import PostgresStore
 
 
 @contextlib.contextmanager
