@@ -6,7 +6,7 @@ statements fails instead (a step's record, the run's status, reading its
 steps) with an error of the database's (``StoreError``: a prepared
 statement a connection pooler lost, a privilege revoked, a full disk
 refusing one table, a bug), nothing is wrong with the run. So the runner
-(``runner._settle`` and ``guarded_failure``) gives it back:
+(the runner's settling and ``runner.guarded_failure``) gives it back:
 
 - ``give_back`` writes the run back to ``scheduled``, not claimable for
   ``backoff(n)`` seconds (1 s, doubling up to 5 minutes), where ``n``
