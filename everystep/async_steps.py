@@ -50,7 +50,7 @@ async def step_call(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str,
         return await result if inspect.isawaitable(result) else result
     if not step.is_async:
         return await asyncio.to_thread(steps.run_step, ctx, step, args, kwargs, name)
-    phases = steps.step_phases(ctx, step, args, kwargs, name)
+    phases = steps.step_phases(ctx, step, args, kwargs, recording.next_step_id(ctx.execution, ctx, name))
     done, gauge = steps.advance(phases, None)
     if done:
         return gauge  # replayed: the recorded outcome

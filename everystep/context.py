@@ -40,7 +40,7 @@ from .errors import (
     StoreUnavailable,
     Terminal,
 )
-from .models import Claim, StepRecord
+from .models import Claim, Outcomes, StepRecord
 
 if TYPE_CHECKING:
     from types import CodeType
@@ -209,7 +209,7 @@ class Execution:
     run: Run
     store: Store
     claimer: str
-    outcomes: dict[str, StepRecord]
+    outcomes: Outcomes
     observer: Observer
     draining: Flag | None = None
     #: check-deploy: replay recorded steps only, stop before the first unrecorded one.

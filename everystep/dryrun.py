@@ -38,7 +38,7 @@ from typing import Any
 from . import loops, patches, registry
 from .context import Context, Execution, ReplayLog, SCOPE
 from .errors import EffectUncertain, EverystepError, Suspended, Terminal, WorkflowCodeError
-from .models import ACTIVE_STATUSES, WAIT_FOREVER, Run, StepRecord
+from .models import Outcomes, ACTIVE_STATUSES, WAIT_FOREVER, Run, StepRecord
 from .observer import Observers
 from .recording import StopBeforeStep
 from .store import Store
@@ -112,7 +112,7 @@ class _NoStore:
 def _execution(run: Run, records: list[StepRecord], log: ReplayLog | None = None) -> Execution:
     """What a dry replay of ``run`` executes in: its records, no store."""
     return Execution(run=run, store=_NoStore(), claimer="check-deploy",  # type: ignore[arg-type]
-                     outcomes={record.step_id: record for record in records}, observer=Observers([]),
+                     outcomes=Outcomes.of(records), observer=Observers([]),
                      dry_run=True, replay_log=log)
 
 

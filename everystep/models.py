@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self, TypeVar
@@ -246,6 +248,95 @@ def row_from_fields(kind: type[Row], values: dict[str, Any]) -> Row:
     return kind(**kept)
 
 
+#: A step's row as a replay reads it (``Store.load_outcomes``): step id,
+#: function name, status, result and error as stored, attempt, start and wake
+#: times as stored.
+ReplayRow = tuple[str, str, str, Any, Any, int, Any, Any]
+
+
+class Outcomes(MutableMapping[str, "StepRecord"]):
+    """A run's recorded outcomes by step id, as its execution knows them.
+
+    A resume reads the run's whole history and then meets each step once,
+    in order. So the rows are kept as they were read, and a step's record
+    is built when something asks for it (``decode`` turns a stored value
+    into Python, ``time`` a stored time); the common case, a step recorded
+    ``done`` met again by the same function, only decodes its result
+    (``done_result``): what makes a resume cost a lookup per step. Records
+    written by the execution itself are kept as they are. Safe for the
+    threads of a ``parallel`` fork."""
+
+    def __init__(self, run_id: str = "", rows: dict[str, ReplayRow] | None = None,
+                 decode: Callable[[Any], Any] = lambda value: value,
+                 time: Callable[[Any], dt.datetime | None] = lambda value: value) -> None:
+        self._run_id = run_id
+        self._rows: dict[str, ReplayRow] = rows if rows is not None else {}
+        self._records: dict[str, StepRecord] = {}
+        self._decode = decode
+        self._time = time
+        self._added = 0  # records whose step id no row has
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, records: Iterable[StepRecord]) -> Outcomes:
+        """Outcomes holding these records (a dry replay's, a test's)."""
+        outcomes = cls()
+        for record in records:
+            outcomes[record.step_id] = record
+        return outcomes
+
+    def done_result(self, step_id: str, name: str) -> tuple[bool, Any]:
+        """``(True, result)`` if step ``step_id`` is recorded ``done`` by
+        function ``name``; ``(False, None)`` for anything else (no record,
+        another status or function: the caller's slow path decides)."""
+        record = self._records.get(step_id)
+        if record is not None:
+            return (True, record.result) if record.status == STEP_DONE and record.name == name else (False, None)
+        row = self._rows.get(step_id)
+        if row is None or row[2] != STEP_DONE or row[1] != name:
+            return False, None
+        return True, self._decode(row[3])
+
+    def names(self) -> Iterator[tuple[str, str]]:
+        """``(step id, function name)`` of every outcome, with no record
+        built (``patches.went_past`` looks over them all)."""
+        for step_id, row in list(self._rows.items()):
+            if step_id not in self._records:
+                yield step_id, row[1]
+        for step_id, record in list(self._records.items()):
+            yield step_id, record.name
+
+    def __getitem__(self, step_id: str) -> StepRecord:
+        record = self._records.get(step_id)
+        if record is not None:
+            return record
+        row = self._rows[step_id]
+        decode, time = self._decode, self._time
+        built = StepRecord.replayed(self._run_id, row[0], row[1], row[2], decode(row[3]),
+                                    decode(row[4]) if row[4] is not None else None, row[5] or 1, time(row[6]),
+                                    time(row[7]) if row[7] is not None else None)
+        with self._lock:
+            return self._records.setdefault(step_id, built)
+
+    def __setitem__(self, step_id: str, record: StepRecord) -> None:
+        with self._lock:
+            if step_id not in self._rows and step_id not in self._records:
+                self._added += 1
+            self._records[step_id] = record
+
+    def __delitem__(self, step_id: str) -> None:
+        raise TypeError("a recorded outcome is never forgotten by its execution")
+
+    def __contains__(self, step_id: object) -> bool:
+        return step_id in self._records or step_id in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        return (step_id for step_id, _ in self.names())
+
+    def __len__(self) -> int:
+        return len(self._rows) + self._added
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One failed attempt of a step that was retried (``everystep_attempt``)."""
@@ -318,6 +409,21 @@ class StepRecord:
         stamped.__dict__.update(self.__dict__)
         stamped.__dict__["completed_at"] = at
         return stamped
+
+    @classmethod
+    def replayed(cls, workflow_id: str, step_id: str, name: str, status: str, result: Any,
+                 error: dict[str, Any] | None, attempt: int, started_at: dt.datetime | None,
+                 wake_at: dt.datetime | None) -> StepRecord:
+        """A record as a replay reads it (``Store.load_outcomes``): its
+        outcome, not its arguments or costs. Built without ``__init__``,
+        which sets each field of a frozen dataclass through
+        ``object.__setattr__``: a resume builds one per recorded step."""
+        record = object.__new__(cls)
+        record.__dict__.update(
+            workflow_id=workflow_id, step_id=step_id, name=name, status=status, result=result, error=error,
+            args=[], kwargs={}, started_at=started_at, completed_at=None, attempt=attempt, wake_at=wake_at,
+            attempts=[], cpu_seconds=None, peak_rss_bytes=None)
+        return record
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -154,8 +154,8 @@ def went_past(ctx: Context) -> bool:
         return False
     prefix = ctx.prefix
     start = len(prefix)
-    for step_id, record in list(ctx.execution.outcomes.items()):
-        if record.name == PATCH_STEP or not step_id.startswith(prefix):
+    for step_id, name in ctx.execution.outcomes.names():
+        if name == PATCH_STEP or not step_id.startswith(prefix):
             continue
         dot = step_id.find(".", start)
         head = step_id if dot < 0 else step_id[:dot]

@@ -67,7 +67,7 @@ from .errors import (
     Terminal,
     WorkflowCodeError,
 )
-from .models import EXECUTION_ENDS, Outcome, Run, StepRecord
+from .models import EXECUTION_ENDS, Outcome, Outcomes, Run, StepRecord
 from .context import Observer
 from .observer import Observers
 from .recovery import requeue_patiently
@@ -139,7 +139,7 @@ def start_execution(store: Store, run: Run, claimer: str, draining: Flag | None,
     fanned = _fan_out(observer)
     workflow = registry.get_workflow(run.name)
     fresh = workflow is None or run.has_steps is False
-    outcomes = {} if fresh else store.load_outcomes(run.id)
+    outcomes = Outcomes() if fresh else store.load_outcomes(run.id)
     ex = Execution(run=run, store=store, claimer=claimer, outcomes=outcomes, observer=fanned, draining=draining,
                    meter=meter, hooks=_HOOKS)
     ctx = Context(ex)

@@ -191,11 +191,27 @@ def from_jsonable(obj: Any) -> Any:
     return obj
 
 
+#: One decoder for every value read back (``json.loads`` with a hook would
+#: build a new one per call: most of the cost of a small value), and its
+#: scanner, which reads a value with no whitespace around it (all that
+#: ``dumps`` writes) without the two regular expressions around it.
+_DECODER = json.JSONDecoder(object_hook=_object_hook)
+_SCAN = _DECODER.scan_once
+
+
 def loads(text: str | bytes | None) -> Any:
     """Parse tagged JSON text back into Python values."""
     if text is None:
         return None
-    return json.loads(text, object_hook=_object_hook)
+    if not isinstance(text, str):
+        text = text.decode("utf-8")
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):  # whitespace, or not JSON: the full decoder says which
+        return _DECODER.decode(text)
+    return value
 
 
 def check(obj: Any, what: str = "value") -> None:

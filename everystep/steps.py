@@ -52,8 +52,16 @@ logger = logging.getLogger("everystep")
 def run_step(ctx: Context, step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
     """Replay or execute one step call in ``ctx``, on this thread: the
     phases of ``step_phases``, the step's function called between them (an
-    async one on this thread's own loop: ``loops.blocking``)."""
-    phases = step_phases(ctx, step, args, kwargs, name)
+    async one on this thread's own loop: ``loops.blocking``). A step
+    recorded ``done`` returns its result at the cost of a lookup: what a
+    resume does for every step it replays."""
+    ex = ctx.execution
+    step_id = recording.next_step_id(ex, ctx, name)
+    if ex.replay_log is None:
+        replayed, result = ex.outcomes.done_result(step_id, step.name)
+        if replayed:
+            return result
+    phases = step_phases(ctx, step, args, kwargs, step_id)
     done, gauge = advance(phases, None)
     if done:
         return gauge  # replayed: the recorded outcome
@@ -77,16 +85,16 @@ def advance(phases: StepPhases, sent: tuple[Any, Exception | None] | None) -> tu
 
 
 def step_phases(ctx: Context, step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any],
-                name: str | None) -> StepPhases:
+                step_id: str) -> StepPhases:
     """One step call in three phases: replay (a recorded outcome returns or
     raises without running the step), begin (checks before the effect; an
     unsafe step's ``started`` row claims the effect), then, once the driver
     has run the step's function and sent back how it ended, the record
     (``_record``). The one path for sync and async steps alike (``run_step``
     and ``async_steps.step_call`` only call the function), so both record the same
-    rows under the same ids."""
+    rows under the same ids. ``step_id``: the call's, allocated by the
+    driver (``recording.next_step_id``)."""
     ex = ctx.execution
-    step_id = recording.next_step_id(ex, ctx, name)
     attempt = 1
     if ex.replay_log is not None:
         ex.replay_log.reaching(step_id, step.name)

@@ -204,6 +204,9 @@ class _Result:
     def fetchall(self) -> list[Row]:
         return self._rows
 
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self._rows)
+
 
 _NOTHING = _Result([], 0, None)
 

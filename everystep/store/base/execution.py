@@ -24,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import gc
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ... import serde
-from ...models import STEP_STARTED, Claim, Run, StepRecord
+from ...models import STEP_STARTED, Claim, Outcomes, ReplayRow, Run, StepRecord
 from ...resources import StepCost
 from ...wait_kinds import CHILD
 from .core import Row, StoreCore
@@ -117,12 +119,20 @@ class Execution(StoreCore):
     def _next_due_row(self, params: dict[str, Any]) -> Row | None:
         return self._fetchone("next_due", params)
 
-    def load_outcomes(self, run_id: str) -> dict[str, StepRecord]:
-        """What a replay needs: every step row (the history of retried
-        attempts is not read; a step row says its attempt and when the
-        next one is due)."""
-        rows = self._fetchall("get_steps", {"id": checked_run_id(run_id)})
-        return {record.step_id: record for record in map(self._step, rows)}
+    def load_outcomes(self, run_id: str) -> Outcomes:
+        """What a replay needs, in one statement: each step's outcome (its
+        id, function, status, result or error, attempt, start and wake
+        times), not its arguments or costs, kept as read; a record is built
+        only when the replay asks for it (``models.Outcomes``). The history
+        of retried attempts is not read: a step row says its attempt and
+        when the next one is due."""
+        run = checked_run_id(run_id)
+        rows: dict[str, ReplayRow] = {}
+        with self.connection() as conn, _collector.paused():
+            for row in conn.execute(self.sql["replay_steps"], {"id": run}):
+                values = tuple(row.values()) if isinstance(row, Mapping) else tuple(row)
+                rows[values[0]] = values
+        return Outcomes(run, rows, self._json, self._time)
 
     def record_step(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None,
                     markers: Sequence[Marker] = ()) -> StepWrite | None:
@@ -376,6 +386,40 @@ class Execution(StoreCore):
             return LOST
         self._wake_parent(claim.run_id, finished["wake_parent"])
         return StepWrite(self._written(claim, step, decoded, row), ours=True)
+
+
+class _Collector:
+    """The cyclic garbage collector, paused while long histories are read.
+
+    Process-wide, as the collector is: the first reader to pause it turns it
+    off (if it was on), the last to finish turns it back on, so threads
+    reading at once leave it as they found it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._readers = 0
+        self._was_enabled = False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            if self._readers == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if self._readers == 0 and self._was_enabled:
+                    gc.enable()
+
+
+#: Paused while a replay reads a run's history: the collector would walk the
+#: records being built again and again as they pile up (at 100,000 steps,
+#: twice the cost of reading them).
+_collector = _Collector()
 
 
 class _NothingWritten(Exception):

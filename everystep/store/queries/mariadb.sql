@@ -125,6 +125,12 @@ SELECT count(*) AS total FROM (
 -- name: get_steps
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 
+-- name: replay_steps
+-- What a replay needs of each step, and nothing more (not its arguments,
+-- its costs or when it ended): read once per claim of a run with history.
+SELECT step_id, name, status, result, error, attempt, started_at, wake_at
+FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
 -- name: ping
 SELECT 1 AS one
 
