@@ -150,11 +150,6 @@ logger = logging.getLogger("everystep")
 #: process death would.
 fault: Callable[[Context, str], None] | None = None
 
-# ``Outcome`` lives in ``models`` (runners import it from there); these names stay for callers.
-REQUEUED = Outcome.REQUEUED
-LOST_CLAIM = Outcome.LOST
-UNFINISHED = Outcome.UNFINISHED
-
 #: The function name recorded for a durable sleep's step row.
 SLEEP_STEP = "everystep.sleep"
 

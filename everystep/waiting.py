@@ -93,13 +93,6 @@ def ended_wait(run: Run, step: StepRecord) -> str | None:
     return f"the run ended ({run.status}) while {what}"
 
 
-def wait_kind(step: StepRecord) -> str | None:
-    """``message``, ``child``, ``run`` or ``event`` for a ``waiting`` step (the console's and the metrics' word)."""
-    from .waits import WAIT_STEPS
-
-    return WAIT_STEPS.get(step.name) if step.status == STEP_AWAITING else None
-
-
 def effect_uncertain(run: Run, step: StepRecord) -> bool:
     """An unsafe step's ``started`` row outside a running run (blocked, or
     cut off by a cancel): it may have had its effect, and nothing recorded
@@ -107,5 +100,5 @@ def effect_uncertain(run: Run, step: StepRecord) -> bool:
     return step.status == STEP_STARTED and run.status != RUNNING
 
 
-__all__ = ["describe_wait", "effect_uncertain", "ended_wait", "in_status", "is_waiting", "wait_kind", "waiting_for",
+__all__ = ["describe_wait", "effect_uncertain", "ended_wait", "in_status", "is_waiting", "waiting_for",
            "waits_of"]

@@ -48,9 +48,8 @@ from .lease import DEFAULT_LEASE, Lease
 from .listener import Listener
 from .models import Outcome, Run
 from .observer import Observer
-from .relay import REQUEST_CHANNEL
 from .store import Store, default_store
-from .store.postgres import FENCE_CHANNEL
+from .store.channels import FENCE_CHANNEL, REQUEST_CHANNEL
 
 logger = logging.getLogger("everystep")
 

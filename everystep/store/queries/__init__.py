@@ -7,7 +7,8 @@ every statement a backend runs can be read in one place.
 Status sets are never written out in a ``.sql`` file: a statement names
 one as a placeholder (``{active_statuses}``) and ``load`` renders it from
 ``everystep.models``, so a new status changes ``models.py`` and the SQL
-follows. ``STATUS_SETS`` lists the placeholders.
+follows. ``STATUS_SETS`` lists the placeholders. NOTIFY channels are
+rendered the same way from ``store.channels`` (``{scheduled_channel}``).
 
 A block whose name starts with ``_`` is a fragment, not a statement: text
 that several statements of the file share (the claim fence every executor
@@ -23,6 +24,7 @@ from functools import cache
 from importlib import resources
 
 from ... import models
+from ..channels import PLACEHOLDERS as CHANNELS
 
 RUN_COLUMNS = (
     "id", "name", "args", "status", "idempotency_key", "claimed_by", "claimed_at",
@@ -70,6 +72,7 @@ def load(backend: str) -> dict[str, str]:
         "step_columns": _columns(STEP_COLUMNS),
         "step_columns_s": _columns(STEP_COLUMNS, "s"),
         **{placeholder: sql_list(statuses) for placeholder, statuses in STATUS_SETS.items()},
+        **CHANNELS,
     }
     blocks = {name: "\n".join(line for line in body.strip().splitlines() if not line.lstrip().startswith("--"))
               for name, body in zip(parts[1::2], parts[2::2])}
