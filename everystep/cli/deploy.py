@@ -12,6 +12,7 @@ from typing import Any
 from .. import admin, dryrun, patches
 from ..cliutil import format_table, print_json, seconds
 from ..errors import EverystepError, WorkflowArgumentsError
+from ..local_replay import replay_run
 from ..store import Store
 from .command import Command, add_json_flag, add_run_argument, parse_json
 
@@ -54,8 +55,6 @@ def _replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_replay(store: Store, args: argparse.Namespace) -> int:
-    from ..local_replay import replay_run  # with pdb: imported for this command only
-
     try:
         return replay_run(store, args.run_id, sys.stdout, until=args.until_step, debugger=args.pdb)
     finally:
