@@ -3,13 +3,13 @@ it builds ``EVERYSTEP_BENCH_HEAP_MB`` MiB of Python objects (default 270:
 model tables and caches, as a Django or data app holds), and its one task
 allocates and drops garbage the way request-sized work does.
 
-Imported by every system case 16 compares (``--app bench.bigapp`` for
+Imported by every system case 17 compares (``--app bench.bigapp`` for
 everystep, ``bench.peer_celery`` for Celery, ``bench.mp_pool`` for a bare
 ``multiprocessing`` pool), so each forks its workers from a parent holding
 the same heap and runs the same function in them.
 
 ``HEAP_BYTES`` is what the import added to the process's resident memory:
-the app's heap, the yardstick of case 16's targets.
+the app's heap, the yardstick of case 17's targets.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Celery worker's app for case 16 (``celery -A bench.celery_app
+"""The Celery worker's app for case 17 (``celery -A bench.celery_app
 worker``): it imports the big app (``bench.bigapp``) in the worker's main
 process, before the prefork pool forks, and runs the same task in it."""
 

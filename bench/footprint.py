@@ -1,4 +1,4 @@
-"""The memory of a process tree, as case 16 reports it: RSS, PSS and USS
+"""The memory of a process tree, as case 17 reports it: RSS, PSS and USS
 of a parent and of each of its children (``psutil.memory_full_info()``,
 from ``/proc/PID/smaps_rollup``), in bytes."""
 

@@ -1,4 +1,4 @@
-"""The bare ``multiprocessing`` peer of case 16: a fork pool of ``N``
+"""The bare ``multiprocessing`` peer of case 17: a fork pool of ``N``
 processes started after ``bench.bigapp`` is imported, mapping its task over
 ``RUNS`` seeds (one at a time per process, like the others); then, with the
 pool still alive, the memory of this process and its children

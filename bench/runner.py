@@ -1,10 +1,15 @@
 """Run every case against one PostgreSQL server and write the report.
 
+Each case is a module named by what it measures (``throughput``,
+``pickup_latency``, ...); ``CASES`` gives each its number, the section id
+of the report (``## Case 2 — throughput``) and what ``--only`` takes.
 Order: cases 1 and 2 together (their repetitions interleave), then 3 to
-12, then cases 2 and 4 on MariaDB against a MariaDB baseline
-(``bench.case_mariadb``; ``--only mariadb`` runs just those). Case 9 prunes the history case 7 leaves in the shared scale database. A case that fails is reported as not measured, with its error; the
-others still run. The exit status is 1 if an everystep case failed (a peer
-that is missing or fails does not count), 0 otherwise.
+17, then cases 2 and 4 on MariaDB against a MariaDB baseline
+(``bench.on_mariadb``; ``--only mariadb`` runs just those). Case 9 prunes
+the history case 7 leaves in the shared scale database. A case that fails
+is reported as not measured, with its error; the others still run. The
+exit status is 1 if an everystep case failed (a peer that is missing or
+fails does not count), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from . import (case1_pgbench, case2_throughput, case3_cpu, case4_latency, case5_peers,
-               case6_overheads, case7_depth, case8_scaleout, case9_prune, case10_profile, case11_queues, case12_waits,
-               case13_transactional, case14_async, case15_no_regression, case16_pooler, case17_memory, case_mariadb, esdb, pg)
+from . import (async_io, child_memory, cpu_scaling, esdb, flow_control, history_depth, no_regression,
+               on_mariadb, overheads, peers, pg, pgbench_baseline, pickup_latency, pooler, retention,
+               run_profile, scale_out, throughput, transactional_steps, wait_latency)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -30,24 +35,24 @@ from .report import ChartSeries, Section, failed_section, write_chart
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 
 CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context], Section]]] = [
-    ("case1", "Case 1 — physical limit: pgbench", None, case1_pgbench.section),
-    ("case2", "Case 2 — throughput", case2_throughput.run, case2_throughput.section),
-    ("case3", "Case 3 — CPU scaling", case3_cpu.run, case3_cpu.section),
-    ("case4", "Case 4 — pickup latency", case4_latency.run, case4_latency.section),
-    ("case5", "Case 5 — peers", case5_peers.run, case5_peers.section),
-    ("case6", "Case 6 — overheads", case6_overheads.run, case6_overheads.section),
-    ("case7", "Case 7 — depth and history", case7_depth.run, case7_depth.section),
-    ("case8", "Case 8 — scale-out", case8_scaleout.run, case8_scaleout.section),
-    ("case9", "Case 9 — retention", case9_prune.run, case9_prune.section),
-    ("case10", "Case 10 — profile", case10_profile.run, case10_profile.section),
-    ("case11", "Case 11 — queues", case11_queues.run, case11_queues.section),
-    ("case12", "Case 12 — waits", case12_waits.run, case12_waits.section),
-    ("case13", "Case 13 — transactional steps", case13_transactional.run, case13_transactional.section),
-    ("case14", "Case 14 — async I/O", case14_async.run, case14_async.section),
-    ("case15", "Case 15 — no regression", case15_no_regression.run, case15_no_regression.section),
-    ("case16", "Case 16 — behind a pooler", case16_pooler.run, case16_pooler.section),
-    ("case17", "Case 17 — a big app in every child", case17_memory.run, case17_memory.section),
-    ("mariadb", "MariaDB — cases 2 and 4", case_mariadb.run, case_mariadb.section),
+    ("case1", "Case 1 — physical limit: pgbench", None, pgbench_baseline.section),
+    ("case2", "Case 2 — throughput", throughput.run, throughput.section),
+    ("case3", "Case 3 — CPU scaling", cpu_scaling.run, cpu_scaling.section),
+    ("case4", "Case 4 — pickup latency", pickup_latency.run, pickup_latency.section),
+    ("case5", "Case 5 — peers", peers.run, peers.section),
+    ("case6", "Case 6 — overheads", overheads.run, overheads.section),
+    ("case7", "Case 7 — depth and history", history_depth.run, history_depth.section),
+    ("case8", "Case 8 — scale-out", scale_out.run, scale_out.section),
+    ("case9", "Case 9 — retention", retention.run, retention.section),
+    ("case10", "Case 10 — profile", run_profile.run, run_profile.section),
+    ("case11", "Case 11 — queues", flow_control.run, flow_control.section),
+    ("case12", "Case 12 — waits", wait_latency.run, wait_latency.section),
+    ("case13", "Case 13 — transactional steps", transactional_steps.run, transactional_steps.section),
+    ("case14", "Case 14 — async I/O", async_io.run, async_io.section),
+    ("case15", "Case 15 — no regression", no_regression.run, no_regression.section),
+    ("case16", "Case 16 — behind a pooler", pooler.run, pooler.section),
+    ("case17", "Case 17 — a big app in every child", child_memory.run, child_memory.section),
+    ("mariadb", "MariaDB — cases 2 and 4", on_mariadb.run, on_mariadb.section),
 ]
 
 
@@ -206,18 +211,18 @@ def _targets(sections: list[Section]) -> list[str]:
 
 
 def _chart(ctx: Context) -> list[ChartSeries]:
-    return case2_throughput.chart_series(ctx) + case5_peers.chart_points(ctx)
+    return throughput.chart_series(ctx) + peers.chart_points(ctx)
 
 
 def _scaling_charts(ctx: Context, out_dir: Path) -> list[str]:
     """The scaling section's charts (cases 7 and 8); returns their file names."""
     written = []
-    series = case8_scaleout.chart_series(ctx)
+    series = scale_out.chart_series(ctx)
     if any(item.points for item in series):
         write_chart(out_dir / "scaleout.png", "Scale-out: supervisors on one PostgreSQL server (this machine)",
                     "supervisors (--procs 2 each)", "runs/s", series, log_y=False)
         written.append("scaleout.png")
-    series = case7_depth.chart_series(ctx)
+    series = history_depth.chart_series(ctx)
     if any(len(item.points) > 1 for item in series):
         write_chart(out_dir / "history.png", "Throughput against finished runs in the database",
                     "finished runs (log scale; 0 drawn at 1)", "runs/s", series, log_y=False, log_x=True)

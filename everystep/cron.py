@@ -63,7 +63,6 @@ class Ticker:
         self.logger = logger
         self.who = who
         self.clock = clock
-        self.enqueued = 0
         self._next: dict[str, dt.datetime] = {}
         self._started = False
         self._retry_at = 0.0
@@ -142,7 +141,6 @@ class Ticker:
                                                 new.deadline, new.app_version)
         self._next[name] = self.schedules[name].next_after(tick)
         if created:
-            self.enqueued += 1
             self.logger.info("%s: enqueued run %s of %s for its tick at %s", self.who, run.id, name,
                              tick.isoformat(), extra={"run_id": run.id, "workflow": name, "event": "cron_tick"})
             return [run]

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
     from .context import Context
     from .models import Run
-    from .resources import StepCost
     from .store import Store
 
 logger = logging.getLogger("everystep")
@@ -185,14 +184,6 @@ def record(update: Callable[[Metrics], object]) -> None:
     metrics = get()
     if metrics is not None:
         update(metrics)
-
-
-def observe_step_cost(workflow: str, step: str, cost: StepCost) -> None:
-    """One step's cost into the cost histograms (where it was measured)."""
-    metrics = get()
-    if metrics is not None:
-        metrics.step_cpu.labels(workflow, step).observe(cost.cpu_seconds)
-        metrics.step_peak_rss.labels(workflow, step).observe(cost.peak_rss_bytes)
 
 
 

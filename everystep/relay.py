@@ -32,15 +32,14 @@ from .cliutil import format_table
 from .errors import EverystepError
 # The request row and its statuses live with the other rows (``models``), so
 # the store reads them without importing this module.
-from .models import REQUEST_KEEP_SECONDS, OperatorRequest, RequestStatus
+from .models import OperatorRequest, RequestStatus
+# The NOTIFY channel of new requests (PostgreSQL), named with the others.
+from .store.channels import REQUEST_CHANNEL
 from .vocabulary import Command
 
 if TYPE_CHECKING:
     from .store import Store
 
-
-#: The NOTIFY channel of new requests (PostgreSQL); the payload is the runner's name.
-REQUEST_CHANNEL = "everystep_request"
 
 #: Commands a supervisor accepts through the database: the verbs of its
 #: control socket (``supervisor.verbs``), which validate their arguments.
@@ -51,9 +50,6 @@ REPLY_TIMEOUT = 15.0
 
 #: A supervisor refuses (answers, without acting) requests older than this.
 STALE_AFTER = 60.0
-
-#: Answered and expired requests are deleted after this many seconds.
-KEEP_SECONDS = REQUEST_KEEP_SECONDS
 
 MAX_REQUESTED_BY = 200
 

@@ -82,15 +82,6 @@ logger = logging.getLogger("everystep")
 fault: Callable[[Context, str], None] | None = None
 
 
-# ``Outcome`` lives in ``models`` (runners import it from there); these names stay for callers.
-REQUEUED = Outcome.REQUEUED
-
-
-LOST_CLAIM = Outcome.LOST
-
-
-UNFINISHED = Outcome.UNFINISHED
-
 
 def execute(
     store: Store,

@@ -22,6 +22,7 @@ import decimal
 import enum
 import importlib
 import json
+import json.scanner
 import math
 import sys
 import traceback
@@ -196,7 +197,8 @@ def from_jsonable(obj: Any) -> Any:
 #: scanner, which reads a value with no whitespace around it (all that
 #: ``dumps`` writes) without the two regular expressions around it.
 _DECODER = json.JSONDecoder(object_hook=_object_hook)
-_SCAN = _DECODER.scan_once
+# (typeshed types make_scanner's argument as the scanner class; it takes the decoder)
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]
 
 
 def loads(text: str | bytes | None) -> Any:

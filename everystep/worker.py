@@ -46,11 +46,10 @@ from .errors import EverystepError
 from .exposition import ThreadedMetricsServer
 from .lease import DEFAULT_LEASE, Lease
 from .listener import Listener
-from .models import Outcome, Run
 from .context import Observer
-from .relay import REQUEST_CHANNEL
+from .models import Outcome, Run
 from .store import Store, default_store
-from .store.postgres import FENCE_CHANNEL
+from .store.channels import FENCE_CHANNEL, REQUEST_CHANNEL
 
 logger = logging.getLogger("everystep")
 

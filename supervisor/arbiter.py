@@ -49,7 +49,7 @@ from everystep.claimloop import ClaimLoop
 from everystep.listener import Listener
 from everystep.models import TERMINAL_STATUSES, Outcome, Run
 from everystep.store import Store, close_default_stores
-from everystep.store.postgres import FENCE_CHANNEL
+from everystep.store.channels import FENCE_CHANNEL, REQUEST_CHANNEL
 
 from . import child as child_process
 from . import heap, reporting, titles, verbs
@@ -66,7 +66,7 @@ from .http import LoopHTTPServer
 from .ledger import Ledger
 from .protocol import Channel, Dispatch, Ready
 from .reload import reload
-from .remote import REQUEST_CHANNEL, RemoteControl
+from .remote import RemoteControl
 from .sdnotify import Notifier
 from .signals import SignalQueue
 from .states import ByeReason, ChildState, KillReason, StopMode
@@ -339,7 +339,7 @@ class Arbiter:
             pass
         parent_sock.setblocking(False)
         kid = Child(slot=slot, pid=pid, channel=Channel(parent_sock, incoming=Ready.KEY),
-                    spawned=time.monotonic(), board=board, group=group)
+                    board=board, group=group)
         self.children[pid] = kid
         self.channels.watch(kid)
         logger.info("%s: child %d started (pid %d)", self.who, slot, pid,

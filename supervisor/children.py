@@ -87,7 +87,6 @@ class Child:
     slot: int
     pid: int
     channel: Channel
-    spawned: float
     board: StepBoard | None = None
     #: Steps with a deadline or a budget, announced by message as they start;
     #: every step in flight, timed or not, is on ``board``.

@@ -37,7 +37,7 @@ from typing import Any
 
 from everystep.errors import EverystepError, StoreUnavailable
 from everystep.outage import OutageLog
-from everystep.relay import REQUEST_CHANNEL, STALE_AFTER, OperatorRequest
+from everystep.relay import STALE_AFTER, OperatorRequest
 from everystep.store import Store
 
 from .protocol import ErrorReply, ProtocolError, Reply, Request, StatusReply, StatusRequest, decode, frame, plain
@@ -50,7 +50,7 @@ REFRESH_EVERY = 15.0
 BACKOFF = 5.0
 BATCH = 10
 
-__all__ = ["REQUEST_CHANNEL", "RemoteControl", "snapshot"]
+__all__ = ["RemoteControl", "snapshot"]
 
 Handler = Callable[[Request, str], Reply]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.case10_profile import budget_table
+from bench.run_profile import budget_table
 from bench.fleet import Window
 
 
@@ -33,7 +33,7 @@ def test_a_run_dearer_than_the_budget_puts_the_ceiling_below_the_bar() -> None:
 
 
 def test_each_window_is_read_against_the_pgbench_runs_on_either_side() -> None:
-    from bench.case10_profile import cpu_ratios, cpu_targets
+    from bench.run_profile import cpu_ratios, cpu_targets
 
     # pgbench 100 µs, then 120, then 140: window 1 against 110, window 2 against 130.
     windows = [_window(1.1, 0.55), _window(1.3, 1.3)]
@@ -46,7 +46,7 @@ def test_each_window_is_read_against_the_pgbench_runs_on_either_side() -> None:
 
 
 def test_windows_read_together_sum_their_work_and_average_their_samples() -> None:
-    from bench.case10_profile import together
+    from bench.run_profile import together
 
     first = Window(runs=1000, seconds=2.0, cpu={"python": 1.0, "postgres": 0.5}, counts={"completed": 1000},
                    waits={"event:CPU": 0.2}, rate={"runs_per_s": 500.0})

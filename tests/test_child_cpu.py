@@ -41,7 +41,7 @@ def test_cpu_is_measured_over_a_full_window(samples: list[tuple[float, float]], 
 def test_a_child_spinning_in_python_reads_busy_and_at_most_one_core() -> None:
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        child = Child(slot=0, pid=spinner.pid, channel=None, spawned=time.monotonic())  # type: ignore[arg-type]
+        child = Child(slot=0, pid=spinner.pid, channel=None)  # type: ignore[arg-type]
         readings: list[float] = []
 
         def measured() -> bool:

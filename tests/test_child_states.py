@@ -38,7 +38,7 @@ def _no_signals(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def child_in(state: str) -> Child:
     """A child brought to ``state`` by transitions alone."""
-    kid = Child(slot=1, pid=999_999, channel=None, spawned=0.0)  # type: ignore[arg-type]  # never used here
+    kid = Child(slot=1, pid=999_999, channel=None)  # type: ignore[arg-type]  # never used here
     steps: dict[str, list[Callable[[Child], Any]]] = {
         "booting": [],
         "idle": [Child.ready],

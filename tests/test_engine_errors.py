@@ -137,7 +137,7 @@ def test_a_refused_read_or_terminal_write_gives_the_run_back(store: Store, quick
         refuse(TERMINAL_WRITES, times=1)
         assert guarded(store, run.id) == Outcome.DEFERRED
         due_again(store, run.id)
-        refuse({"get_steps"})
+        refuse({"replay_steps"})
     else:
         refuse(TERMINAL_WRITES)
     assert guarded(store, run.id) == Outcome.DEFERRED

@@ -22,7 +22,7 @@ from everystep import admin, runner, schedule, step, workflow
 from everystep.admin import AdminError
 from everystep.errors import NameInUse
 from everystep.lease import Lease, holder_alive
-from everystep.models import COMPLETED, RUNNING, SCHEDULED, STEP_DONE, STEP_STARTED, Claim
+from everystep.models import COMPLETED, RUNNING, SCHEDULED, STEP_DONE, STEP_STARTED, Claim, Outcome
 from everystep.store import NewStep, RunnerInfo, Store, connect
 from tests.support.runs import claim_run
 
@@ -131,7 +131,7 @@ def test_a_stale_execution_stops_at_its_first_refused_write(store: Store) -> Non
             newer["run"] = claim_run(store, run.id, "A")
 
     runner.fault = fault
-    assert runner.execute(store, stale, claimer="A") == runner.LOST_CLAIM
+    assert runner.execute(store, stale, claimer="A") == Outcome.LOST
     assert EVENTS == ["one", "two"]  # "two" ran, its record was refused, nothing after it
     assert [s.step_id for s in store.get_steps(run.id)] == ["1"]
 
@@ -155,7 +155,7 @@ def test_an_unsafe_started_insert_is_fenced(store: Store) -> None:
     runner.fault = fault
     # The refused write is the record of step 2; with no runner row the
     # forced requeue is the plain one.
-    assert runner.execute(store, stale, claimer="A") == runner.LOST_CLAIM
+    assert runner.execute(store, stale, claimer="A") == Outcome.LOST
     assert "charge" not in EVENTS
     assert not any(s.status == STEP_STARTED for s in store.get_steps(run.id))
 

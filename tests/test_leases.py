@@ -12,7 +12,7 @@ import pytest
 from everystep import schedule, step, workflow
 from everystep.errors import EverystepError
 from everystep.lease import Lease
-from everystep.models import COMPLETED, RUNNING, SCHEDULED
+from everystep.models import COMPLETED, RUNNING, SCHEDULED, Outcome
 from everystep.store import connect
 from tests.support.cli import run_in_process
 from tests.support.runs import execute_run, worker_running
@@ -112,7 +112,7 @@ def test_runner_that_lost_its_lease_cannot_overwrite_new_claimant(store):
     assert not store.heartbeat("stale", stale.instance)
     from everystep import runner
 
-    assert runner.execute(store, stale_run, claimer="stale") == runner.LOST_CLAIM
+    assert runner.execute(store, stale_run, claimer="stale") == Outcome.LOST
     assert store.get_steps(run.id) == []
     assert store.get_run(run.id).claimed_by == "fresh"
     # Its tick re-registers it (lease lost, name not taken).

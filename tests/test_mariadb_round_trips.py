@@ -26,7 +26,8 @@ from everystep.context import current  # noqa: E402
 from everystep.models import COMPLETED, Outcome  # noqa: E402
 from everystep.store import Store, connect  # noqa: E402
 from everystep.store.mariadb import MariaDBStore, connect_args  # noqa: E402
-from everystep.store.mariadb_wake import SCHEDULED_CHANNEL, Waking  # noqa: E402
+from everystep.store.channels import SCHEDULED_CHANNEL  # noqa: E402
+from everystep.store.mariadb_wake import Waking  # noqa: E402
 from tests.apps import supervised  # noqa: E402
 from tests.support.supervisor import supervisors  # noqa: E402,F401
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from everystep import metrics, runner, schedule
-from everystep.models import BLOCKED, COMPLETED, FAILED, STOPPED
+from everystep.models import BLOCKED, COMPLETED, FAILED, STOPPED, Outcome
 from tests.support.outcomes import (  # noqa: F401 - reset_probes is an autouse fixture
     PROBE, charging, draining, failing, make_blocked, reset_probes, stopping, t_boom, t_branch, traced,
 )
@@ -73,7 +73,7 @@ def test_run_and_step_counters_by_status_in_process(store):
     make_blocked(store, "count")
     PROBE["draining"] = threading.Event()
     assert execute_run(store, schedule(draining, "count", database=store).id,
-                       draining=PROBE["draining"]) == runner.REQUEUED
+                       draining=PROBE["draining"]) == Outcome.REQUEUED
     after = counts()
 
     assert after["completed"] - before["completed"] == 1

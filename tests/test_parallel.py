@@ -12,7 +12,7 @@ import pytest
 
 from everystep import parallel, runner, schedule, step, workflow
 from everystep.errors import DrainOrphan, EverystepError, SimulatedCrash
-from everystep.models import COMPLETED, FAILED, SCHEDULED, STEP_DONE, STEP_FAILED
+from everystep.models import COMPLETED, FAILED, SCHEDULED, STEP_DONE, STEP_FAILED, Outcome
 from tests.support.runs import execute_run
 
 CALLS: Counter[str] = Counter()
@@ -240,7 +240,7 @@ def drained_fork() -> Any:
 def test_drain_orphan_is_raised_ahead_of_a_group_and_requeues(store: Any) -> None:
     DRAIN.clear()
     run = schedule(drained_fork, database=store)
-    assert execute_run(store, run.id, draining=DRAIN) == runner.REQUEUED
+    assert execute_run(store, run.id, draining=DRAIN) == Outcome.REQUEUED
     assert [type(exc) for exc in SEEN] == [DrainOrphan]
     requeued = store.get_run(run.id)
     assert requeued.status == SCHEDULED and requeued.claimed_by is None

@@ -24,7 +24,7 @@ from everystep import schedule
 from everystep.errors import EverystepError, StoreUnavailable
 from everystep.models import COMPLETED
 from everystep.store import NewStep, connect, pooling, utcnow
-from everystep.store.postgres import NOTIFY_CHANNEL
+from everystep.store.channels import SCHEDULED_CHANNEL
 from everystep.worker import Worker
 from tests.apps.pooled import hops
 from tests.support.pgbouncer import PgBouncer, libpq_url
@@ -137,7 +137,7 @@ def test_notify_sent_through_the_pooler_reaches_a_direct_listener(pooled_url: st
         def notified() -> bool:
             if select.select([listening.fileno()], [], [], 0.5)[0]:
                 heard.extend(listening.drain())
-            return (NOTIFY_CHANNEL, run.name) in heard
+            return (SCHEDULED_CHANNEL, run.name) in heard
 
         wait_until(notified, "the NOTIFY of schedule() through PgBouncer", timeout=60)
     finally:

@@ -13,7 +13,7 @@ import pytest
 from everystep import runner, schedule, serde, step, workflow
 from everystep.context import Context, SignalFlag
 from everystep.errors import EverystepError, SimulatedCrash, WorkflowCodeError
-from everystep.models import COMPLETED, FAILED, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED
+from everystep.models import COMPLETED, FAILED, RUNNING, SCHEDULED, STEP_DONE, STEP_FAILED, Outcome
 from everystep.context import Observer
 from everystep.store import connect
 from tests.support.runs import claim_run, crash_at, execute_run
@@ -171,7 +171,7 @@ def test_drain_requeues_at_the_next_step_boundary(store: Any, flag_type: type) -
     draining = flag_type()
     SHARED["during two"] = draining.set
     run = schedule(three_steps, database=store)
-    assert execute_run(store, run.id, draining=draining) == runner.REQUEUED
+    assert execute_run(store, run.id, draining=draining) == Outcome.REQUEUED
     # The step in flight finished and was recorded; no new step started.
     assert CALLS == Counter({"one": 1, "two": 1})
     assert step_rows(store, run.id) == [("1", STEP_DONE, "one"), ("2", STEP_DONE, "two")]
@@ -189,7 +189,7 @@ def test_drain_before_the_first_step(store: Any) -> None:
     draining = threading.Event()
     draining.set()
     run = schedule(three_steps, database=store)
-    assert execute_run(store, run.id, draining=draining) == runner.REQUEUED
+    assert execute_run(store, run.id, draining=draining) == Outcome.REQUEUED
     assert CALLS == Counter()
     assert step_rows(store, run.id) == []
     assert store.get_run(run.id).status == SCHEDULED
@@ -203,7 +203,7 @@ def test_drain_still_replays_recorded_steps(store: Any) -> None:
     assert store.requeue(store.get_run(run.id).claim_as("tester"))
     draining = threading.Event()
     draining.set()
-    assert execute_run(store, run.id, draining=draining) == runner.REQUEUED
+    assert execute_run(store, run.id, draining=draining) == Outcome.REQUEUED
     assert CALLS == Counter({"one": 1, "two": 1, "three": 1})
     assert [s.step_id for s in store.get_steps(run.id)] == ["1", "2"]
 
@@ -229,7 +229,7 @@ def test_a_drain_cannot_be_swallowed_by_the_body(store: Any) -> None:
     draining = threading.Event()
     SHARED["during one"] = draining.set
     run = schedule(catches_drain, database=store)
-    assert execute_run(store, run.id, draining=draining) == runner.REQUEUED
+    assert execute_run(store, run.id, draining=draining) == Outcome.REQUEUED
     assert SEEN == ["DrainOrphan"]
     assert store.get_run(run.id).status == SCHEDULED and store.get_run(run.id).result is None
 
@@ -246,7 +246,7 @@ def test_a_lost_claim_stops_the_execution_and_writes_nothing_more(db_url: str, s
 
     SHARED["during two"] = requeue_from_elsewhere
     try:
-        assert execute_run(store, run.id) == runner.LOST_CLAIM
+        assert execute_run(store, run.id) == Outcome.LOST
     finally:
         operator.close()
     # Step 2 ran but its record was refused; step 3 never started; the run
@@ -266,7 +266,7 @@ def test_a_claim_taken_over_by_another_runner(db_url: str, store: Any) -> None:
 
     SHARED["during one"] = hand_over
     try:
-        assert execute_run(store, run.id) == runner.LOST_CLAIM
+        assert execute_run(store, run.id) == Outcome.LOST
         assert run_row(store, run.id) == (RUNNING, "successor", None, None, None)
         assert step_rows(store, run.id) == []
         # The successor carries on from the records and completes it.
@@ -295,7 +295,7 @@ def test_a_lost_claim_prevents_an_unsafe_effect(db_url: str, store: Any) -> None
     SHARED["during one"] = lambda: operator.requeue(operator.get_run(run.id).claim) or None
     try:
         # Step 1's record is refused, so the unsafe step is never reached.
-        assert execute_run(store, run.id) == runner.LOST_CLAIM
+        assert execute_run(store, run.id) == Outcome.LOST
     finally:
         operator.close()
     assert CALLS["unsafe_effect"] == 0
@@ -315,7 +315,7 @@ def test_a_lost_claim_refuses_the_started_row(db_url: str, store: Any) -> None:
     run = schedule(lost_between_steps, database=store)
     SHARED.update(operator=operator, run_id=run.id)
     try:
-        assert execute_run(store, run.id) == runner.LOST_CLAIM
+        assert execute_run(store, run.id) == Outcome.LOST
     finally:
         operator.close()
     assert CALLS["unsafe_effect"] == 0

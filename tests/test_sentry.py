@@ -22,9 +22,9 @@ import pytest
 import sentry_sdk
 from sentry_sdk.transport import Transport
 
-from everystep import runner, schedule, sentry
+from everystep import schedule, sentry
 from everystep.errors import ChildCrashed, SimulatedCrash
-from everystep.models import BLOCKED, COMPLETED, FAILED, STOPPED
+from everystep.models import BLOCKED, COMPLETED, FAILED, STOPPED, Outcome
 from tests.apps import observed
 from tests.apps.observed import APP, read_lines
 from tests.support.outcomes import (  # noqa: F401 - reset_probes is an autouse fixture
@@ -95,7 +95,7 @@ def test_sentry_hears_nothing_of_stops_blocks_drains_or_simulated_crashes(store,
     blocked = make_blocked(store, "block")  # a SimulatedCrash, then a blocked replay
     PROBE["draining"] = threading.Event()
     drained = schedule(draining, "drain", database=store)
-    assert execute_run(store, drained.id, draining=PROBE["draining"]) == runner.REQUEUED
+    assert execute_run(store, drained.id, draining=PROBE["draining"]) == Outcome.REQUEUED
     crashed = schedule(traced, "crash", database=store)
     crash_at("1")
     with pytest.raises(SimulatedCrash):

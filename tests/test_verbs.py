@@ -117,7 +117,7 @@ def arbiter(store: Store, tmp_path: Any) -> Iterator[Arbiter]:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     config = Config(name="sup-verbs", procs=2, socket=str(tmp_path / "ctl.sock"), cgroups=False)
     arbiter = Arbiter(config, store)
-    kid = Child(slot=1, pid=sleeper.pid, channel=None, spawned=time.monotonic())  # type: ignore[arg-type]
+    kid = Child(slot=1, pid=sleeper.pid, channel=None)  # type: ignore[arg-type]
     kid.ready()
     kid.hand(Run(id=RUN_ID, name="app.flow", args=[], status=RUNNING, claimed_by="sup-verbs", claim_epoch=1),
              time.monotonic())

@@ -3,7 +3,8 @@ source) overlaid with what it did (``overlay``, from the recorded steps)."""
 
 from __future__ import annotations
 
-from .overlay import build_graph, recorded_graph
+from .overlay import build_graph
 from .plan import Plan, analyse
+from .recorded import recorded_graph
 
 __all__ = ["Plan", "analyse", "build_graph", "recorded_graph"]

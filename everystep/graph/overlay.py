@@ -31,11 +31,12 @@ that id is drawn ``diverged`` (replaying it raises ``WorkflowCodeError``).
 Every record appears exactly once: any the walk could not place (dynamic
 code, a plan that guessed wrong) is listed in ``unplaced``.
 
-``recorded_graph(records, reason)`` is the fallback without source: the
-records alone, with forks and lanes rebuilt from their dotted ids.
+``recorded.recorded_graph(records, reason)`` is the fallback without
+source: the records alone, with forks and lanes rebuilt from their dotted
+ids.
 
 The output is plain JSON-ready dicts (the console draws them in the
-browser); see ``_step`` and the ``kind`` values for the shapes.
+browser); ``drawn`` builds every node and says their shapes and states.
 """
 
 from __future__ import annotations
@@ -43,16 +44,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import registry, wait_kinds
-from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepRecord
-from ..patches import PATCH_STEP, is_marker, marker_id, patch_of
-from .plan import Choice, Exit, Fork, Loop, Node, Patch, Plan, StepCall, Try, Wait, wait_records
-
-PENDING = "pending"
-SKIPPED = "skipped"
-DIVERGED = "diverged"
-RUNNING = "running"
-WAITING = "waiting"
+from ..models import STEP_FAILED, StepRecord
+from ..patches import marker_id
+from .drawn import DIVERGED, PENDING, SKIPPED, fork_state, has_ahead, mark_in_flight, patch_node, settle_passed, \
+    step_node, wait_node, wait_state
+from .nodes import Choice, Exit, Fork, Loop, Node, Patch, Plan, StepCall, Try, Wait
+from .recorded import recorded_graph, recorded_nodes
 
 # How a walk through a block ended early.
 EXITED = "exit"  # a return (or the end of the workflow)
@@ -98,107 +95,8 @@ def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bo
         "file": plan.file,
         "line": plan.line,
         "nodes": walk.nodes,
-        "unplaced": _tree(unplaced),
+        "unplaced": recorded_nodes(unplaced),
     }
-
-
-def recorded_graph(records: list[StepRecord], reason: str) -> dict[str, Any]:
-    """The records alone, forks and lanes rebuilt from their ids."""
-    return {"mode": "recorded", "reason": reason, "notes": [], "file": None, "line": None,
-            "nodes": _tree(records), "unplaced": []}
-
-
-# -- nodes ----------------------------------------------------------------------------
-
-
-def _step(call: StepCall | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
-    function = record.name if record is not None else call.function if call is not None else "?"
-    node: dict[str, Any] = {
-        "kind": "step",
-        "id": step_id,
-        "function": function,
-        "label": call.label if call is not None else function.rsplit(".", 1)[-1],
-        "state": state,
-        "unsafe": bool(call.unsafe) if call is not None else False,
-        "exactly_once": call.exactly_once if call is not None else function in registry.transactional_steps(),
-        "line": call.line if call is not None else None,
-        "record": None,
-    }
-    if record is not None:
-        data = record.to_dict()
-        data["duration"] = (
-            (record.completed_at - record.started_at).total_seconds()
-            if record.completed_at is not None and record.started_at is not None else None
-        )
-        node["record"] = data
-    if state == DIVERGED and call is not None:
-        node["expected"] = call.function
-    return node
-
-
-def _wait(call: Wait | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
-    """A wait's node: ``wait`` says what kind of wait it is, ``what`` what it
-    waits for in words (from the kind's declaration, ``everystep.wait_kinds``),
-    ``until`` its wake time (None: until something else ends it, or not
-    reached)."""
-    row = wait_records().get(record.name) if record is not None else None
-    kind = call.kind if call is not None else row.kind if row is not None else "wait"
-    declared = wait_kinds.by_step.get(record.name) if record is not None else None
-    node = _step(None, step_id, record, state)
-    node.update({
-        "kind": "wait",
-        "wait": kind,
-        "what": declared.describe(record.args) if declared is not None and record is not None else kind,
-        "function": call.function if call is not None else node["function"],
-        "label": call.label if call is not None else kind,
-        "line": call.line if call is not None else None,
-        "until": record.wake_at.isoformat() if record is not None and record.wake_at is not None else None,
-    })
-    return node
-
-
-def _patch(call: Patch | None, step_id: str | None, record: StepRecord | None, state: str,
-           answer: Any = None) -> dict[str, Any]:
-    """A ``patched()`` call's node: ``answer`` is the recorded branch
-    (True: the new code's, False: the old code's; None: not asked yet)."""
-    node = _step(None, step_id, record, state)
-    node.update({
-        "kind": "patch",
-        "function": PATCH_STEP,
-        "patch": call.patch_id if call is not None else patch_of(record) if record is not None else None,
-        "label": call.label if call is not None else "patched",
-        "line": call.line if call is not None else None,
-        "answer": record.result if record is not None else answer,
-    })
-    return node
-
-
-def _wait_state(record: StepRecord) -> str:
-    """A wait's record is final once done (or failed); until then it waits,
-    whatever its row's status says (``sleeping``, …)."""
-    return str(record.status) if record.status in (STEP_DONE, STEP_FAILED) else WAITING
-
-
-def _fork_state(lanes: list[dict[str, Any]]) -> str:
-    states = [state for lane in lanes for state in _states(lane["nodes"])]
-    if not states:
-        return PENDING
-    for worst in (DIVERGED, STEP_FAILED, STEP_STARTED):
-        if worst in states:
-            return worst
-    if all(state == "done" for state in states):
-        return "done"
-    if all(state in (PENDING, SKIPPED) for state in states):
-        return states[0]
-    return RUNNING
-
-
-def _states(nodes: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for node in nodes:
-        if node["kind"] in ("step", "wait", "fork"):
-            out.append(node["state"])
-    return out
 
 
 # -- the walk ---------------------------------------------------------------------------
@@ -261,7 +159,7 @@ class _Overlay:
             if walk.matched:
                 # The run got past every undecided construct before this one.
                 for earlier in provisional:
-                    _settle_passed(earlier)
+                    settle_passed(earlier)
                 provisional.clear()
             out.extend(walk.nodes)
             provisional.extend(n for n in walk.nodes if n.get("undecided"))
@@ -305,32 +203,32 @@ class _Overlay:
     def _step_call(self, call: StepCall, scope: _Scope, preview: str | None) -> _Walk:
         scope.pos += 1
         if preview is not None:
-            return _Walk([_step(call, self._predicted(call.name, call.dynamic_name, scope), None, preview)])
+            return _Walk([step_node(call, self._predicted(call.name, call.dynamic_name, scope), None, preview)])
         step_id = self._locate_step(call, scope)
         record = self.records.get(step_id) if step_id is not None and step_id not in self.used else None
         if record is None:
-            return _Walk([_step(call, step_id, None, self.ahead)])
+            return _Walk([step_node(call, step_id, None, self.ahead)])
         self._use(record.step_id)
         if record.name != call.function:
-            return _Walk([_step(call, record.step_id, record, DIVERGED)])
+            return _Walk([step_node(call, record.step_id, record, DIVERGED)])
         stop = RAISED if record.status == STEP_FAILED else None
-        return _Walk([_step(call, record.step_id, record, record.status)], 1, stop)
+        return _Walk([step_node(call, record.step_id, record, record.status)], 1, stop)
 
     def _wait_call(self, call: Wait, scope: _Scope, preview: str | None) -> _Walk:
         scope.pos += 1
         if preview is not None:
-            return _Walk([_wait(call, self._predicted(call.name, call.dynamic_name, scope), None, preview)])
+            return _Walk([wait_node(call, self._predicted(call.name, call.dynamic_name, scope), None, preview)])
         step_id = self._locate_step(call, scope)
         record = self.records.get(step_id) if step_id is not None and step_id not in self.used else None
         if record is None:
-            return _Walk([_wait(call, step_id, None, self.ahead)])
+            return _Walk([wait_node(call, step_id, None, self.ahead)])
         self._use(record.step_id)
         if record.name != call.function:
-            step = _step(None, record.step_id, record, DIVERGED)
+            step = step_node(None, record.step_id, record, DIVERGED)
             step.update({"label": call.label, "line": call.line, "expected": call.function})
             return _Walk([step])
-        state = _wait_state(record)
-        return _Walk([_wait(call, record.step_id, record, state)], 1, RAISED if state == STEP_FAILED else None)
+        state = wait_state(record)
+        return _Walk([wait_node(call, record.step_id, record, state)], 1, RAISED if state == STEP_FAILED else None)
 
     def _patch_call(self, call: Patch, preview: str | None) -> _Walk:
         """A patch's marker is per run, not per scope: the first ``patched``
@@ -339,11 +237,11 @@ class _Overlay:
         step_id = marker_id(call.patch_id) if call.patch_id is not None else None
         record = self.records.get(step_id) if step_id is not None else None
         if preview is not None or record is None:
-            return _Walk([_patch(call, step_id, None, preview or self.ahead)])
+            return _Walk([patch_node(call, step_id, None, preview or self.ahead)])
         if step_id in self.used:
-            return _Walk([_patch(call, step_id, None, str(record.status), record.result)])
+            return _Walk([patch_node(call, step_id, None, str(record.status), record.result)])
         self._use(record.step_id)
-        return _Walk([_patch(call, step_id, record, str(record.status))], 1)
+        return _Walk([patch_node(call, step_id, record, str(record.status))], 1)
 
     def _locate_step(self, call: StepCall | Wait, scope: _Scope) -> str | None:
         if call.dynamic_name:
@@ -398,7 +296,7 @@ class _Overlay:
                 records.sort(key=lambda r: self.order[r.step_id])
                 for record in records:
                     self._use(record.step_id)
-                nodes = _tree(records, prefix)
+                nodes = recorded_nodes(records, prefix)
                 matched += len(records)
                 raised = raised or any(r.status == STEP_FAILED for r in records)
                 lanes.append({"label": f"branch {index}", "nodes": nodes})
@@ -413,7 +311,7 @@ class _Overlay:
         node = {
             "kind": "fork", "id": fork_id, "label": fork.name or "parallel", "line": fork.line,
             "dynamic": fork.dynamic, "lanes": lanes,
-            "state": preview or _fork_state(lanes),
+            "state": preview or fork_state(lanes),
         }
         return _Walk([node], matched, RAISED if raised else None)
 
@@ -505,7 +403,7 @@ class _Overlay:
             # would follow the step that fails, which is not known: none is
             # predicted (the next position after the body belongs to what
             # follows the try).
-            state = preview or (self.ahead if _has_ahead(body.nodes) else SKIPPED)
+            state = preview or (self.ahead if has_ahead(body.nodes) else SKIPPED)
             handlers = [{"label": arm.label, "taken": False,
                          "nodes": self.sequence(list(arm.body), _Scope(scope.prefix, scope.pos, False), state).nodes}
                         for arm in block.handlers]
@@ -516,7 +414,7 @@ class _Overlay:
         node = {"kind": "try", "line": block.line, "label": "try", "body": body.nodes, "handlers": handlers,
                 "orelse": orelse, "final": final.nodes, "caught": caught,
                 "undecided": preview is None and caught is None
-                and any(_has_ahead(lane["nodes"]) for lane in handlers)}
+                and any(has_ahead(lane["nodes"]) for lane in handlers)}
         return _Walk([node], matched + final.matched, final.stop or stop)
 
     def _recorded_after(self, body_ids: list[str], prefix: str) -> bool:
@@ -531,123 +429,6 @@ class _Overlay:
         last = max(self.order[step_id] for step_id in body_ids)
         return any(self.order[step_id] > last for step_id in self.records
                    if step_id not in self.used and step_id.startswith(prefix))
-
-
-def mark_in_flight(nodes: list[dict[str, Any]]) -> bool:
-    """Mark ``running`` the steps a running run is executing: in each
-    sequence the body has reached (everything before it recorded done), the
-    first step not recorded yet, or an unsafe step ``started`` without an
-    outcome; in a fork, that step of every lane, since branches run side by
-    side. A choice or loop not yet settled by the records stops the marking
-    (the path is not known). Returns whether the whole sequence is done."""
-    for node in nodes:
-        kind, state = node["kind"], node.get("state")
-        if kind == "step":
-            if state == "done":
-                continue
-            if state in (PENDING, STEP_STARTED):
-                node["state"] = RUNNING
-                node["in_flight"] = True
-            return False
-        if kind == "wait":
-            if state == "done":
-                continue
-            return False
-        if kind == "patch":
-            continue  # its marker is written with the run's next write: never in flight itself
-        if kind == "fork":
-            if state == "done":
-                continue
-            finished = [mark_in_flight(lane["nodes"]) for lane in node["lanes"]]
-            if all(finished) and node["lanes"]:
-                continue
-            if any(_in_flight(lane["nodes"]) for lane in node["lanes"]):
-                node["state"] = RUNNING
-            return False
-        if kind == "choice":
-            if not node.get("decided"):
-                return False
-            taken = [lane for lane in node["lanes"] if lane["taken"]]
-            if not taken or not mark_in_flight(taken[0]["nodes"]):
-                return False
-            continue
-        if kind == "try":
-            if not mark_in_flight(node["body"]):
-                if node.get("caught") is None:
-                    return False
-            taken = [lane for lane in node["handlers"] if lane["taken"]]
-            if taken and not mark_in_flight(taken[0]["nodes"]):
-                return False
-            if not taken and not mark_in_flight(node["orelse"]):
-                return False
-            if not mark_in_flight(node["final"]):
-                return False
-            continue
-        if kind == "loop":
-            for iteration in node["iterations"]:
-                if not mark_in_flight(iteration):
-                    return False
-            return False  # another iteration, or what follows the loop: not known
-        return False  # an exit, or a kind this walk does not know
-    return True
-
-
-def _in_flight(nodes: list[dict[str, Any]]) -> bool:
-    for node in nodes:
-        if node.get("in_flight"):
-            return True
-        for key in ("lanes", "handlers"):
-            if any(_in_flight(lane["nodes"]) for lane in node.get(key, ())):
-                return True
-        for key in ("body", "orelse", "final"):
-            if _in_flight(node.get(key, [])):
-                return True
-        if any(_in_flight(iteration) for iteration in node.get("iterations", ())):
-            return True
-    return False
-
-
-def _has_ahead(nodes: list[dict[str, Any]]) -> bool:
-    """Whether anything in these drawn nodes is still ahead of the run."""
-    for node in nodes:
-        if node.get("state") == PENDING:
-            return True
-        for key in ("lanes", "handlers"):
-            if any(_has_ahead(lane["nodes"]) for lane in node.get(key, ())):
-                return True
-        for key in ("body", "orelse", "final", "next"):
-            if _has_ahead(node.get(key, [])):
-                return True
-        if any(_has_ahead(iteration) for iteration in node.get("iterations", ())):
-            return True
-    return False
-
-
-def _settle_passed(node: dict[str, Any]) -> None:
-    """The run went past this undecided construct without recording any of
-    it: a loop that ended, an arm without steps that was taken."""
-    node["undecided"] = False
-    if node["kind"] == "loop":
-        _restate(node["next"], SKIPPED)
-        node["next"] = []
-    elif node["kind"] == "choice":
-        node["passed"] = True
-        for lane in node["lanes"]:
-            _restate(lane["nodes"], SKIPPED)
-    elif node["kind"] == "try":
-        for lane in node["handlers"]:
-            _restate(lane["nodes"], SKIPPED)
-
-
-def _restate(nodes: list[dict[str, Any]], state: str) -> None:
-    for node in nodes:
-        if "state" in node and node.get("record") is None:
-            node["state"] = state
-        for key in ("lanes", "handlers"):
-            for lane in node.get(key, ()):
-                _restate(lane["nodes"], state)
-        for key in ("body", "orelse", "final", "next"):
-            _restate(node.get(key, []), state)
 
 
 def _positions(nodes: list[Node]) -> int | None:
@@ -681,46 +462,4 @@ def _advance(scope: _Scope, arms: list[list[Node]]) -> None:
         scope.certain = False
 
 
-# -- the records alone -----------------------------------------------------------------------
-
-
-def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
-    """Records as nodes, in record order, forks rebuilt from dotted ids
-    (``3.0.1``: step 1 of branch 0 of fork 3), read below ``base`` (a lane's
-    prefix, ``3.0.``) when given."""
-    waiting = wait_records()
-    root: list[dict[str, Any]] = []
-    forks: dict[str, dict[str, Any]] = {}
-    lanes: dict[str, dict[str, Any]] = {}
-    for record in records:
-        parts = record.step_id[len(base):].split(".")
-        target = root
-        for end in range(1, len(parts) - 1, 2):
-            fork_id = base + ".".join(parts[:end])
-            fork = forks.get(fork_id)
-            if fork is None:
-                fork = forks[fork_id] = {"kind": "fork", "id": fork_id, "label": parts[end - 1] if not
-                                         parts[end - 1].isdigit() else "parallel", "line": None,
-                                         "dynamic": False, "lanes": [], "state": PENDING}
-                target.append(fork)
-            lane_id = f"{fork_id}.{parts[end]}"
-            lane = lanes.get(lane_id)
-            if lane is None:
-                lane = lanes[lane_id] = {"label": f"branch {parts[end]}", "nodes": [], "index": parts[end]}
-                fork["lanes"].append(lane)
-                fork["lanes"].sort(key=lambda l: (not l["index"].isdigit(), int(l["index"]) if l["index"].isdigit() else 0))
-            target = lane["nodes"]
-        if is_marker(record):
-            target.append(_patch(None, record.step_id, record, str(record.status)))
-        elif record.name in waiting:
-            target.append(_wait(None, record.step_id, record, _wait_state(record)))
-        else:
-            target.append(_step(None, record.step_id, record, record.status))
-    for fork in forks.values():
-        for lane in fork["lanes"]:
-            lane.pop("index", None)
-        fork["state"] = _fork_state(fork["lanes"])
-    return root
-
-
-__all__ = ["build_graph", "mark_in_flight", "recorded_graph"]
+__all__ = ["build_graph"]

@@ -9,13 +9,14 @@ of plain code between steps reads as the list of its steps.
 What counts as a step is decided by resolving each call's target the way
 Python would at run time, without running anything: a name looked up in the
 function's locals (nested ``def`` and ``lambda``), closure, module globals
-and builtins, an attribute looked up statically on a module or class. A
-target that is a ``@step`` is a step; ``everystep.parallel`` is a fork whose
-branches are read from its arguments (lambdas, functions, lists of them for
-sequence branches), and so is ``everystep.gather`` (whose branches may also
-be step calls awaited in their branch); an async body reads the same, an
-``await`` being the expression it awaits; a ``@workflow`` or a plain function of the user's code is
-read in place, since the steps it calls are recorded in the same scope.
+and builtins, an attribute looked up statically on a module or class
+(``names.Names``). A target that is a ``@step`` is a step;
+``everystep.parallel`` is a fork whose branches are read from its arguments
+(lambdas, functions, lists of them for sequence branches), and so is
+``everystep.gather`` (whose branches may also be step calls awaited in their
+branch); an async body reads the same, an ``await`` being the expression it
+awaits; a ``@workflow`` or a plain function of the user's code is read in
+place, since the steps it calls are recorded in the same scope.
 
 Waits are read the same way: ``waits()`` is the one table of engine calls
 that make a run wait (a durable sleep, a message, a child's result), each
@@ -45,15 +46,16 @@ case the caller falls back to the recorded steps alone.
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 import inspect
 import sys
 import textwrap
 import types
-import typing
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
+
+from .names import Names
+from .nodes import Arm, Choice, Exit, Fork, Loop, Node, Patch, Plan, StepCall, Try, Wait
 
 import everystep
 
@@ -64,19 +66,6 @@ from ..body_rules import BodyRule, Declaration, declaration_of
 MAX_INLINE_DEPTH = 6
 MAX_NODES = 2000
 MAX_TEXT = 60
-
-
-@dataclass(frozen=True)
-class StepCall:
-    """A call of a ``@step``."""
-
-    function: str  # the step's registered name (what a record stores)
-    label: str  # the callable as written, e.g. ``create_vm``
-    line: int | None
-    name: str | None = None  # a constant ``everystep_id``
-    dynamic_name: bool = False  # an ``everystep_id`` computed at run time
-    unsafe: bool = False
-    exactly_once: bool = False  # a transactional step: its writes commit with its record
 
 
 @dataclass(frozen=True)
@@ -140,102 +129,6 @@ def wait_records() -> dict[str, WaitKind]:
     return {row.record: row for row in waits().values()}
 
 
-@dataclass(frozen=True)
-class Wait:
-    """A call that makes the run wait (see ``waits``)."""
-
-    kind: str
-    function: str  # the step name its record carries
-    label: str  # the call as written, e.g. ``everystep.sleep``
-    line: int | None
-    name: str | None = None
-    dynamic_name: bool = False
-
-
-@dataclass(frozen=True)
-class Fork:
-    """A ``parallel(...)`` call: its branches run as lanes."""
-
-    branches: tuple[tuple[Node, ...], ...]
-    line: int | None
-    name: str | None = None
-    dynamic_name: bool = False
-    dynamic: bool = False  # branches built at run time: known only from records
-
-
-@dataclass(frozen=True)
-class Loop:
-    """A ``for``/``while`` loop or comprehension whose body makes steps.
-    ``count``: at most how many times the body runs, when the source says
-    (``for width in (320, 1280)``: 2); None when only the records can tell."""
-
-    body: tuple[Node, ...]
-    text: str
-    line: int | None
-    count: int | None = None
-
-
-@dataclass(frozen=True)
-class Arm:
-    label: str
-    body: tuple[Node, ...]
-
-
-@dataclass(frozen=True)
-class Choice:
-    """``if``/``elif``/``else``, ``match``, a conditional expression: one arm runs."""
-
-    arms: tuple[Arm, ...]
-    line: int | None
-
-
-@dataclass(frozen=True)
-class Try:
-    """``try``: ``handlers`` run after a failure in ``body``, ``orelse``
-    after none, ``final`` always."""
-
-    body: tuple[Node, ...]
-    handlers: tuple[Arm, ...]
-    orelse: tuple[Node, ...]
-    final: tuple[Node, ...]
-    line: int | None
-
-
-@dataclass(frozen=True)
-class Exit:
-    """``return`` or ``raise``: nothing after it in the same path runs."""
-
-    text: str
-    line: int | None
-
-
-@dataclass(frozen=True)
-class Patch:
-    """A ``patched(id)`` call: its answer is recorded once per run, as a
-    marker row at ``@patch:<id>`` that takes no position in its scope."""
-
-    patch_id: str | None  # None: an id computed at run time
-    label: str
-    line: int | None
-
-
-Node = Union[StepCall, Wait, Fork, Loop, Choice, Try, Exit, Patch]
-
-
-@dataclass(frozen=True)
-class Plan:
-    workflow: str
-    nodes: tuple[Node, ...] | None  # None: the source could not be read
-    reason: str | None = None
-    notes: tuple[str, ...] = ()
-    file: str | None = None
-    line: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.nodes is not None
-
-
 def analyse(workflow: Any) -> Plan:
     """The plan of a ``@workflow`` (or of a plain function used as one)."""
     fn = getattr(workflow, "fn", workflow)
@@ -286,58 +179,6 @@ def _text(node: ast.AST) -> str:
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
-_MISSING = object()
-
-
-@dataclass(frozen=True)
-class _Instance:
-    """An object of a class known statically (what a local holds)."""
-
-    cls: type
-
-
-@dataclass(frozen=True)
-class _Elements:
-    """A list (tuple, generator) of objects of one class known statically:
-    ``[start(child, x) for x in xs]``; a loop over it gives ``_Instance``s."""
-
-    cls: type
-
-
-@dataclass(frozen=True, eq=False)
-class _Origin:
-    """Where a local gets a value: ``value`` itself, or (``element``) an
-    item of iterating over it, the ``index``-th of a tuple target."""
-
-    value: ast.AST
-    element: bool = False
-    index: int | None = None
-
-
-#: Builtins that give back the elements of their one argument, in some order.
-_SAME_ELEMENTS = (list, tuple, sorted, reversed)
-
-
-def _same_elements(target: Any) -> bool:
-    return any(target is builtin for builtin in _SAME_ELEMENTS)
-
-
-def _same(one: Any, other: Any) -> bool:
-    """The same object, or the same known class (never ``==`` on user objects)."""
-    return one is other or (type(one) is type(other) and isinstance(one, (_Instance, _Elements)) and one == other)
-
-
-def _elements(value: Any) -> Any:
-    return value if isinstance(value, _Elements) else _MISSING
-
-
-def _elements_of(items: list[Any]) -> Any:
-    """A collection's items, all objects of one known class: ``_Elements``."""
-    if items and all(isinstance(item, _Instance) and item.cls is items[0].cls for item in items):
-        return _Elements(items[0].cls)
-    return _MISSING
-
-
 def _user_function(obj: Any) -> bool:
     """A plain function worth reading in place: user code, not a library's."""
     if not isinstance(obj, types.FunctionType) or obj.__name__ == "<lambda>":
@@ -346,179 +187,19 @@ def _user_function(obj: Any) -> bool:
     return module not in sys.stdlib_module_names and module not in ("everystep", "supervisor")
 
 
-class _Reader:
+class _Reader(Names):
     """Reads one function body (and, through ``inline``, what it calls)."""
 
     def __init__(self, fn: types.FunctionType, tree: ast.AST, offset: int, depth: int,
                  active: set[types.CodeType], notes: list[str] | None = None,
                  outer_locals: dict[str, ast.AST] | None = None) -> None:
+        super().__init__(fn, tree, outer_locals)
         self.fn = fn
         self.offset = offset
         self.depth = depth
         self.active = active
         self.notes = notes if notes is not None else []
         self.count = 0
-        self.globals = fn.__globals__
-        self.closure: dict[str, Any] = {}
-        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-            try:
-                self.closure[var] = cell.cell_contents
-            except ValueError:  # an empty cell
-                pass
-        self.local_defs: dict[str, ast.AST] = dict(outer_locals or {})
-        self.assigned: set[str] = set()
-        # Where each other local gets its values, one entry per place that
-        # assigns it (None where that cannot be read statically): what it
-        # holds is known when every entry agrees (a handle whose methods
-        # wait, a list of them, the element of such a list in a loop).
-        self.origins: dict[str, list[_Origin | None]] = {}
-        self._resolving: set[tuple[str, str]] = set()
-        self._scan_locals(tree)
-
-    # -- names -------------------------------------------------------------------------
-
-    def _scan_locals(self, tree: ast.AST) -> None:
-        """Local functions and lambdas by name; every other local assignment
-        shadows a global of the same name, and is resolved only from what
-        it is assigned (``origins``)."""
-        args = getattr(tree, "args", None)
-        if isinstance(args, ast.arguments):
-            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
-                if arg is not None:
-                    self.assigned.add(arg.arg)
-                    self.origins.setdefault(arg.arg, []).append(None)
-        known: dict[int, _Origin] = {}  # by id() of the Name a value is stored in
-        stores: list[ast.Name] = []
-        for node in ast.walk(tree):
-            if node is tree:
-                continue
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self.local_defs[node.name] = node
-            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        self.local_defs[target.id] = node.value
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                self.assigned.add(node.id)
-                stores.append(node)
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    known[id(target)] = _Origin(node.value)
-            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
-                known[id(node.target)] = _Origin(node.value)
-            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-                known[id(node.target)] = _Origin(node.iter, element=True)
-                if isinstance(node.target, ast.Tuple):  # for i, handle in enumerate(handles)
-                    for index, item in enumerate(node.target.elts):
-                        known[id(item)] = _Origin(node.iter, element=True, index=index)
-        for name in stores:
-            self.origins.setdefault(name.id, []).append(known.get(id(name)))
-        self.assigned -= set(self.local_defs)
-
-    def resolve(self, expr: ast.AST) -> Any:
-        """The object an expression names, statically; ``_MISSING`` if unknown.
-        A local def or lambda comes back as its ``ast`` node; an object of a
-        class known from a return annotation as an ``_Instance``, a list of
-        them as ``_Elements``."""
-        if isinstance(expr, ast.Name):
-            if expr.id in self.local_defs:
-                return self.local_defs[expr.id]
-            if expr.id in self.assigned:
-                return self._local(expr.id)
-            for scope in (self.closure, self.globals, vars(builtins)):
-                if expr.id in scope:
-                    return scope[expr.id]
-            return _MISSING
-        if isinstance(expr, ast.Await):
-            return self.resolve(expr.value)
-        if isinstance(expr, ast.Call):
-            target = self.resolve(expr.func)
-            if _same_elements(target) and len(expr.args) == 1:
-                return _elements(self.resolve(expr.args[0]))  # list(handles), sorted(handles)
-            return _returned(target)  # ``start(...).result()``
-        if isinstance(expr, (ast.ListComp, ast.GeneratorExp)):
-            return _elements_of([self.resolve(expr.elt)])
-        if isinstance(expr, (ast.List, ast.Tuple)):
-            return _elements_of([self.resolve(item) for item in expr.elts])
-        if isinstance(expr, ast.Attribute):
-            base = self.resolve(expr.value)
-            if isinstance(base, _Instance):
-                base = base.cls
-            if isinstance(base, (types.ModuleType, type)):
-                try:
-                    return inspect.getattr_static(base, expr.attr)
-                except AttributeError:
-                    return _MISSING
-        return _MISSING
-
-    def _local(self, name: str) -> Any:
-        """What a local holds, when every assignment of it says the same."""
-        key = ("value", name)
-        origins = self.origins.get(name)
-        if not origins or key in self._resolving:
-            return _MISSING
-        self._resolving.add(key)
-        try:
-            values = [self._origin_value(origin) if origin is not None else _MISSING for origin in origins]
-        finally:
-            self._resolving.discard(key)
-        first = values[0]
-        return first if all(_same(value, first) for value in values) else _MISSING
-
-    def _origin_value(self, origin: _Origin) -> Any:
-        if not origin.element:
-            return self.resolve(origin.value)
-        iterable = origin.value
-        if origin.index is not None:
-            # enumerate(x) gives (index, element); zip(a, b) one element of each.
-            if not isinstance(iterable, ast.Call) or any(isinstance(arg, ast.Starred) for arg in iterable.args):
-                return _MISSING
-            target = self.resolve(iterable.func)
-            if target is enumerate and origin.index == 1 and iterable.args:
-                iterable = iterable.args[0]
-            elif target is zip and origin.index < len(iterable.args):
-                iterable = iterable.args[origin.index]
-            else:
-                return _MISSING
-        collection = self.resolve(iterable)
-        return _Instance(collection.cls) if isinstance(collection, _Elements) else _MISSING
-
-    def length(self, expr: ast.AST) -> int | None:
-        """How many items iterating over ``expr`` gives, when the source says
-        (a literal, ``range`` of constants, a comprehension over one, a local
-        assigned once from one); None otherwise."""
-        if isinstance(expr, (ast.List, ast.Tuple)):
-            return None if any(isinstance(item, ast.Starred) for item in expr.elts) else len(expr.elts)
-        if isinstance(expr, ast.Constant) and isinstance(expr.value, (str, bytes)):
-            return len(expr.value)
-        if isinstance(expr, (ast.ListComp, ast.GeneratorExp)) and len(expr.generators) == 1 \
-                and not expr.generators[0].ifs:
-            return self.length(expr.generators[0].iter)
-        if isinstance(expr, ast.Name) and expr.id in self.assigned:
-            origins = self.origins.get(expr.id) or []
-            key = ("length", expr.id)
-            if len(origins) != 1 or origins[0] is None or origins[0].element or key in self._resolving:
-                return None
-            self._resolving.add(key)
-            try:
-                return self.length(origins[0].value)
-            finally:
-                self._resolving.discard(key)
-        if isinstance(expr, ast.Call) and expr.args and not any(isinstance(arg, ast.Starred) for arg in expr.args):
-            target = self.resolve(expr.func)
-            if target is range:
-                bounds = [arg.value for arg in expr.args if isinstance(arg, ast.Constant) and type(arg.value) is int]
-                try:
-                    return len(range(*bounds)) if len(bounds) == len(expr.args) else None
-                except (TypeError, ValueError):  # more than three, or a step of 0
-                    return None
-            if (_same_elements(target) or target is enumerate) and len(expr.args) == 1:
-                return self.length(expr.args[0])
-            if target is zip:
-                lengths = [self.length(arg) for arg in expr.args]
-                known = [length for length in lengths if length is not None]
-                return min(known) if len(known) == len(lengths) else None
-        return None
 
     def line(self, node: ast.AST) -> int | None:
         lineno = getattr(node, "lineno", None)
@@ -766,19 +447,6 @@ def _everystep_id(node: ast.AST) -> tuple[str | None, bool]:
                 return None, False
             return None, True
     return None, False
-
-
-def _returned(target: Any) -> Any:
-    """What calling ``target`` returns, when its return annotation names a
-    class (an ``_Instance`` of it); ``_MISSING`` otherwise."""
-    target = getattr(target, "fn", target)  # a @step or @workflow: its function
-    if not callable(target) or isinstance(target, type):
-        return _MISSING
-    try:
-        returned = typing.get_type_hints(target).get("return")
-    except Exception:  # annotations that do not evaluate: unknown
-        return _MISSING
-    return _Instance(returned) if isinstance(returned, type) else _MISSING
 
 
 def _wait_kind(target: Any) -> WaitKind | None:

@@ -28,10 +28,8 @@ import pymysql
 from pymysql.constants import COMMAND
 
 from .base.values import Notifications
+from .channels import SCHEDULED_CHANNEL
 
-#: The channel PostgreSQL's NOTIFY uses for a scheduled run (the arbiter
-#: wakes its claim loop on it).
-SCHEDULED_CHANNEL = "everystep_scheduled"
 #: How long one sleep lasts: a runner whose sleep ends unwoken claims once
 #: (as a poll would) and sleeps again.
 SLEEP_SECONDS = 30

@@ -52,12 +52,9 @@ from .base.step_transactions import CommitGuard
 
 log = logging.getLogger(__name__)
 
-NOTIFY_CHANNEL = "everystep_scheduled"
 #: What a runner sends for every run: these go through ``postgres_hot``.
 HOT_STATEMENTS = ("claim", "record_step", "finish_run_with_step", "record_step_marked",
                   "finish_run_with_step_marked")
-#: Payload "RUNNER RUN_ID": a run RUNNER holds was taken from it (requeue --force).
-FENCE_CHANNEL = "everystep_fenced"
 
 
 #: Connection failures that are a configuration the server or libpq

@@ -39,7 +39,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from ..errors import EverystepError
-from ..relay import REQUEST_CHANNEL
+from ..store.channels import REQUEST_CHANNEL, SCHEDULED_CHANNEL
 from ..store import Store
 
 logger = logging.getLogger("everystep.console")
@@ -49,7 +49,7 @@ COALESCE = 0.1
 PING = 15.0
 RETRY_MS = 2000
 LISTEN_RETRY = 2.0
-CHANNELS = ("everystep_scheduled", REQUEST_CHANNEL)
+CHANNELS = (SCHEDULED_CHANNEL, REQUEST_CHANNEL)
 
 
 class Watcher:
@@ -60,7 +60,6 @@ class Watcher:
         self.store = store
         self.tick = tick
         self.generation = 0
-        self.listening = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -158,7 +157,6 @@ class Watcher:
                 self._stop.wait(LISTEN_RETRY)
                 continue
             warned = False
-            self.listening = True
             try:
                 while not self._stop.is_set():
                     readable, _, _ = select.select([conn.fileno()], [], [], 1.0)
@@ -167,7 +165,6 @@ class Watcher:
             except Exception as exc:
                 logger.warning("console: LISTEN connection lost (%s); refreshing on the tick until it is back", exc)
             finally:
-                self.listening = False
                 conn.close()
             self._stop.wait(LISTEN_RETRY)
 

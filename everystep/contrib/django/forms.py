@@ -6,7 +6,7 @@ from typing import Any
 
 from django import forms
 
-from everystep.cli import parse_json
+from everystep.cli.command import parse_json
 from everystep.errors import EverystepError
 
 RESULT, ERROR, DISCARD = "result", "error", "discard"

@@ -9,7 +9,8 @@ one as a placeholder (``{active_statuses}``) and ``load`` renders it from
 ``everystep.models``, so a new status changes ``models.py`` and the SQL
 follows. ``STATUS_SETS`` lists the placeholders. Wait keys alike: their
 prefixes and the kind of a key come from ``everystep.wait_kinds``
-(``WAIT_KEYS``).
+(``WAIT_KEYS``). NOTIFY channels are rendered the same way from
+``store.channels`` (``{scheduled_channel}``).
 
 A block whose name starts with ``_`` is a fragment, not a statement: text
 that several statements of the file share (the claim fence every executor
@@ -25,6 +26,7 @@ from functools import cache
 from importlib import resources
 
 from ... import models, wait_kinds
+from ..channels import PLACEHOLDERS as CHANNELS
 
 RUN_COLUMNS = (
     "id", "name", "args", "status", "idempotency_key", "claimed_by", "claimed_at",
@@ -94,6 +96,7 @@ def load(backend: str) -> dict[str, str]:
         "step_columns_s": _columns(STEP_COLUMNS, "s"),
         **{placeholder: sql_list(statuses) for placeholder, statuses in STATUS_SETS.items()},
         **WAIT_KEYS,
+        **CHANNELS,
     }
     blocks = {name: "\n".join(line for line in body.strip().splitlines() if not line.lstrip().startswith("--"))
               for name, body in zip(parts[1::2], parts[2::2])}

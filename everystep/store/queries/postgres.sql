@@ -16,7 +16,7 @@ WITH inserted AS (
     ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {run_columns}
 )
-SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS notified FROM inserted
+SELECT inserted.*, pg_notify('{scheduled_channel}', inserted.name)::text AS notified FROM inserted
 
 -- name: insert_fork
 -- A run forked from run_id (everystep fork): the same workflow, in the
@@ -29,7 +29,7 @@ WITH inserted AS (
             %(concurrency_key)s, %(app_version)s, %(run_id)s, %(deadline)s::timestamptz)
     RETURNING {run_columns}
 )
-SELECT inserted.*, pg_notify('everystep_scheduled', inserted.name)::text AS notified FROM inserted
+SELECT inserted.*, pg_notify('{scheduled_channel}', inserted.name)::text AS notified FROM inserted
 
 -- name: fork_steps
 -- Copy the steps run_id recorded before step_id's record (`cut`, its
@@ -290,7 +290,7 @@ WITH async_commit AS (
     RETURNING id, parent_id
 ), {_wake_parent}
 SELECT finished.id, NULL::uuid AS wake_parent FROM finished
-WHERE (SELECT count(pg_notify('everystep_scheduled', woke.name)) FROM woke WHERE woke.woken) >= 0
+WHERE (SELECT count(pg_notify('{scheduled_channel}', woke.name)) FROM woke WHERE woke.woken) >= 0
 
 -- name: _owned_locked
 -- Fragment: the CTE locking the run's row under this claim, first, so every
@@ -324,7 +324,7 @@ step AS (
     RETURNING id, parent_id
 ), {_wake_parent}
 SELECT step.completed_at FROM step, finished
-WHERE (SELECT count(pg_notify('everystep_scheduled', woke.name)) FROM woke WHERE woke.woken) >= 0
+WHERE (SELECT count(pg_notify('{scheduled_channel}', woke.name)) FROM woke WHERE woke.woken) >= 0
 
 -- name: finish_run_with_step
 -- The run's last step and its terminal status in one statement: one round
@@ -409,12 +409,12 @@ WITH moved AS (
     WHERE id = %(run_id)s AND status = %(from_status)s
     RETURNING id, name
 )
-SELECT moved.id, pg_notify('everystep_scheduled', moved.name)::text AS notified FROM moved
+SELECT moved.id, pg_notify('{scheduled_channel}', moved.name)::text AS notified FROM moved
 
 -- name: notify_fenced
 -- Tell a supervisor that a run it holds was taken from it (requeue --force),
 -- so it kills the stale child now instead of at its next heartbeat.
-SELECT pg_notify('everystep_fenced', %(runner)s || ' ' || %(run_id)s) AS notified
+SELECT pg_notify('{fence_channel}', %(runner)s || ' ' || %(run_id)s) AS notified
 
 -- name: lock_runner
 -- The current holder of a runner name, locked while a new instance decides
@@ -526,9 +526,9 @@ ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, applied_at = excluded
 -- Newly scheduled runs (payload: the workflow name), runs taken from their
 -- holder (payload: "RUNNER RUN_ID") and operator requests (payload: the
 -- runner's name). Every listener hears all three and keeps what it needs.
-LISTEN everystep_scheduled;
-LISTEN everystep_fenced;
-LISTEN everystep_request
+LISTEN {scheduled_channel};
+LISTEN {fence_channel};
+LISTEN {request_channel}
 
 -- -- The operations console and operator requests (migration 0005) -----------
 
@@ -540,7 +540,7 @@ WITH inserted AS (
     VALUES (%(runner)s, %(command)s, %(args)s::json, %(requested_by)s, clock_timestamp())
     RETURNING id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at
 )
-SELECT inserted.*, 0.0::float8 AS age, pg_notify('everystep_request', inserted.runner)::text AS notified
+SELECT inserted.*, 0.0::float8 AS age, pg_notify('{request_channel}', inserted.runner)::text AS notified
 FROM inserted
 
 -- name: take_requests
@@ -711,7 +711,7 @@ WITH async_commit AS (
       AND claim_epoch = %(claim_epoch)s
     RETURNING id, name
 )
-SELECT released.id, pg_notify('everystep_scheduled', released.name)::text AS notified FROM released
+SELECT released.id, pg_notify('{scheduled_channel}', released.name)::text AS notified FROM released
 
 -- name: defer
 -- Give the run back to the queue until `not_before` after one of the
@@ -727,7 +727,7 @@ WITH deferred AS (
       AND claim_epoch = %(claim_epoch)s
     RETURNING id, name
 )
-SELECT deferred.id, pg_notify('everystep_scheduled', deferred.name)::text AS notified FROM deferred
+SELECT deferred.id, pg_notify('{scheduled_channel}', deferred.name)::text AS notified FROM deferred
 
 -- name: insert_attempt
 -- One failed attempt of a retried step, written in the transaction that
@@ -814,7 +814,7 @@ WITH put AS (
         updated_at = EXCLUDED.updated_at
     RETURNING name
 )
-SELECT pg_notify('everystep_scheduled', put.name)::text AS notified FROM put
+SELECT pg_notify('{scheduled_channel}', put.name)::text AS notified FROM put
 
 -- name: queue_settings
 SELECT name, concurrency, key_concurrency, rate_limit, rate_period, paused FROM everystep_queue ORDER BY name
@@ -933,7 +933,7 @@ WITH woke AS (
     WHERE id = %(run_id)s
     RETURNING name, status = 'scheduled' AND wait_key IS NULL AS woken
 )
-SELECT woke.woken, CASE WHEN woke.woken THEN pg_notify('everystep_scheduled', woke.name)::text END AS notified
+SELECT woke.woken, CASE WHEN woke.woken THEN pg_notify('{scheduled_channel}', woke.name)::text END AS notified
 FROM woke
 
 -- name: wake_watchers
@@ -949,7 +949,7 @@ WITH woke AS (
     WHERE status = 'scheduled' AND wait_key = %(wait_key)s
     RETURNING name
 )
-SELECT count(pg_notify('everystep_scheduled', woke.name)) AS woken FROM woke
+SELECT count(pg_notify('{scheduled_channel}', woke.name)) AS woken FROM woke
 
 -- name: lock_watched
 -- A waiter's share lock on the run whose event it waits for, taken before
@@ -979,7 +979,7 @@ WITH released AS (
       AND claim_epoch = %(claim_epoch)s
     RETURNING id, name
 )
-SELECT released.id, pg_notify('everystep_scheduled', released.name)::text AS notified FROM released
+SELECT released.id, pg_notify('{scheduled_channel}', released.name)::text AS notified FROM released
 
 -- name: put_event
 INSERT INTO everystep_event (workflow_id, key, value, updated_at)

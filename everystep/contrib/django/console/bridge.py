@@ -22,7 +22,7 @@ import threading
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from everystep.web.handlers import NO_STORE, STREAM_HEADERS, Console, Reply
 from everystep.web.security import SECURITY_HEADERS

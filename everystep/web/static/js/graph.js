@@ -4,7 +4,7 @@
 // decide. A node that starts a child run or waits for one names the child
 // and links to its page; a loop whose every iteration is one node (a
 // fan-out of starts, a fan-in of waits) lays its iterations out side by
-// side. The shapes come from the server (everystep.graph.overlay).
+// side. The shapes come from the server (everystep.graph.drawn).
 
 import { runHref } from "./api.js";
 import { ago, h, seconds, shortId, statusBadge, when } from "./dom.js";

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from everystep import cli
+from everystep.cli import runs
 
 from ...commands import EverystepCommand
 
@@ -15,10 +15,10 @@ class Command(EverystepCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         super().add_arguments(parser)
-        cli.add_schedule_arguments(parser)
+        runs.add_schedule_arguments(parser)
 
     def run(self, options: argparse.Namespace) -> None:
         from ...database import store
 
         with self.printing():
-            cli.cmd_schedule(store(options.database), options)
+            runs.cmd_schedule(store(options.database), options)

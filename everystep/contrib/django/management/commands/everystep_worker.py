@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from everystep import cli
+from everystep.cli import serve
 from everystep.store import connect
 
 from ...commands import DjangoConnections, EverystepCommand
@@ -16,10 +16,10 @@ class Command(EverystepCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         super().add_arguments(parser)
-        cli.add_worker_arguments(parser)
+        serve.add_worker_arguments(parser)
 
     def run(self, options: argparse.Namespace) -> None:
         store = connect(self.database_url(options))
-        code = cli.cmd_worker(store, options, observer=DjangoConnections())
+        code = serve.cmd_worker(store, options, observer=DjangoConnections())
         if code:
             raise SystemExit(code)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import psycopg
 
-from . import case1_pgbench, esdb, fleet, procs
+from . import esdb, fleet, pgbench_baseline, procs
 from .context import Context
 from .report import ChartSeries, Section, Table
 from .stats import Series, fmt_ratio, fmt_span
@@ -111,11 +111,11 @@ def run(ctx: Context) -> None:
     out = ctx.results.setdefault("case2", {})
     paired_pg = ctx.results.setdefault("pgbench_paired", {})
     for url in (pgb_url, pgb_async):
-        case1_pgbench.prepare(url)
+        pgbench_baseline.prepare(url)
     for rep in range(s.reps):
         for clients in s.procs:
             try:
-                tps = case1_pgbench.measure(ctx, pgb_url, clients, s.pgbench_seconds)
+                tps = pgbench_baseline.measure(ctx, pgb_url, clients, s.pgbench_seconds)
                 pg.setdefault(clients, Series()).add(tps)
                 paired_pg[(rep, clients)] = tps
                 ctx.log(f"case 1 rep {rep + 1}: pgbench -c {clients}: {tps:,.0f} tps")
@@ -142,7 +142,7 @@ def run(ctx: Context) -> None:
                     f"{m['steps_per_s']:,.0f} step commits/s ({m['seconds']:.1f}s){reached}")
         # Sensitivity: no disk flush on either side.
         try:
-            tps = case1_pgbench.measure(ctx, pgb_async, 2, s.pgbench_seconds)
+            tps = pgbench_baseline.measure(ctx, pgb_async, 2, s.pgbench_seconds)
             out.setdefault(("async_pgbench", 2), Series()).add(tps)
         except procs.BenchError as exc:
             ctx.errors["pgbench"] = str(exc)

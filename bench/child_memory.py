@@ -79,7 +79,7 @@ def _everystep_burst(url: str, proc: procs.Proc, socket_path: str, nprocs: int,
     esdb.schedule_many(url, WORKFLOW, [(seed,) for seed in range(runs)])
     esdb.wait_completed(url, before + runs, timeout=600)
     rate = esdb.span(url)
-    esdb.expect_all_completed(rate, before + runs, "case 16")
+    esdb.expect_all_completed(rate, before + runs, "case 17")
     status = procs.wait_children_idle(socket_path, nprocs, timeout=60)
     tree = footprint.tree(proc.pid)
     return {"tree": tree, "runs_per_second": rate.runs_per_second, "status": status,
@@ -111,13 +111,15 @@ def measure_celery(ctx: Context, nprocs: int) -> dict[str, Any]:
     queue = f"bench16-{time.monotonic_ns()}"
     proc = procs.Proc(peer_celery.worker_cmd(nprocs, queue), ctx.work.log("case17-celery"), _env(ctx))
     with procs.running(proc):
-        app = peer_celery.make_app()
-        peer_celery.wait_ready(app, proc, nprocs, timeout=300)
         runs = nprocs * ctx.settings.tree_runs_per_child
-        results = peer_celery.run_burst(app, queue, runs, timeout=600)
-        time.sleep(0.5)  # the last acknowledgements settle; every worker is idle
+        done = subprocess.run(peer_celery.client_cmd(queue, nprocs, runs, proc.pid), capture_output=True, text=True,
+                              timeout=960, env=procs.env(**_env(ctx)), cwd=procs.ROOT)
+        if done.returncode != 0:
+            raise procs.BenchError(f"the Celery client exited with {done.returncode}\n{done.stderr[-2000:]}\n"
+                                   f"{procs.tail(proc.log)}")
         tree = footprint.tree(proc.pid)
-    return {"tree": tree, "heap": results[0]["heap"], "pids": len({r["pid"] for r in results})}
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"tree": tree, **out}
 
 
 def measure_mp(ctx: Context, nprocs: int) -> dict[str, Any]:
@@ -199,18 +201,18 @@ def run(ctx: Context) -> None:
                                 ("everystep, freeze off", lambda n: measure_everystep(ctx, n, False)),
                                 ("Celery prefork", lambda n: measure_celery(ctx, n)),
                                 ("multiprocessing Pool", lambda n: measure_mp(ctx, n))):
-            ctx.log(f"case 16: {system} at {nprocs} workers")
+            ctx.log(f"case 17: {system} at {nprocs} workers")
             try:
                 out["trees"][(system, nprocs)] = measure(nprocs)
             except Exception as exc:  # a peer that fails is reported, the rest still measured
                 if system.startswith("everystep"):
                     raise
                 out["trees"][(system, nprocs)] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
-    ctx.log("case 16: start cost")
+    ctx.log("case 17: start cost")
     out["start"] = start_cost(ctx)
-    ctx.log("case 16: per-run cost, paired")
+    ctx.log("case 17: per-run cost, paired")
     out["pair"] = paired_runs(ctx)
-    ctx.log("case 16: the parent over a long burst")
+    ctx.log("case 17: the parent over a long burst")
     out["long"] = long_burst(ctx)
 
 

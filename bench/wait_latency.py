@@ -26,7 +26,7 @@ import psycopg
 from everystep import schedule, send
 from everystep.store import connect
 
-from . import case4_latency, esdb, procs
+from . import esdb, pickup_latency, procs
 from .context import Context
 from .report import Section, Table
 from .stats import fmt, percentile
@@ -76,7 +76,7 @@ def measure(ctx: Context, url: str, runs: int, gap: tuple[float, float]) -> dict
     finally:
         proc.stop()
         store.close()
-    return case4_latency.stamped_latencies(url, sent, "2", runs, "waits (the step after recv)")
+    return pickup_latency.stamped_latencies(url, sent, "2", runs, "waits (the step after recv)")
 
 
 def run(ctx: Context) -> None:

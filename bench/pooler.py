@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from . import esdb, fleet, procs
-from .case2_throughput import children_cpu
+from .throughput import children_cpu
 from .context import Context
 from .report import Section, Table
 from .stats import Series, fmt_span

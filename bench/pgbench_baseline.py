@@ -2,7 +2,7 @@
 transaction, at 1 client and at N clients (N = each ``--procs`` of case 2),
 against the same server and database settings as everything else.
 
-Repetitions are interleaved with case 2's (see ``case2_throughput``), so
+Repetitions are interleaved with case 2's (see ``throughput``), so
 each everystep measurement has a pgbench measurement taken moments before
 it under the same machine conditions.
 """

@@ -20,7 +20,7 @@ import time
 
 import psycopg
 
-from . import bulk, case7_depth, fleet, procs
+from . import bulk, fleet, history_depth, procs
 from .context import Context
 from .report import Section, Table
 from .stats import fmt
@@ -61,9 +61,9 @@ def history_count(url: str) -> int:
 
 def run(ctx: Context) -> None:
     s = ctx.settings
-    url = case7_depth.history_url(ctx, s.prune_history)
+    url = history_depth.history_url(ctx, s.prune_history)
     out = ctx.results.setdefault("case9", {})
-    case7_depth.cleanup(url)
+    history_depth.cleanup(url)
     have = history_count(url)
     if have < s.prune_history:
         seconds = bulk.load_history(url, s.prune_history - have)
@@ -122,7 +122,7 @@ def run(ctx: Context) -> None:
     out["left"] = left
     ctx.log(f"case 9: pruned {history - left:,} runs in {out['prune_seconds']:.1f}s; supervisor runs/s before "
             f"{out['before']:,.0f}, during {out['during']:,.0f}, after {out['after']:,.0f}")
-    case7_depth.cleanup(url)
+    history_depth.cleanup(url)
 
 
 def _rate(samples: list[tuple[float, int]], start: float, end: float) -> float:

@@ -16,7 +16,7 @@ database, the order alternating between repetitions, and the ratio is taken
 within the repetition. On PostgreSQL with the benchmark's durable commit
 and on SQLite (WAL, ``synchronous=NORMAL``: commits do not wait for the disk).
 
-``python -m bench.case13_transactional --database URL [--runs N] [--reps N]``
+``python -m bench.transactional_steps --database URL [--runs N] [--reps N]``
 runs it alone.
 """
 
@@ -155,4 +155,4 @@ def section(ctx: Context) -> Section:
 
 
 if __name__ == "__main__":
-    paired_forms.main("python -m bench.case13_transactional", measure)
+    paired_forms.main("python -m bench.transactional_steps", measure)

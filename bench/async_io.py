@@ -14,7 +14,7 @@ Paired: each repetition times ``runs`` runs of each form on the same
 database, the order alternating between repetitions, and the ratio is taken
 within the repetition.
 
-``python -m bench.case14_async --database URL [--runs N] [--reps N]``
+``python -m bench.async_io --database URL [--runs N] [--reps N]``
 runs it alone.
 """
 
@@ -130,4 +130,4 @@ def section(ctx: Context) -> Section:
 
 
 if __name__ == "__main__":
-    paired_forms.main("python -m bench.case14_async", measure)
+    paired_forms.main("python -m bench.async_io", measure)

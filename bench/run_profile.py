@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import bulk, case1_pgbench, case2_throughput, esdb, fleet, levers, procs
+from . import bulk, esdb, fleet, levers, pgbench_baseline, procs, throughput
 from .context import Context
 from .report import Section, Table
 from .stats import Series, fmt
@@ -49,7 +49,7 @@ PY_SPY_RATE = 250
 #: Case 2's target: step commits/s at --procs 2 against pgbench at 2 clients.
 BAR_SHARE = 0.40
 BAR_CLIENTS = 2
-STEPS_PER_RUN = case2_throughput.STEPS_PER_RUN
+STEPS_PER_RUN = throughput.STEPS_PER_RUN
 
 #: Python components, by the file of the innermost frame (self time).
 CATEGORIES = (
@@ -118,7 +118,7 @@ def run(ctx: Context) -> None:
     # The accounting windows, each bracketed by pgbench at 2 clients (the bar's
     # denominator, whose disk may change pace within minutes).
     esdb.reset(url)
-    case1_pgbench.prepare(ctx.urls["pgbench"])
+    pgbench_baseline.prepare(ctx.urls["pgbench"])
     out["pgbench"] = [_pgbench(ctx)]
     group = fleet.Fleet(ctx, url, 1, 2, label="profile", extra=("--poll", "600")).start()
     windows = out["windows"] = []
@@ -172,7 +172,7 @@ def run(ctx: Context) -> None:
 
 
 def _pgbench(ctx: Context) -> tuple[float, float]:
-    tps, cpu_us = case1_pgbench.measure_with_server_cpu(ctx, ctx.urls["pgbench"], BAR_CLIENTS,
+    tps, cpu_us = pgbench_baseline.measure_with_server_cpu(ctx, ctx.urls["pgbench"], BAR_CLIENTS,
                                                         ctx.settings.pgbench_seconds)
     ctx.log(f"case 10: pgbench -c {BAR_CLIENTS}: {tps:,.0f} tps, server CPU {cpu_us:.0f} µs per transaction")
     return tps, cpu_us
@@ -190,7 +190,7 @@ def budget_table(pgbench: list[tuple[float, float]], window: fleet.Window, round
     allowed = cores * 1e6 / runs_needed
     total = window.per_run_us("python") + window.per_run_us("postgres")
     server = window.per_run_us("postgres")
-    ceiling = case2_throughput.ceiling(total, tps, cores) if total else float("nan")
+    ceiling = throughput.ceiling(total, tps, cores) if total else float("nan")
     pgbench_tx = statistics.mean(cpu for _, cpu in pgbench)
     table = Table(["the 40 % bar as CPU (--procs 2)", "value"],
                   caption=f"Case 2's bar read as a CPU budget on this machine's {cores} cores, at the pgbench rate "

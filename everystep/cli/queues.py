@@ -12,12 +12,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from . import registry
-from .new_run import workflow_placement
-from .cliutil import format_table, print_json
-from .errors import EverystepError
-from .queues import DEFAULT_QUEUE, QueueSettings, format_rate, parse_rate, queue_name
-from .store import Store
+from .. import registry
+from ..cliutil import format_table, print_json
+from ..errors import EverystepError
+from ..new_run import workflow_placement
+from ..queues import DEFAULT_QUEUE, QueueSettings, format_rate, parse_rate, queue_name
+from ..store import Store
+from .command import Command, add_json_flag
 
 UNLIMITED = "none"
 
@@ -40,11 +41,8 @@ def _limit(minimum: int) -> Callable[[str], Any]:
     return parse
 
 
-def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
-    sub = command(commands, "queue", "set a queue's limits, pause or resume it",
-                  "Limits and pause flags live in the database: every supervisor and worker obeys them from its "
-                  "next claim on.")
-    actions = sub.add_subparsers(dest="queue_action", metavar="ACTION", parser_class=type(sub))
+def _queue_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="queue_action", metavar="ACTION", parser_class=type(parser))
     actions.required = True
     setting = actions.add_parser("set", help="set limits (options not given keep their value)",
                                  description="Set a queue's limits; 'none' removes one. Options not given keep "
@@ -64,10 +62,6 @@ def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) 
         paused.add_argument("queue", metavar="NAME", help="the queue")
         _create(paused)
         _common_after(paused)
-    sub = command(commands, "queues", "list queues with their counts and limits",
-                  "Every queue that has runs scheduled, running or blocked, or limits or a pause flag: counts, "
-                  "limits, whether it is paused, and the age of its oldest due run.")
-    sub.add_argument("--json", action="store_true", help="print JSON (default: a table)")
 
 
 def _create(parser: argparse.ArgumentParser) -> None:
@@ -168,3 +162,15 @@ def cmd_queues(store: Store, args: argparse.Namespace) -> int:
 
 def _cell(value: int | None) -> str:
     return "-" if value is None else str(value)
+
+
+QUEUE = Command("queue", "set a queue's limits, pause or resume it",
+                "Limits and pause flags live in the database: every supervisor and worker obeys them from its next "
+                "claim on.",
+                cmd_queue, _queue_arguments)
+QUEUES = Command("queues", "list queues with their counts and limits",
+                 "Every queue that has runs scheduled, running or blocked, or limits or a pause flag: counts, limits, "
+                 "whether it is paused, and the age of its oldest due run.",
+                 cmd_queues, add_json_flag)
+
+__all__ = ["QUEUE", "QUEUES"]

@@ -28,7 +28,7 @@ import time
 
 import psycopg
 
-from . import case2_throughput, case3_cpu, procs
+from . import cpu_scaling, procs, throughput
 from .context import Context
 from .report import ChartSeries, Section, Table
 from .stats import Series, fmt_ratio, fmt_span
@@ -145,10 +145,10 @@ def run(ctx: Context) -> None:
         ctx.errors["dbos"] = "not installed (pip install 'everystep[bench]')"
     if not have_proc:
         ctx.errors["procrastinate"] = "not installed (pip install 'everystep[bench]')"
-    iterations = ctx.results.get("case3", {}).get("iterations") or case3_cpu.calibrate(s.cpu_seconds)[0]
+    iterations = ctx.results.get("case3", {}).get("iterations") or cpu_scaling.calibrate(s.cpu_seconds)[0]
     for rep in range(s.peer_reps):
         if have_dbos and "dbos" not in ctx.errors:
-            es = case2_throughput.measure(ctx, ctx.urls["es"], DBOS_PROCS, runs, label="noop3-vs-dbos")
+            es = throughput.measure(ctx, ctx.urls["es"], DBOS_PROCS, runs, label="noop3-vs-dbos")
             out.setdefault("es_noop3", Series()).add(es["runs_per_s"])
             try:
                 peer = dbos_measure(ctx, "noop3", runs, DBOS_CONCURRENCY)
@@ -159,7 +159,7 @@ def run(ctx: Context) -> None:
             except procs.BenchError as exc:
                 ctx.errors["dbos"] = str(exc)
                 continue
-            es_cpu = case3_cpu.supervisor_seconds(ctx, ctx.urls["es"], DBOS_PROCS, s.cpu_runs, iterations)
+            es_cpu = cpu_scaling.supervisor_seconds(ctx, ctx.urls["es"], DBOS_PROCS, s.cpu_runs, iterations)
             out.setdefault("es_cpu", Series()).add(es_cpu)
             try:
                 best = dbos_measure(ctx, "cpu1", s.cpu_runs, 1, iterations)
@@ -173,7 +173,7 @@ def run(ctx: Context) -> None:
             except procs.BenchError as exc:
                 ctx.errors["dbos"] = str(exc)
         if have_proc and "procrastinate" not in ctx.errors:
-            es = case2_throughput.measure(ctx, ctx.urls["es"], PROC_PROCS, runs, label="noop1-vs-procrastinate",
+            es = throughput.measure(ctx, ctx.urls["es"], PROC_PROCS, runs, label="noop1-vs-procrastinate",
                                           workflow=noop1, args=((payload(i),) for i in range(runs)))
             out.setdefault("es_noop1", Series()).add(es["runs_per_s"])
             try:
