@@ -64,6 +64,7 @@ from .errors import (
     WorkflowArgumentsError,
     WorkflowCodeError,
 )
+from .continuation import continue_as_new
 from .models import Run, StepRecord
 from .patches import deprecate_patch, patched
 from .provider import set_connection_provider
@@ -72,6 +73,7 @@ from .transactional import step_connection
 __version__ = "0.1.0"
 
 __all__ = [
+    "continue_as_new",
     "BodyCallRefused",
     "Cancelled",
     "ChildFailed",

@@ -26,7 +26,7 @@ from . import body_calls, new_run, waits
 from .store import borrowed
 from .context import current
 from .errors import ChildTimeout
-from .models import COMPLETED, TERMINAL_STATUSES, Run, StepRecord
+from .models import COMPLETED, CONTINUED, TERMINAL_STATUSES, Run, StepRecord
 from .new_run import NewRun
 from .provider import connection_provider
 from .store import Store, default_store
@@ -148,6 +148,9 @@ def wait(run_id: str, timeout: float | None = 60.0, poll: float = 0.1, database:
     database = _pinned(database)
     while True:
         run = get_run(run_id, database)
+        if run.status == CONTINUED and run.continued_as:
+            run_id = run.continued_as  # a run that continued as new ends with its chain's last run
+            continue
         if run.status in TERMINAL_STATUSES:
             return run
         if time.monotonic() >= deadline:
@@ -194,6 +197,9 @@ async def wait_async(run_id: str, timeout: float | None = 60.0, poll: float = 0.
         database = _pinned(database)
     while True:
         run = await get_run_async(run_id, database, conn)
+        if run.status == CONTINUED and run.continued_as:
+            run_id = run.continued_as
+            continue
         if run.status in TERMINAL_STATUSES:
             return run
         if time.monotonic() >= deadline:

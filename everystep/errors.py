@@ -279,6 +279,19 @@ class Suspended(BaseException):
         self.what = what
 
 
+class ContinuedAsNew(BaseException):
+    """Control flow, not an error: the body called ``continue_as_new``.
+
+    It unwinds the body; the runner then ends the run ``continued`` and
+    starts its successor with ``args_json``, in one transaction. A
+    ``BaseException``, so the workflow's ``except Exception`` clauses let
+    it through; never catch it. Never stored."""
+
+    def __init__(self, args_json: str) -> None:
+        super().__init__(args_json)
+        self.args_json = args_json
+
+
 class Terminal(EverystepError):
     """Raised from a step to stop its workflow deliberately.
 

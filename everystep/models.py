@@ -60,6 +60,8 @@ class RunStatus(Status):
     BLOCKED = ("blocked", "an unsafe step was interrupted mid-effect; an operator resolves it "
                           "(`everystep resolve-step`)", logging.WARNING)
     CANCELLED = "cancelled", "an operator cancelled it (`everystep cancel`); final", logging.INFO
+    CONTINUED = ("continued", "its body called `continue_as_new`: a new run of the workflow took over "
+                              "(its id in `continued_as`), with its unconsumed messages; final", logging.INFO)
 
 
 class StepStatus(Status):
@@ -80,9 +82,10 @@ FAILED = RunStatus.FAILED
 STOPPED = RunStatus.STOPPED
 BLOCKED = RunStatus.BLOCKED
 CANCELLED = RunStatus.CANCELLED
+CONTINUED = RunStatus.CONTINUED
 RUN_STATUSES = tuple(RunStatus)
 #: Where an execution ends a run (``blocked`` waits for an operator).
-EXECUTION_ENDS = (COMPLETED, FAILED, STOPPED, BLOCKED)
+EXECUTION_ENDS = (COMPLETED, FAILED, STOPPED, BLOCKED, CONTINUED)
 #: Where a run rests until an operator acts, if ever: ``wait()`` returns on these.
 TERMINAL_STATUSES = (*EXECUTION_ENDS, CANCELLED)
 #: Where a run is not final yet: it may still be claimed, executed or resolved.
@@ -94,7 +97,7 @@ ACTIVE_STATUSES = (SCHEDULED, RUNNING, BLOCKED)
 # such runs; blocked is terminal for a supervisor but waits for an operator.
 # The one list of what may be pruned: a new final status goes here. (Its
 # order is the order ``everystep prune --status`` shows by default.)
-PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED, CANCELLED)
+PRUNABLE_STATUSES = (COMPLETED, STOPPED, FAILED, CANCELLED, CONTINUED)
 #: What ``everystep cancel`` accepts: everything not yet final.
 CANCELLABLE_STATUSES = ACTIVE_STATUSES
 #: Not a status of its own: the ``scheduled`` runs whose not-before time is
@@ -183,6 +186,10 @@ class Run:
     app_version: str | None = None
     #: The run this one was forked from (``everystep fork``).
     forked_from: str | None = None
+    #: Its place in a chain of runs (``continue_as_new``): the run it
+    #: continues, and the run that continued it (a ``continued`` run's).
+    continued_from: str | None = None
+    continued_as: str | None = None
 
     @property
     def exception(self) -> BaseException | None:
@@ -221,6 +228,8 @@ class Run:
             "first_claimed_at": _iso(self.first_claimed_at),
             "app_version": self.app_version,
             "forked_from": self.forked_from,
+            "continued_from": self.continued_from,
+            "continued_as": self.continued_as,
         }
 
 
@@ -527,6 +536,7 @@ class Outcome(StrEnum):
     STOPPED = RunStatus.STOPPED
     BLOCKED = RunStatus.BLOCKED
     CANCELLED = RunStatus.CANCELLED  # an operator cancelled it mid-run: nothing more was written
+    CONTINUED = RunStatus.CONTINUED  # continue_as_new: a new run took over
     REQUEUED = "requeued", logging.INFO  # drained at a step boundary, back in the queue
     RELEASED = "released"  # waits (sleep, retry backoff): back in the queue until its wake time
     LOST = "lost", logging.WARNING  # the claim moved on: nothing more was written

@@ -52,10 +52,11 @@ import sys
 from collections.abc import Callable
 from typing import Any, cast
 
-from . import engine_errors, loops, outcomes, recording, registry, serde, telemetry
+from . import engine_errors, loops, outcomes, recording, registry, serde, telemetry, versions
 from .context import Context, Execution, FaultHooks, Flag, StepMeter, SCOPE
 from .errors import (
     Cancelled,
+    ContinuedAsNew,
     ClaimLost,
     DrainOrphan,
     EffectUncertain,
@@ -143,11 +144,11 @@ def unregistered(run: Run) -> WorkflowCodeError:
 
 def body_raised(ctx: Context, token: Any, exc: BaseException) -> BaseException | None:
     """What the body's exception is for the run: an ``Exception`` is its
-    failure, ``Suspended`` none (``ex.wake_at`` says until when: the run
-    is released); anything else (KeyboardInterrupt, SystemExit: the process
+    failure, ``ContinuedAsNew`` its end, ``Suspended`` none (``ex.wake_at``
+    says until when: the run is released); anything else (KeyboardInterrupt, SystemExit: the process
     is going away) is re-raised with nothing written, and the claim is
     recovered like a crash's."""
-    if isinstance(exc, Exception):
+    if isinstance(exc, (Exception, ContinuedAsNew)):
         return exc
     if isinstance(exc, Suspended):
         return None
@@ -301,6 +302,8 @@ def _verdict(ex: Execution, value: Any, raised: BaseException | None) -> tuple[O
     if isinstance(outcome, StoreError) and outcome is ex.interrupt:
         # The engine's own statement, not the body's: the run is given back.
         return Outcome.DEFERRED, outcome, None
+    if isinstance(outcome, ContinuedAsNew):
+        return Outcome.CONTINUED, outcome, None
     if isinstance(outcome, DrainOrphan) or (ex.interrupt is None and ex.wake_at is not None):
         # Back to the queue: drained, or waiting (until its wake time).
         return (Outcome.RELEASED if ex.wake_at is not None else Outcome.REQUEUED), outcome, None
@@ -334,6 +337,14 @@ def _write(ex: Execution, outcome: Outcome, error: BaseException | None,
                 written = outcomes.release(ex.store, ex.claim, ex.wake_at)
         elif outcome == Outcome.REQUEUED:
             written = outcomes.requeue(ex.store, ex.claim)
+        elif outcome == Outcome.CONTINUED:
+            assert isinstance(error, ContinuedAsNew)
+            successor = ex.store.continue_run(ex.claim, error.args_json, versions.version_for(ex.run.name),
+                                              ex.take_markers())
+            if successor is not None:
+                logger.info("everystep: run %s (%s) continued as run %s", ex.run.id, ex.run.name, successor,
+                            extra={"run_id": ex.run.id, "workflow": ex.run.name, "event": "run_continued"})
+            return (Outcome.CONTINUED if successor is not None else _lost(ex)), None
         else:
             error_json = serde.dumps(serde.encode_exception(error), "run error") if error is not None else None
             written = ex.store.finish_run(ex.claim, outcome, result_json, error_json, ex.take_markers())

@@ -46,6 +46,7 @@ from .errors import STORE_FAILURES, ChildFailed, ChildTimeout, EverystepError, R
 from .models import (
     ACTIVE_STATUSES,
     COMPLETED,
+    CONTINUED,
     STEP_AWAITING,
     STEP_DONE,
     STEP_FAILED,
@@ -252,6 +253,9 @@ def wait_for_run(ctx: Context, run_id: str, timeout: float | None, name: str | N
     step_id, started_at, deadline, first = entered
     try:
         run = _call_value(ex, lambda: ex.store.get_run(run_id))
+        while run.status == CONTINUED and run.continued_as:  # its chain's last run decides
+            successor = run.continued_as
+            run = _call_value(ex, lambda: ex.store.get_run(successor))
     except RunNotFound as exc:
         return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline, exc)  # type: ignore[no-any-return]
     if run.status in TERMINAL_STATUSES:
@@ -259,7 +263,7 @@ def wait_for_run(ctx: Context, run_id: str, timeout: float | None, name: str | N
     if deadline is not None and recording.is_due(ex, deadline):
         return _fail(ex, step_id, RUN_STEP, [run_id], started_at, deadline,  # type: ignore[no-any-return]
                      TimeoutError(f"run {run_id} is still {run.status} after {timeout:g}s"))
-    return _watch(ex, step_id, RUN_STEP, [run_id], started_at, deadline, first, RUN.key(run_id), what)  # type: ignore[no-any-return]
+    return _watch(ex, step_id, RUN_STEP, [run_id], started_at, deadline, first, RUN.key(run.id), what)  # type: ignore[no-any-return]
 
 
 def _watch(ex: Execution, step_id: str, step_name: str, args: list[Any], started_at: dt.datetime,
@@ -323,6 +327,11 @@ def await_child(ctx: Context, child_id: str, timeout: float | dt.timedelta | Non
         raise EverystepError(f"run {child_id} is not a child of run {ex.run.id}: ChildHandle.result() waits for "
                              f"a run this one started with everystep.start(); wait for any other run with "
                              f"everystep.wait({child_id!r})")
+    newest = child_id
+    while outcome is not None and outcome.status == CONTINUED and outcome.continued_as:
+        # A child that continued as new: its result is its chain's last run's.
+        newest = outcome.continued_as
+        outcome = _call_value(ex, lambda: ex.store.child_outcome(newest))
     if outcome is None:
         return _fail(ex, step_id, CHILD_STEP, [child_id], started_at, deadline,
                      ChildFailed(f"child run {child_id} does not exist (deleted?)", child_id, "missing", None))
@@ -342,7 +351,7 @@ def await_child(ctx: Context, child_id: str, timeout: float | dt.timedelta | Non
         if not write.ours:
             ex.outcomes[step_id] = write.record
             return recording.replay_outcome(ex, write.record)
-    raise recording.suspend(ex, deadline or WAIT_FOREVER, CHILD.key(child_id), what)
+    raise recording.suspend(ex, deadline or WAIT_FOREVER, CHILD.key(newest), what)
 
 
 def _started_here(ex: Execution, child_id: str) -> bool:

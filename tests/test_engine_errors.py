@@ -31,32 +31,13 @@ from everystep.store import Store, connect, utcnow
 from everystep.store.base import core
 from everystep.transactional import step_connection
 from tests.apps.pooled import hops, refusal
-from tests.support.runs import claim_run
+from tests.support.refusals import guarded, quick_backoff, refuse  # noqa: F401 - the fixture
 from tests.support.scrape import free_port, http_get, metrics_args, scrape
 from tests.support.supervisor import Supervisor, supervisor_command, supervisors, wait_run  # noqa: F401
 from tests.support.waiting import wait_until
 
 # The engine's own statements: also through PgBouncer in transaction mode.
 pytestmark = pytest.mark.pooled
-
-
-def refuse(names: Collection[str], times: int | None = None) -> list[str]:
-    """Refuse the statements ``names`` (the next ``times`` sends of them,
-    or every one) with a real error of the store's driver; returns the
-    names refused so far."""
-    refused: list[str] = []
-
-    def fault(store: Any, name: str) -> None:
-        if name in names and (times is None or len(refused) < times):
-            refused.append(name)
-            raise refusal(store.backend, name)
-
-    core.statement_fault = fault
-    return refused
-
-
-def guarded(store: Store, run_id: str, claimer: str = "tester") -> Outcome:
-    return runner.execute_guarded(store, claim_run(store, run_id, claimer), claimer=claimer)
 
 
 def due_again(store: Store, run_id: str) -> None:
@@ -71,11 +52,6 @@ def engine_errors_counted(kind: str) -> float:
 
 def kind_of(store: Store) -> str:
     return type(refusal(store.backend, "")).__name__
-
-
-@pytest.fixture
-def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_errors, "FIRST_BACKOFF", 0.05)
 
 
 def test_the_backoff_doubles_from_a_second_up_to_five_minutes() -> None:

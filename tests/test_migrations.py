@@ -289,10 +289,10 @@ def schema(url: str) -> Any:
 def test_an_upgrade_from_the_previous_release_keeps_every_row(
     empty_db_url: str, db_url: str, python: str, subprocess_env: dict[str, str]
 ) -> None:
-    """A database the previous release (schema 15) migrated and filled with
-    a row in every status, upgraded by this one: every row kept as it was,
-    the schema the same as a fresh database's, foreign keys and counters
-    holding, and the status check in place."""
+    """A database the previous release (every migration but the newest)
+    migrated and filled with a row in every status, upgraded by this one:
+    every row kept as it was, the schema the same as a fresh database's,
+    foreign keys and counters holding, and the status check in place."""
     url = empty_db_url
     previous = migrations.latest(connect_backend(url)) - 1
     filled = subprocess.run([python, "-m", "tests.support.older_schema", str(previous), "-m",

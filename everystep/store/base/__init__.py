@@ -37,12 +37,14 @@ over ``core.StoreCore``; ``Store`` composes them, so callers see one class
 ``cron``               periodic workflows' ticks
 ``step_transactions``  transactional steps: their writes and record in one transaction
 ``waits``              messages, events, child runs, and releases that wait for them
+``continuations``      a run that continues as new: its end and its successor, one write
 =====================  ==========================================================
 """
 
 from __future__ import annotations
 
 from .console import ConsoleReads
+from .continuations import Continuations
 from .core import MAX_IDLE_CONNECTIONS, Row, StoreCore
 from .cron import Cron
 from .execution import Execution
@@ -60,7 +62,7 @@ from .values import (
 )
 
 
-class Store(Waits, Execution, StepTransactions, ConsoleReads, Runs, Runners, Queues, OperatorRequests, Retention,
+class Store(Continuations, Waits, Execution, StepTransactions, ConsoleReads, Runs, Runners, Queues, OperatorRequests, Retention,
             Cron, Schema, StoreCore):
     """Base class; see ``postgres.PostgresStore`` and ``sqlite.SQLiteStore``."""
 

@@ -298,6 +298,8 @@ class StoreCore(abc.ABC):
             first_claimed_at=cls._time(row["first_claimed_at"]) if "first_claimed_at" in row.keys() else None,
             app_version=row["app_version"] if "app_version" in row.keys() else None,
             forked_from=str(row["forked_from"]) if "forked_from" in row.keys() and row["forked_from"] else None,
+            continued_from=_id_or_none(row, "continued_from"),
+            continued_as=_id_or_none(row, "continued_as"),
         )
 
     @classmethod
@@ -333,6 +335,12 @@ class _Statements(dict[str, str]):
         if statement_fault is not None:
             statement_fault(self._store, name)
         return super().__getitem__(name)
+
+
+def _id_or_none(row: Row, column: str) -> str | None:
+    """A run id column a row may not have (PostgreSQL's claim returns fewer)."""
+    value = row[column] if column in row.keys() else None
+    return str(value) if value else None
 
 
 def _first_line(exc: BaseException) -> str:

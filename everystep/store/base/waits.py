@@ -43,7 +43,7 @@ from typing import Any
 
 from ... import serde, wait_kinds
 from ...errors import RunNotFound, SendRefused
-from ...models import ACTIVE_STATUSES, STEP_AWAITING, Claim, Run, StepRecord, row_fields
+from ...models import ACTIVE_STATUSES, CONTINUED, STEP_AWAITING, Claim, Run, StepRecord, row_fields
 from ...wait_kinds import EVENT, MESSAGE
 from . import statements
 from .core import Row
@@ -112,6 +112,8 @@ class ChildOutcome:
     result: Any
     error: dict[str, Any] | None
     parent_id: str | None = None
+    #: Where a ``continued`` child went on (``continue_as_new``).
+    continued_as: str | None = None
 
 
 class _NothingWritten(Exception):
@@ -162,6 +164,10 @@ class Waits(Execution, Runs):
         params = cls._params(run_id=target, topic=topic, payload=payload_json,
                              key=idempotency_key, wait_key=MESSAGE.key(topic))
         run = yield statements.Statement(sql["lock_run_wait"], params)
+        while run is not None and run["status"] == CONTINUED and run["continued_as"]:
+            # A run that continued as new: its newest successor takes the message.
+            params["run_id"] = str(run["continued_as"])
+            run = yield statements.Statement(sql["lock_run_wait"], params)
         if run is None:
             raise SendRefused(f"no run with id {run_id}: the message was not stored")
         if run["status"] not in ACTIVE_STATUSES:
@@ -346,9 +352,10 @@ class Waits(Execution, Runs):
         row = self._fetchone("child_outcome", {"run_id": checked_run_id(child_id)})
         if row is None:
             return None
-        parent = row["parent_id"]
+        parent, successor = row["parent_id"], row["continued_as"]
         return ChildOutcome(row["status"], self._json(row["result"]), self._json(row["error"]),
-                            str(parent) if parent is not None else None)
+                            str(parent) if parent is not None else None,
+                            str(successor) if successor is not None else None)
 
     # -- reading -------------------------------------------------------------
 

@@ -32,6 +32,7 @@ RUN_COLUMNS = (
     "id", "name", "args", "status", "idempotency_key", "claimed_by", "claimed_at",
     "result", "error", "created_at", "completed_at", "claim_epoch", "not_before",
     "queue", "priority", "concurrency_key", "first_claimed_at", "app_version", "forked_from",
+    "continued_from", "continued_as",
 )
 STEP_COLUMNS = (
     "workflow_id", "step_id", "name", "status", "result", "error", "args", "kwargs",

@@ -777,7 +777,7 @@ SET SESSION TRANSACTION READ ONLY
 -- -- Waiting on the world: messages, events, child runs, deadlines (migration 0013) --
 
 -- name: lock_run_wait
-SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = %(run_id)s FOR UPDATE
+SELECT id, name, status, wait_key, continued_as FROM everystep_workflow WHERE id = %(run_id)s FOR UPDATE
 
 -- name: lock_claimed
 SELECT id, deadline, app_version FROM everystep_workflow
@@ -848,7 +848,7 @@ FROM everystep_message WHERE workflow_id = %(run_id)s ORDER BY id
 SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = %(run_id)s
 
 -- name: child_outcome
-SELECT id, status, result, error, parent_id FROM everystep_workflow WHERE id = %(run_id)s
+SELECT id, status, result, error, parent_id, continued_as FROM everystep_workflow WHERE id = %(run_id)s
 
 -- name: run_ended
 -- A wait for a run's end is over (everystep.wait_kinds): a row when the
@@ -884,3 +884,45 @@ SELECT {wait_kind_of} AS kind,
 FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > UTC_TIMESTAMP(6)
 GROUP BY 1
+
+-- -- Continuing as new (migration 0017) --
+
+-- name: lock_continuing
+-- continue_as_new: the run's row under its claim, locked, with what its
+-- successor takes over (everystep/store/base/continuations.py).
+SELECT id, name, idempotency_key, queue, priority, concurrency_key, parent_id, deadline
+FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s AND claim_epoch = %(claim_epoch)s
+FOR UPDATE
+
+-- name: end_continued
+-- The run ends `continued`, pointing at its successor, and gives its
+-- idempotency key up to it (the unique index on (name, key) allows one).
+UPDATE everystep_workflow
+SET status = 'continued', completed_at = UTC_TIMESTAMP(6), continued_as = %(new_id)s, idempotency_key = NULL,
+    result = NULL, error = NULL
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s AND claim_epoch = %(claim_epoch)s
+
+-- name: insert_continuation
+-- Its successor (see the PostgreSQL statement).
+INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, queue, priority,
+                                concurrency_key, app_version, parent_id, deadline, continued_from)
+VALUES (%(new_id)s, %(name)s, %(args)s, %(idempotency_key)s, 'scheduled', UTC_TIMESTAMP(6), %(queue)s,
+        %(priority)s, %(concurrency_key)s, %(app_version)s, %(parent_id)s, %(deadline)s, %(run_id)s)
+
+-- name: move_unconsumed_messages
+-- The messages nobody received yet go to the successor, which receives them
+-- as this run would have.
+UPDATE everystep_message SET workflow_id = %(new_id)s WHERE workflow_id = %(run_id)s AND consumed_step IS NULL
+
+-- name: copy_events
+-- What the run published stays readable on its successor.
+INSERT INTO everystep_event (workflow_id, `key`, value, updated_at)
+SELECT %(new_id)s, `key`, value, updated_at FROM everystep_event WHERE workflow_id = %(run_id)s
+
+-- name: adopt_children
+-- Its unfinished children are its successor's: a cancel of the chain's
+-- newest run reaches them.
+UPDATE everystep_workflow SET parent_id = %(new_id)s
+WHERE parent_id = %(run_id)s AND status IN {active_statuses}
+

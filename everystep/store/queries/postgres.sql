@@ -849,7 +849,7 @@ ORDER BY queue
 -- waits for that run's own lock_claimed, but not for the key-share locks
 -- of step and message inserts, so two runs whose bodies send to each other
 -- at once (each send recorded in its sender's transaction) never deadlock.
-SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = %(run_id)s FOR NO KEY UPDATE
+SELECT id, name, status, wait_key, continued_as FROM everystep_workflow WHERE id = %(run_id)s FOR NO KEY UPDATE
 
 -- name: lock_claimed
 -- The executor's own run row, locked under its claim: a recv, a child's
@@ -1000,7 +1000,7 @@ FROM everystep_message WHERE workflow_id = %(run_id)s ORDER BY id
 SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = %(run_id)s
 
 -- name: child_outcome
-SELECT id, status, result, error, parent_id FROM everystep_workflow WHERE id = %(run_id)s
+SELECT id, status, result, error, parent_id, continued_as FROM everystep_workflow WHERE id = %(run_id)s
 
 -- name: run_ended
 -- A wait for a run's end is over (everystep.wait_kinds): a row when the
@@ -1038,3 +1038,52 @@ SELECT {wait_kind_of} AS kind,
 FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > clock_timestamp()
 GROUP BY 1
+
+-- -- Continuing as new (migration 0017) --
+
+-- name: lock_continuing
+-- continue_as_new: the run's row under its claim, locked, with what its
+-- successor takes over (everystep/store/base/continuations.py).
+SELECT id, name, idempotency_key, queue, priority, concurrency_key, parent_id, deadline
+FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s AND claim_epoch = %(claim_epoch)s
+FOR UPDATE
+
+-- name: end_continued
+-- The run ends `continued`, pointing at its successor, and gives its
+-- idempotency key up to it (the unique index on (name, key) allows one).
+UPDATE everystep_workflow
+SET status = 'continued', completed_at = clock_timestamp(), continued_as = %(new_id)s::uuid, idempotency_key = NULL,
+    result = NULL, error = NULL
+WHERE id = %(run_id)s AND status = 'running' AND claimed_by = %(claimer)s AND claim_epoch = %(claim_epoch)s
+
+-- name: insert_continuation
+-- Its successor: the same workflow, queue, priority, concurrency key,
+-- parent, deadline and idempotency key; new arguments; due now; runners
+-- told on commit.
+WITH inserted AS (
+    INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, queue, priority,
+                                    concurrency_key, app_version, parent_id, deadline, continued_from)
+    VALUES (%(new_id)s, %(name)s, %(args)s::json, %(idempotency_key)s, 'scheduled', clock_timestamp(),
+            %(queue)s, %(priority)s, %(concurrency_key)s, %(app_version)s, %(parent_id)s::uuid,
+            %(deadline)s::timestamptz, %(run_id)s::uuid)
+    RETURNING id, name
+)
+SELECT inserted.id, pg_notify('{scheduled_channel}', inserted.name)::text AS notified FROM inserted
+
+-- name: move_unconsumed_messages
+-- The messages nobody received yet go to the successor, which receives them
+-- as this run would have.
+UPDATE everystep_message SET workflow_id = %(new_id)s WHERE workflow_id = %(run_id)s AND consumed_step IS NULL
+
+-- name: copy_events
+-- What the run published stays readable on its successor.
+INSERT INTO everystep_event (workflow_id, "key", value, updated_at)
+SELECT %(new_id)s, "key", value, updated_at FROM everystep_event WHERE workflow_id = %(run_id)s
+
+-- name: adopt_children
+-- Its unfinished children are its successor's: a cancel of the chain's
+-- newest run reaches them.
+UPDATE everystep_workflow SET parent_id = %(new_id)s
+WHERE parent_id = %(run_id)s AND status IN {active_statuses}
+

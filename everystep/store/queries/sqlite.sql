@@ -718,7 +718,7 @@ PRAGMA query_only = ON
 -- is a plain read inside the write transaction.
 
 -- name: lock_run_wait
-SELECT id, name, status, wait_key FROM everystep_workflow WHERE id = :run_id
+SELECT id, name, status, wait_key, continued_as FROM everystep_workflow WHERE id = :run_id
 
 -- name: lock_claimed
 SELECT id, deadline, app_version FROM everystep_workflow
@@ -785,7 +785,7 @@ FROM everystep_message WHERE workflow_id = :run_id ORDER BY id
 SELECT id, parent_id, deadline, wait_key FROM everystep_workflow WHERE id = :run_id
 
 -- name: child_outcome
-SELECT id, status, result, error, parent_id FROM everystep_workflow WHERE id = :run_id
+SELECT id, status, result, error, parent_id, continued_as FROM everystep_workflow WHERE id = :run_id
 
 -- name: run_ended
 -- A wait for a run's end is over (everystep.wait_kinds): a row when the
@@ -819,3 +819,44 @@ SELECT {wait_kind_of} AS kind,
 FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > :now
 GROUP BY 1
+
+-- -- Continuing as new (migration 0017) --
+
+-- name: lock_continuing
+-- continue_as_new: the run's row under its claim, locked, with what its
+-- successor takes over (everystep/store/base/continuations.py).
+SELECT id, name, idempotency_key, queue, priority, concurrency_key, parent_id, deadline
+FROM everystep_workflow
+WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer AND claim_epoch = :claim_epoch
+
+-- name: end_continued
+-- The run ends `continued`, pointing at its successor, and gives its
+-- idempotency key up to it (the unique index on (name, key) allows one).
+UPDATE everystep_workflow
+SET status = 'continued', completed_at = :now, continued_as = :new_id, idempotency_key = NULL,
+    result = NULL, error = NULL
+WHERE id = :run_id AND status = 'running' AND claimed_by = :claimer AND claim_epoch = :claim_epoch
+
+-- name: insert_continuation
+-- Its successor (see the PostgreSQL statement).
+INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, created_at, queue, priority,
+                                concurrency_key, app_version, parent_id, deadline, continued_from)
+VALUES (:new_id, :name, :args, :idempotency_key, 'scheduled', :now, :queue,
+        :priority, :concurrency_key, :app_version, :parent_id, :deadline, :run_id)
+
+-- name: move_unconsumed_messages
+-- The messages nobody received yet go to the successor, which receives them
+-- as this run would have.
+UPDATE everystep_message SET workflow_id = :new_id WHERE workflow_id = :run_id AND consumed_step IS NULL
+
+-- name: copy_events
+-- What the run published stays readable on its successor.
+INSERT INTO everystep_event (workflow_id, "key", value, updated_at)
+SELECT :new_id, "key", value, updated_at FROM everystep_event WHERE workflow_id = :run_id
+
+-- name: adopt_children
+-- Its unfinished children are its successor's: a cancel of the chain's
+-- newest run reaches them.
+UPDATE everystep_workflow SET parent_id = :new_id
+WHERE parent_id = :run_id AND status IN {active_statuses}
+
