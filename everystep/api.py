@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import aio, body_calls, borrowed, new_run, registry, resources, runner, waits
+from . import aio, body_calls, borrowed, histories, new_run, registry, resources, runner, waits
 from . import transactional as transactional_steps
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
@@ -622,37 +622,47 @@ async def get_run_async(run_id: str, database: str | Store | None = None, conn: 
 
 
 @declare(BodyRule.RECORDED, 'Recorded: every replay sees the steps the first execution read.')
-def get_steps(run_id: str, database: str | Store | None = None, everystep_id: str | None = None) -> list[StepRecord]:
+def get_steps(run_id: str, database: str | Store | None = None, everystep_id: str | None = None, *,
+              after: str | None = None, limit: int | None = None) -> list[StepRecord]:
     """The recorded steps of a run, in the order they were first recorded.
     In a workflow body it is a step: every replay sees what the first
-    execution read."""
+    execution read (a page included).
+
+    With ``limit`` or ``after``, one page of them (``everystep.histories``):
+    at most ``limit`` steps, those recorded after step ``after`` (an id of
+    the run's; None: from the first); the next page is
+    ``after=page[-1].step_id``, and a page shorter than ``limit`` is the
+    last. A page costs its own rows and the run's step ids, not the whole
+    history."""
+    histories.check_page(after, limit)
+    paged = after is not None or limit is not None
     ctx = body_calls.body_context("get_steps", database=database)
     if ctx is not None:
         store = ctx.execution.store
 
         def read() -> list[StepRecord]:
             store.get_run(run_id)  # RunNotFound for an unknown run
-            return store.get_steps(run_id)
+            return histories.read_page(store, run_id, after, limit).steps if paged else store.get_steps(run_id)
 
         return body_calls.record_read(  # type: ignore[no-any-return]
-            ctx, body_calls.GET_STEPS_STEP, [run_id], everystep_id, read,
+            ctx, body_calls.GET_STEPS_STEP, [run_id, after, limit] if paged else [run_id], everystep_id, read,
             lambda steps: [row_fields(step) for step in steps],
             lambda fields: [row_from_fields(StepRecord, step) for step in fields])
     provider = _provided(database)
     if provider is not None:
         with provider() as provided:
-            return borrowed.get_steps(provided, run_id)
+            return borrowed.get_steps(provided, run_id, after=after, limit=limit)
     store = _store(database)
     store.get_run(run_id)
-    return store.get_steps(run_id)
+    return histories.read_page(store, run_id, after, limit).steps if paged else store.get_steps(run_id)
 
 
 @declare(BodyRule.RECORDED, "Recorded as get_steps().")
-async def get_steps_async(run_id: str, database: str | Store | None = None,
-                          everystep_id: str | None = None) -> list[StepRecord]:
+async def get_steps_async(run_id: str, database: str | Store | None = None, everystep_id: str | None = None, *,
+                          after: str | None = None, limit: int | None = None) -> list[StepRecord]:
     """``get_steps`` from async code, in a worker thread (in an async body,
     the same step as ``get_steps``'s)."""
-    return await aio.in_thread(get_steps, run_id, database, everystep_id)
+    return await aio.in_thread(get_steps, run_id, database, everystep_id, after=after, limit=limit)
 
 
 @declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, checked again after a tenth of the time waited (0.5 s to 30 s); returns the run as it ended.")

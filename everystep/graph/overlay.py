@@ -34,13 +34,28 @@ code, a plan that guessed wrong) is listed in ``unplaced``.
 ``recorded_graph(records, reason)`` is the fallback without source: the
 records alone, with forks and lanes rebuilt from their dotted ids.
 
+A long history is summarised, never drawn whole: a loop that ran more than
+``MAX_DRAWN`` times draws its first and last ``KEPT`` iterations and says
+how many ran between them and how they ended (``collapsed``: a count of
+steps by state and by function); a fork with more lanes, or a run of
+records laid out one after another (the records alone, what a walk could
+not place, a dynamic fork's lane), is cut the same way. The walk builds
+each node's record lazily: only the records of the nodes kept are turned
+into JSON, read in full through ``details`` when the walk was given
+outlines (records without arguments, results and errors:
+``Store.step_outline``). Every record still counts once: in a node, in a
+collapsed summary, or in ``unplaced``.
+
 The output is plain JSON-ready dicts (the console draws them in the
 browser); see ``_step`` and the ``kind`` values for the shapes.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .. import registry
@@ -53,6 +68,19 @@ SKIPPED = "skipped"
 DIVERGED = "diverged"
 RUNNING = "running"
 WAITING = "waiting"
+
+#: A loop's iterations, a fork's lanes or a run of records are drawn whole
+#: up to this many; past it, the first and last ``KEPT`` are drawn and the
+#: rest summarised (``collapsed``).
+MAX_DRAWN = 50
+KEPT = 10
+
+#: The kinds of node that may hold a record (and hold nothing else).
+_LEAVES = frozenset({"step", "wait", "patch"})
+
+#: ``build_graph``'s ``details``: the full records of these step ids (those
+#: of the nodes it keeps), when it was given outlines.
+Details = Callable[[list[str]], Mapping[str, StepRecord]]
 
 # How a walk through a block ended early.
 EXITED = "exit"  # a return (or the end of the workflow)
@@ -77,21 +105,22 @@ class _Walk:
 
 
 def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bool = False,
-                completed: bool = False) -> dict[str, Any]:
+                completed: bool = False, details: Details | None = None) -> dict[str, Any]:
     """The graph of a run from its workflow's plan and its records (in the
     order they were recorded). ``active``: the run is not finished, so what
     it has not reached is still ahead of it. ``running``: an executor holds
     it now, so the steps it has reached without recording them yet are in
     flight (see ``mark_in_flight``). ``completed``: the run returned, so
-    every failure it recorded was caught."""
+    every failure it recorded was caught. ``details``: where the full
+    records of the nodes drawn are read when ``records`` are outlines."""
     if not plan.ok:
-        return recorded_graph(records, plan.reason or "the workflow's source could not be read")
+        return recorded_graph(records, plan.reason or "the workflow's source could not be read", details)
     walker = _Overlay(records, active, completed)
     walk = walker.sequence(list(plan.nodes or ()), _Scope(""), None)
     if running and active:
         mark_in_flight(walk.nodes)
     unplaced = [record for record in records if record.step_id not in walker.used]
-    return {
+    graph = {
         "mode": "source",
         "reason": None,
         "notes": list(plan.notes),
@@ -100,12 +129,48 @@ def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bo
         "nodes": walk.nodes,
         "unplaced": _tree(unplaced),
     }
+    return _dressed(graph, details)
 
 
-def recorded_graph(records: list[StepRecord], reason: str) -> dict[str, Any]:
+def recorded_graph(records: list[StepRecord], reason: str, details: Details | None = None) -> dict[str, Any]:
     """The records alone, forks and lanes rebuilt from their ids."""
-    return {"mode": "recorded", "reason": reason, "notes": [], "file": None, "line": None,
-            "nodes": _tree(records), "unplaced": []}
+    return _dressed({"mode": "recorded", "reason": reason, "notes": [], "file": None, "line": None,
+                     "nodes": _tree(records), "unplaced": []}, details)
+
+
+def _dressed(graph: dict[str, Any], details: Details | None) -> dict[str, Any]:
+    """The graph with each node's record (a ``StepRecord`` while walking)
+    as JSON-ready data, read through ``details`` when given."""
+    nodes: list[dict[str, Any]] = []
+    _with_records(graph["nodes"], nodes)
+    _with_records(graph["unplaced"], nodes)
+    full = details([node["record"].step_id for node in nodes]) if details is not None and nodes else {}
+    for node in nodes:
+        node["record"] = _record_data(full.get(node["record"].step_id, node["record"]))
+    return graph
+
+
+def _with_records(nodes: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
+    """Collect the drawn nodes that hold a record, at any depth."""
+    for node in nodes:
+        if isinstance(node.get("record"), StepRecord):
+            found.append(node)
+        for key in ("lanes", "handlers"):
+            for lane in node.get(key, ()):
+                _with_records(lane["nodes"], found)
+        for key in ("body", "orelse", "final", "next"):
+            _with_records(node.get(key, []), found)
+        for iteration in node.get("iterations", ()):
+            _with_records(iteration, found)
+
+
+def _record_data(record: StepRecord) -> dict[str, Any]:
+    data = record.to_dict()
+    data["duration"] = (
+        (record.completed_at - record.started_at).total_seconds()
+        if record.completed_at is not None and record.started_at is not None else None
+    )
+    return data
 
 
 # -- nodes ----------------------------------------------------------------------------
@@ -122,24 +187,21 @@ def _step(call: StepCall | None, step_id: str | None, record: StepRecord | None,
         "unsafe": bool(call.unsafe) if call is not None else False,
         "exactly_once": call.exactly_once if call is not None else function in registry.transactional_steps(),
         "line": call.line if call is not None else None,
-        "record": None,
+        # The record itself while walking: made JSON (``_dressed``) only if the node is kept.
+        "record": record,
     }
-    if record is not None:
-        data = record.to_dict()
-        data["duration"] = (
-            (record.completed_at - record.started_at).total_seconds()
-            if record.completed_at is not None and record.started_at is not None else None
-        )
-        node["record"] = data
     if state == DIVERGED and call is not None:
         node["expected"] = call.function
     return node
 
 
-def _wait(call: Wait | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
+def _wait(call: Wait | None, step_id: str | None, record: StepRecord | None, state: str,
+          kinds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A wait's node: ``wait`` says what it waits for, ``until`` its wake
-    time (None: until something else ends it, or not reached)."""
-    row = wait_records().get(record.name) if record is not None else None
+    time (None: until something else ends it, or not reached). ``kinds``:
+    ``wait_records()``, when the caller has it."""
+    row = (kinds if kinds is not None else wait_records()).get(record.name) \
+        if call is None and record is not None else None
     kind = call.kind if call is not None else row.kind if row is not None else "wait"
     node = _step(None, step_id, record, state)
     node.update({
@@ -203,25 +265,40 @@ def _states(nodes: list[dict[str, Any]]) -> list[str]:
 class _Overlay:
     def __init__(self, records: list[StepRecord], active: bool, completed: bool = False) -> None:
         self.completed = completed
+        self.ordered = records
         self.records = {record.step_id: record for record in records}
         self.order = {record.step_id: index for index, record in enumerate(records)}
         self.ahead = PENDING if active else SKIPPED
         self.used: set[str] = set()
         self._journal: list[str] = []
-        # Direct children of each scope prefix: (last segment, record), and
-        # the fork ids present, as ``{scope prefix: [fork segment, ...]}``.
-        self.children: dict[str, list[tuple[str, StepRecord]]] = {}
+        self.kinds = wait_records()
+        # Direct children of each scope prefix, by function: the numbered
+        # ones as (position, step id) in position order, the named ones in
+        # record order (so the next unused one is found without a scan);
+        # the fork ids present, as ``{scope prefix: [fork segment, ...]}``;
+        # and each fork's records by lane, at any depth below it.
+        self.numbered: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        self.named: dict[tuple[str, str], list[str]] = {}
         self.forks: dict[str, list[str]] = {}
+        self.lanes: dict[str, dict[str, list[StepRecord]]] = {}
+        known_forks: dict[str, set[str]] = {}
         for record in records:
             parts = record.step_id.split(".")
             prefix = ".".join(parts[:-1]) + "." if len(parts) > 1 else ""
-            self.children.setdefault(prefix, []).append((parts[-1], record))
+            if parts[-1].isdigit():
+                self.numbered.setdefault((prefix, record.name), []).append((int(parts[-1]), record.step_id))
+            else:
+                self.named.setdefault((prefix, record.name), []).append(record.step_id)
             for end in range(1, len(parts) - 1, 2):
                 scope = ".".join(parts[: end - 1]) + "." if end > 1 else ""
                 segment = parts[end - 1]
-                known = self.forks.setdefault(scope, [])
-                if segment not in known:
-                    known.append(segment)
+                if segment not in known_forks.setdefault(scope, set()):
+                    known_forks[scope].add(segment)
+                    self.forks.setdefault(scope, []).append(segment)
+                fork_id = ".".join(parts[:end])
+                self.lanes.setdefault(fork_id, {}).setdefault(parts[end], []).append(record)
+        for positions in self.numbered.values():
+            positions.sort()
 
     # -- bookkeeping for trials ---------------------------------------------------------
 
@@ -343,23 +420,19 @@ class _Overlay:
 
     def _locate_step(self, call: StepCall | Wait, scope: _Scope) -> str | None:
         if call.dynamic_name:
-            for segment, record in self.children.get(scope.prefix, ()):
-                if not segment.isdigit() and record.name == call.function and record.step_id not in self.used:
-                    return record.step_id
-            return None
+            return next((step_id for step_id in self.named.get((scope.prefix, call.function), ())
+                         if step_id not in self.used), None)
         predicted = self._predicted(call.name, False, scope)
         if predicted is not None:
             return predicted
         # Position unknown: the next unused record of this function here.
-        best: tuple[int, str] | None = None
-        for segment, record in self.children.get(scope.prefix, ()):
-            if segment.isdigit() and int(segment) >= scope.pos and record.name == call.function \
-                    and record.step_id not in self.used and (best is None or int(segment) < best[0]):
-                best = (int(segment), record.step_id)
-        if best is None:
-            return None
-        scope.pos, scope.certain = best[0], True
-        return best[1]
+        positions = self.numbered.get((scope.prefix, call.function), [])
+        for index in range(bisect.bisect_left(positions, (scope.pos, "")), len(positions)):
+            position, step_id = positions[index]
+            if step_id not in self.used:
+                scope.pos, scope.certain = position, True
+                return step_id
+        return None
 
     # -- forks ------------------------------------------------------------------------------
 
@@ -384,17 +457,14 @@ class _Overlay:
         lanes: list[dict[str, Any]] = []
         matched, raised = 0, False
         if fork.dynamic and preview is None and fork_id is not None:
-            indexes = sorted({int(r.step_id[len(fork_id) + 1:].split(".")[0])
-                              for r in self.records.values()
-                              if r.step_id.startswith(fork_id + ".") and r.step_id not in self.used
-                              and r.step_id[len(fork_id) + 1:].split(".")[0].isdigit()})
-            for index in indexes:
-                prefix = f"{fork_id}.{index}."
-                records = [r for r in self.records.values() if r.step_id.startswith(prefix) and r.step_id not in self.used]
-                records.sort(key=lambda r: self.order[r.step_id])
+            found = self.lanes.get(fork_id, {})
+            for index in sorted(int(segment) for segment in found if segment.isdigit()):
+                records = [r for r in found[str(index)] if r.step_id not in self.used]
+                if not records:
+                    continue
                 for record in records:
                     self._use(record.step_id)
-                nodes = _tree(records, prefix)
+                nodes = _tree(records, f"{fork_id}.{index}.")
                 matched += len(records)
                 raised = raised or any(r.status == STEP_FAILED for r in records)
                 lanes.append({"label": f"branch {index}", "nodes": nodes})
@@ -411,21 +481,26 @@ class _Overlay:
             "dynamic": fork.dynamic, "lanes": lanes,
             "state": preview or _fork_state(lanes),
         }
+        _cut_lanes(node)
         return _Walk([node], matched, RAISED if raised else None)
 
     # -- control flow -------------------------------------------------------------------------
 
     def _loop(self, loop: Loop, scope: _Scope, preview: str | None) -> _Walk:
         body = list(loop.body)
-        iterations: list[list[dict[str, Any]]] = []
+        iterations = _Kept()
         matched, stop = 0, None
         most = len(self.records) + 1 if loop.count is None else min(loop.count, len(self.records) + 1)
         if preview is None:
             for _ in range(most):
-                if not self._trial(body, scope).matched:
-                    break
+                # The next iteration, walked once: undone if it matched nothing.
+                mark, pos, certain = self._mark(), scope.pos, scope.certain
                 walk = self.sequence(body, scope, None)
-                iterations.append(walk.nodes)
+                if not walk.matched:
+                    self._undo(mark)
+                    scope.pos, scope.certain = pos, certain
+                    break
+                iterations.add(walk.nodes)
                 matched += walk.matched
                 if walk.stop is not None:
                     stop = walk.stop
@@ -433,7 +508,7 @@ class _Overlay:
         # How many iterations may still come (None: not known). A loop over a
         # known number of items that recorded every one of them is over:
         # nothing is drawn ahead of it, and positions after it stay known.
-        remaining = loop.count - len(iterations) if loop.count is not None else None
+        remaining = loop.count - iterations.count if loop.count is not None else None
         upcoming: list[dict[str, Any]] = []
         if stop is None and remaining != 0:
             # The iteration that may come (for a finished run, only a loop
@@ -441,8 +516,9 @@ class _Overlay:
             if preview is not None or self.ahead == PENDING or not iterations:
                 upcoming = self.sequence(body, scope.copy(), preview or self.ahead).nodes
             scope.certain = False  # how many more iterations is not known
-        node = {"kind": "loop", "label": loop.text, "line": loop.line, "iterations": iterations,
-                "next": upcoming, "remaining": remaining, "undecided": bool(upcoming) and preview is None}
+        node = {"kind": "loop", "label": loop.text, "line": loop.line, "iterations": iterations.drawn(),
+                "count": iterations.count, "collapsed": iterations.summary(), "next": upcoming,
+                "remaining": remaining, "undecided": bool(upcoming) and preview is None}
         return _Walk([node], matched, stop)
 
     def _choice(self, choice: Choice, scope: _Scope, preview: str | None) -> _Walk:
@@ -525,8 +601,9 @@ class _Overlay:
         if self.completed:
             return True
         last = max(self.order[step_id] for step_id in body_ids)
-        return any(self.order[step_id] > last for step_id in self.records
-                   if step_id not in self.used and step_id.startswith(prefix))
+        # In record order from there: the first one found answers.
+        return any(self.ordered[index].step_id not in self.used and self.ordered[index].step_id.startswith(prefix)
+                   for index in range(last + 1, len(self.ordered)))
 
 
 def mark_in_flight(nodes: list[dict[str, Any]]) -> bool:
@@ -584,6 +661,8 @@ def mark_in_flight(nodes: list[dict[str, Any]]) -> bool:
                 if not mark_in_flight(iteration):
                     return False
             return False  # another iteration, or what follows the loop: not known
+        if kind == "collapsed" and set(node["states"]) <= {"done"}:
+            continue  # records summarised, every one of them done
         return False  # an exit, or a kind this walk does not know
     return True
 
@@ -704,19 +783,139 @@ def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
             if lane is None:
                 lane = lanes[lane_id] = {"label": f"branch {parts[end]}", "nodes": [], "index": parts[end]}
                 fork["lanes"].append(lane)
-                fork["lanes"].sort(key=lambda l: (not l["index"].isdigit(), int(l["index"]) if l["index"].isdigit() else 0))
             target = lane["nodes"]
         if is_marker(record):
             target.append(_patch(None, record.step_id, record, str(record.status)))
         elif record.name in waiting:
-            target.append(_wait(None, record.step_id, record, _wait_state(record)))
+            target.append(_wait(None, record.step_id, record, _wait_state(record), waiting))
         else:
             target.append(_step(None, record.step_id, record, record.status))
     for fork in forks.values():
+        fork["lanes"].sort(key=lambda l: (not l["index"].isdigit(), int(l["index"]) if l["index"].isdigit() else 0))
         for lane in fork["lanes"]:
             lane.pop("index", None)
         fork["state"] = _fork_state(fork["lanes"])
-    return root
+    # Cut once every state is known: a fork's state counts every lane.
+    for fork in forks.values():
+        _cut_lanes(fork)
+        for lane in fork["lanes"]:
+            lane["nodes"] = _cut(lane["nodes"])
+    return _cut(root)
+
+
+# -- long histories --------------------------------------------------------------------------
+
+
+class _Tally:
+    """What a collapsed part of the graph held: how many items (iterations,
+    lanes or nodes), the records in them by state and by function, and the
+    first and last of those records' step ids."""
+
+    def __init__(self) -> None:
+        self.items = 0
+        self.states: collections.Counter[str] = collections.Counter()
+        self.functions: collections.Counter[str] = collections.Counter()
+        self.first: str | None = None
+        self.last: str | None = None
+
+    def add(self, nodes: Iterable[dict[str, Any]]) -> None:
+        self.items += 1
+        self._count(nodes)
+
+    def _count(self, nodes: Iterable[dict[str, Any]]) -> None:
+        """Tally the records in ``nodes`` at any depth (this runs once per
+        record of a long history: a step's node is looked at once)."""
+        for node in nodes:
+            kind = node["kind"]
+            if kind in _LEAVES:
+                if node["record"] is not None:
+                    self.states[node["state"]] += 1
+                    self.functions[node["label"]] += 1
+                    self.first, self.last = self.first or node["id"], node["id"]
+                continue
+            if kind == "collapsed":
+                self._merge(node)
+                continue
+            if node.get("collapsed"):  # a loop's iterations, a fork's lanes
+                self._merge(node["collapsed"])
+            for key in ("lanes", "handlers"):
+                for lane in node.get(key, ()):
+                    self._count(lane["nodes"])
+            for key in ("body", "orelse", "final"):
+                self._count(node.get(key, ()))
+            for iteration in node.get("iterations", ()):
+                self._count(iteration)
+
+    def _merge(self, summary: dict[str, Any]) -> None:
+        """A part collapsed further in: its tally added to this one."""
+        self.states.update(summary["states"])
+        self.functions.update(dict(summary["functions"]))
+        self.first, self.last = self.first or summary["first"], summary["last"] or self.last
+
+    def to_dict(self, after: int) -> dict[str, Any]:
+        """``after``: how many items are drawn before the collapsed ones."""
+        return {"after": after, "count": self.items, "steps": sum(self.states.values()),
+                "states": dict(self.states), "functions": [[label, n] for label, n in self.functions.most_common()],
+                "first": self.first, "last": self.last}
+
+
+class _Kept:
+    """Items (a loop's iterations, a fork's lanes, a row of nodes) kept as
+    they come: all of them up to ``MAX_DRAWN``; past it the first and last
+    ``KEPT``, the ones between tallied and dropped as they go."""
+
+    def __init__(self) -> None:
+        self.head: list[Any] = []
+        self.tail: collections.deque[Any] = collections.deque()
+        self.count = 0
+        self.folded = _Tally()
+
+    def add(self, item: Any, nodes: Iterable[dict[str, Any]] | None = None) -> None:
+        """Keep ``item``, whose nodes are ``nodes`` (the item itself when None)."""
+        self.count += 1
+        if len(self.head) < KEPT:
+            self.head.append((item, nodes))
+            return
+        self.tail.append((item, nodes))
+        if self.count > MAX_DRAWN:
+            while len(self.tail) > KEPT:
+                folded, its_nodes = self.tail.popleft()
+                self.folded.add(folded if its_nodes is None else its_nodes)
+
+    def drawn(self) -> list[Any]:
+        return [item for item, _nodes in (*self.head, *self.tail)]
+
+    def summary(self) -> dict[str, Any] | None:
+        return self.folded.to_dict(len(self.head)) if self.folded.items else None
+
+
+def _cut(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A row of nodes, cut when too long: its first and last ``KEPT``
+    around one ``collapsed`` node that tallies the rest."""
+    if len(nodes) <= MAX_DRAWN:
+        return nodes
+    kept = _Kept()
+    for node in nodes:
+        kept.add(node, [node])
+    drawn = kept.drawn()
+    summary = kept.summary()
+    assert summary is not None
+    return [*drawn[:KEPT], {"kind": "collapsed", **summary}, *drawn[KEPT:]]
+
+
+def _cut_lanes(fork: dict[str, Any]) -> None:
+    """A fork with too many lanes draws its first and last ``KEPT``;
+    ``collapsed`` tallies the rest."""
+    lanes = fork["lanes"]
+    fork["collapsed"] = None
+    if len(lanes) <= MAX_DRAWN:
+        return
+    kept = _Kept()
+    for lane in lanes:
+        kept.add(lane, lane["nodes"])
+    fork["lanes"], fork["collapsed"] = kept.drawn(), kept.summary()
+
+
 
 
 __all__ = ["build_graph", "mark_in_flight", "recorded_graph"]

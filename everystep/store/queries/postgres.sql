@@ -1031,3 +1031,33 @@ SELECT CASE WHEN wait_key LIKE 'message:%%' THEN 'message'
 FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > clock_timestamp()
 GROUP BY 1
+
+-- name: step_ids
+-- Long histories (store/base/histories.py). Every step id of a run in the
+-- order first recorded, as get_steps reads them: what a page of steps is
+-- cut from, without reading the arguments and results of the others.
+SELECT step_id FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
+-- name: steps_by_id
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s AND step_id = ANY(%(step_ids)s)
+
+-- name: step_outline
+-- Every step of a run in the order first recorded, without its arguments,
+-- results and errors (but the results of the steps named results_of: a
+-- patch marker's answer): what the step graph is drawn from, however long
+-- the history.
+SELECT workflow_id, step_id, name, status, CASE WHEN name = %(results_of)s THEN result END AS result,
+       NULL AS error, NULL AS args, NULL AS kwargs, started_at, completed_at, attempt, wake_at, cpu_seconds,
+       peak_rss_bytes
+FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
+-- name: note_history
+-- A run's history as its execution under this claim left it; a newer
+-- claim's execution notes its own.
+UPDATE everystep_workflow SET history = %(records)s
+WHERE id = %(run_id)s AND claim_epoch = %(claim_epoch)s
+
+-- name: largest_history
+-- The longest noted history among unfinished runs: one pass over the
+-- status index's unfinished entries, no step counted.
+SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_statuses}

@@ -812,3 +812,30 @@ SELECT CASE WHEN wait_key LIKE 'message:%' THEN 'message'
 FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > :now
 GROUP BY 1
+
+-- name: step_ids
+-- Long histories (store/base/histories.py). Every step id of a run in the
+-- order first recorded, as get_steps reads them: what a page of steps is
+-- cut from, without reading the arguments and results of the others.
+SELECT step_id FROM everystep_step WHERE workflow_id = :id ORDER BY id
+
+-- name: steps_by_id
+SELECT {step_columns} FROM everystep_step
+WHERE workflow_id = :id AND step_id IN (SELECT value FROM json_each(:step_ids))
+
+-- name: step_outline
+-- Every step of a run in the order first recorded, without its arguments,
+-- results and errors (but the results of the steps named results_of: a
+-- patch marker's answer): what the step graph is drawn from, however long
+-- the history.
+SELECT workflow_id, step_id, name, status, CASE WHEN name = :results_of THEN result END AS result,
+       NULL AS error, NULL AS args, NULL AS kwargs, started_at, completed_at, attempt, wake_at, cpu_seconds,
+       peak_rss_bytes
+FROM everystep_step WHERE workflow_id = :id ORDER BY id
+
+-- name: note_history
+-- A run's history as its execution under this claim left it.
+UPDATE everystep_workflow SET history = :records WHERE id = :run_id AND claim_epoch = :claim_epoch
+
+-- name: largest_history
+SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_statuses}

@@ -1,0 +1,89 @@
+"""Long histories: a run's steps a page at a time, its outline, its length.
+
+A run that lives for months records tens of thousands of steps, and
+reading them all (arguments, results, errors decoded) costs about as much
+as a replay. What a reader needs costs less:
+
+- ``step_ids``: every step id of a run in the order first recorded (one
+  short column): enough to choose a page (``everystep.histories``), whose
+  rows ``steps_by_id`` then reads;
+- ``step_outline``: every step without its arguments, results and errors,
+  in the order first recorded: what the step graph is drawn from;
+- ``note_history`` / ``largest_history``: a run's length as its last
+  execution left it, kept on the run row, so the metrics' largest history
+  among unfinished runs reads run rows, never counting steps.
+
+Nothing here changes what a run does: ``note_history`` writes a column
+that no execution reads, conditional on the claim that noted it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...models import Claim, StepRecord
+from .core import Row
+from .runs import Runs
+from .values import checked_run_id, float_or_none, int_or_none
+
+#: Step ids per ``steps_by_id`` statement: a page of any size is read in
+#: statements of bounded length.
+IDS_PER_STATEMENT = 1000
+
+
+class Histories(Runs):
+    """A run's step ids, steps by id, its outline, and its noted length."""
+
+    def step_ids(self, run_id: str) -> list[str]:
+        """Every step id of the run, in the order first recorded."""
+        return [row["step_id"] for row in self._fetchall("step_ids", {"id": checked_run_id(run_id)})]
+
+    def steps_by_id(self, run_id: str, step_ids: Sequence[str]) -> list[StepRecord]:
+        """The run's steps with these ids (each with its retried attempts),
+        in no particular order; an id the run has no step for is left out."""
+        run = checked_run_id(run_id)
+        with self.connection() as conn:
+            steps = self.steps_by_id_on(conn, self.sql, run, step_ids)
+        return self._with_attempts(run, steps) if steps else steps
+
+    @classmethod
+    def steps_by_id_on(cls, conn: Any, sql: Mapping[str, str], run_id: str,
+                       step_ids: Sequence[str]) -> list[StepRecord]:
+        """``steps_by_id`` (without the attempts) through ``conn``, a
+        connection of this backend or a cursor on a caller's, in statements
+        of ``IDS_PER_STATEMENT`` ids."""
+        return [cls._step(row) for start in range(0, len(step_ids), IDS_PER_STATEMENT)
+                for row in conn.execute(sql["steps_by_id"], {
+                    "id": run_id, "step_ids": cls._names(list(step_ids[start:start + IDS_PER_STATEMENT]))}).fetchall()]
+
+    def step_outline(self, run_id: str, results_of: str = "") -> list[StepRecord]:
+        """Every step of the run in the order first recorded, without its
+        arguments, keyword arguments, result and error; the result is kept
+        for the steps named ``results_of`` (the graph: patch markers, whose
+        result is their answer)."""
+        rows = self._fetchall("step_outline", {"id": checked_run_id(run_id), "results_of": results_of})
+        return [self._outline_step(row) for row in rows]
+
+    @classmethod
+    def _outline_step(cls, row: Row) -> StepRecord:
+        result = row["result"]
+        return StepRecord.outline(
+            str(row["workflow_id"]), row["step_id"], row["name"], row["status"],
+            result=cls._json(result) if result is not None else None, started_at=cls._time(row["started_at"]),
+            completed_at=cls._time(row["completed_at"]), attempt=int(row["attempt"] or 1),
+            wake_at=cls._time(row["wake_at"]), cpu_seconds=float_or_none(row["cpu_seconds"]),
+            peak_rss_bytes=int_or_none(row["peak_rss_bytes"]))
+
+    def note_history(self, claim: Claim, records: int) -> bool:
+        """Note how many step records the run holds, as the execution under
+        ``claim`` left it; False when a newer claim has taken the run since
+        (its execution notes its own)."""
+        params = {**self._claim_params(claim), "records": int(records)}
+        with self.connection() as conn:
+            return int(conn.execute(self.sql["note_history"], params).rowcount) > 0
+
+    def largest_history(self) -> int:
+        """The most step records noted for an unfinished run (0: none noted)."""
+        row = self._fetchone("largest_history", {})
+        return int(row["records"]) if row is not None and row["records"] is not None else 0
