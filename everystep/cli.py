@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, new_run, patches, queue_commands, registry, relay, resources, retention, serde, versions
+from . import admin, dryrun, histories, new_run, patches, queue_commands, registry, relay, resources, retention, serde, versions
 from .cliutil import (
     EXIT_CODES,
     EXIT_UNAVAILABLE,
@@ -97,9 +97,16 @@ def build_parser() -> OneLineParser:
     add_runs_arguments(sub)
 
     sub = _command(commands, "show", "show a run and its recorded steps",
-                   "A run (args, result, error with its traceback) and its steps in step-id order.")
+                   "A run (args, result, error with its traceback) and its steps, a page at a time: --limit of "
+                   "them in the order they were recorded, from the first or those after --after, listed in "
+                   "step-id order.")
     add_run_argument(sub)
     sub.add_argument("--json", action="store_true", help="print JSON (default: text)")
+    sub.add_argument("--limit", type=count(0, 1_000_000), default=SHOW_STEPS, metavar="N",
+                     help=f"steps shown, 0 for all (default {SHOW_STEPS})")
+    sub.add_argument("--after", metavar="STEP", default=None,
+                     help="show the steps recorded after this one: the last of the page before (default: from "
+                          "the first)")
 
     sub = _command(commands, "send", "send a message to a run (everystep.recv receives it)",
                    "Store a message for RUN on TOPIC; a run waiting in recv on that topic resumes. Refused, "
@@ -523,11 +530,16 @@ def _describe_error(error: dict[str, Any] | None) -> str:
     return f"{error.get('type', '?')}: {error.get('message', '')}"
 
 
+#: The steps ``show`` lists unless --limit says otherwise.
+SHOW_STEPS = 100
+
+
 def cmd_show(store: Store, args: argparse.Namespace) -> int:
     run = store.find_run(args.run_id)
-    steps = sorted(store.get_steps(run.id), key=lambda step: step_sort_key(step.step_id))
-    waiting = waiting_for(run, steps)
-    cost = resources.run_cost(steps)
+    page = histories.read_page(store, run.id, args.after, args.limit or None)
+    steps = sorted(page.steps, key=lambda step: step_sort_key(step.step_id))
+    waiting = waiting_for(run, store.steps_of_runs([run.id], waiting_only=True)[run.id])
+    cost = store.run_cost(run.id)
     forks = store.forks_of(run.id)
     if args.json:
         links = store.links(run.id)
@@ -541,6 +553,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
                                "wait_ended": ended_wait(run, step),
                                "kind": patches.KIND_PATCH if patches.is_marker(step) else "step"}
                               for step in steps],
+                    "steps_total": page.total, "steps_next": page.next_after,
                     "cost": cost.to_dict() if cost is not None else None})
         return 0
     print(f"run        {run.id}")
@@ -588,6 +601,10 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
                 print(f"  step {step.step_id} attempt {attempt.attempt} failed at "
                       f"{attempt.failed_at.isoformat() if attempt.failed_at else '?'}: "
                       f"{_describe_error(attempt.error)}; next attempt at {retry}")
+    if len(steps) < page.total:
+        print(f"{len(steps):,} of {page.total:,} steps"
+              + (f", recorded after step {args.after}" if args.after else "")
+              + (f"; the next ones: everystep show {run.id} --after {page.next_after}" if page.next_after else ""))
     _show_family(store, run.id)
     return 0
 

@@ -9,6 +9,7 @@ as a replay. What a reader needs costs less:
   rows ``steps_by_id`` then reads;
 - ``step_outline``: every step without its arguments, results and errors,
   in the order first recorded: what the step graph is drawn from;
+- ``run_cost``: what its measured steps cost, summed by the database;
 - ``note_history`` / ``largest_history``: a run's length as its last
   execution left it, kept on the run row, so the metrics' largest history
   among unfinished runs reads run rows, never counting steps.
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...models import Claim, StepRecord
+from ...resources import RunCost
 from .core import Row
 from .runs import Runs
 from .values import checked_run_id, float_or_none, int_or_none
@@ -74,6 +76,15 @@ class Histories(Runs):
             completed_at=cls._time(row["completed_at"]), attempt=int(row["attempt"] or 1),
             wake_at=cls._time(row["wake_at"]), cpu_seconds=float_or_none(row["cpu_seconds"]),
             peak_rss_bytes=int_or_none(row["peak_rss_bytes"]))
+
+    def run_cost(self, run_id: str) -> RunCost | None:
+        """What the run's measured steps cost (``resources.run_cost`` of all
+        its steps, summed by the database); None if none was measured."""
+        row = self._fetchone("run_cost", {"id": checked_run_id(run_id)})
+        if row is None or not row["measured"]:
+            return None
+        return RunCost(cpu_seconds=float(row["cpu_seconds"]), peak_rss_bytes=int(row["peak_rss_bytes"]),
+                       measured_steps=int(row["measured"]))
 
     def note_history(self, claim: Claim, records: int) -> bool:
         """Note how many step records the run holds, as the execution under

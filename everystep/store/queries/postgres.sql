@@ -1061,3 +1061,10 @@ WHERE id = %(run_id)s AND claim_epoch = %(claim_epoch)s
 -- The longest noted history among unfinished runs: one pass over the
 -- status index's unfinished entries, no step counted.
 SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_statuses}
+
+-- name: run_cost
+-- What a run's measured steps cost, summed where the rows are (no step
+-- row leaves the database): `everystep show`'s cost line.
+SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
+       max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
+FROM everystep_step WHERE workflow_id = %(id)s

@@ -839,3 +839,10 @@ UPDATE everystep_workflow SET history = :records WHERE id = :run_id AND claim_ep
 
 -- name: largest_history
 SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_statuses}
+
+-- name: run_cost
+-- What a run's measured steps cost, summed where the rows are (no step
+-- row leaves the database): `everystep show`'s cost line.
+SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
+       max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
+FROM everystep_step WHERE workflow_id = :id
