@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from . import cliutil, metrics
+from . import cliutil, history_bound, metrics
 from .vocabulary import INVALID_COMMAND
 from .models import (
     ACTIVE_STATUSES, CANCELLABLE_STATUSES, EXECUTION_ENDS, PRUNABLE_STATUSES, STEP_OPEN_STATUSES, STEP_WAITING,
@@ -349,6 +349,10 @@ ENVIRONMENT: tuple[Variable, ...] = (
              "the console's token when `--auth-token` is not given"),
     Variable("USER", "everystep remote", "who a request comes from (its `requested_by`, with the host name; "
              "else the numeric user id)"),
+    Variable(history_bound.ENV_VAR, "everystep worker, everystep-supervisor, the library's Worker",
+             "the history warning when no `--history-warning` or `history_warning=` is given: a run whose history "
+             f"passes this many step records is said once in the log, pointing at `continue_as_new` (default "
+             f"{history_bound.DEFAULT}; 0: never)"),
     Variable(metrics.MULTIPROC_ENV, "the library's metrics",
              "prometheus_client's multiprocess directory; the supervisor sets it to a private directory when "
              "`--metrics-port` is given, so every child's values are aggregated"),

@@ -8,7 +8,7 @@ import datetime as dt
 import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Self, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 from . import serde
 from .body_rules import BodyRule, declare
@@ -319,23 +319,6 @@ class StepRecord:
         stamped.__dict__["completed_at"] = at
         return stamped
 
-    @classmethod
-    def outline(cls, workflow_id: str, step_id: str, name: str, status: str, *, result: Any = None,
-                started_at: dt.datetime | None = None, completed_at: dt.datetime | None = None, attempt: int = 1,
-                wake_at: dt.datetime | None = None, cpu_seconds: float | None = None,
-                peak_rss_bytes: int | None = None) -> StepRecord:
-        """A record without its arguments and error: a line of a long
-        history's outline (``Store.step_outline``). Built as ``completed``
-        copies one, without the frozen ``__init__``'s walk through every
-        field: an outline makes one per step of the run, 100,000 for a long
-        one, in under half the time."""
-        record = object.__new__(cls)
-        record.__dict__.update(
-            workflow_id=workflow_id, step_id=step_id, name=name, status=status, result=result, error=None, args=[],
-            kwargs={}, started_at=started_at, completed_at=completed_at, attempt=attempt, wake_at=wake_at,
-            attempts=[], cpu_seconds=cpu_seconds, peak_rss_bytes=peak_rss_bytes)
-        return record
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "workflow_id": self.workflow_id,
@@ -354,6 +337,20 @@ class StepRecord:
             "cpu_seconds": self.cpu_seconds,
             "peak_rss_bytes": self.peak_rss_bytes,
         }
+
+
+class StepOutline(NamedTuple):
+    """A line of a run's history: a step without its arguments, result,
+    error and times (``Store.step_outline``), but the result of a patch
+    marker, its answer. What the step graph is drawn from: a history of
+    100,000 steps is 100,000 of these, made in a fraction of the time whole
+    records take."""
+
+    workflow_id: str
+    step_id: str
+    name: str
+    status: str
+    result: Any = None
 
 
 class RequestStatus(Status):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from everystep.graph import analyse, build_graph, recorded_graph
 from everystep.graph.overlay import KEPT, MAX_DRAWN, mark_in_flight
-from everystep.models import StepRecord
+from everystep.models import StepOutline, StepRecord
 from everystep.waits import RECV_STEP
 from tests.apps import long_runs, shapes
 from tests.support.graphs import graph_nodes
@@ -24,12 +24,12 @@ HANDLE = long_runs.handle.name
 FETCH = "tests.apps.shapes.fetch"
 
 
-def outline(records: list[tuple[str, str]], status: str = "done") -> list[StepRecord]:
+def outline(records: list[tuple[str, str]], status: str = "done") -> list[StepOutline]:
     """Records as an outline holds them: no arguments, results or errors."""
-    return [StepRecord.outline("r", step_id, name, status) for step_id, name in records]
+    return [StepOutline("r", step_id, name, status) for step_id, name in records]
 
 
-def ticks(count: int) -> list[StepRecord]:
+def ticks(count: int) -> list[StepOutline]:
     return outline([(str(n), TICK) for n in range(1, count + 1)])
 
 
@@ -136,9 +136,9 @@ def test_loops_within_loops_fold_their_tallies_into_the_outer_one() -> None:
 def test_every_record_of_a_long_history_is_drawn_or_counted_once(items: int, statuses: list[str],
                                                                   strays: list[str], wf: Any, active: bool) -> None:
     names = [FETCH, "tests.apps.shapes.transform", TICK, RECV_STEP, HANDLE]
-    records = [StepRecord.outline("r", str(n), names[n % len(names)], statuses[n % len(statuses)])
+    records = [StepOutline("r", str(n), names[n % len(names)], statuses[n % len(statuses)])
                for n in range(1, items + 1)]
-    records += [StepRecord.outline("r", step_id, FETCH, "done") for step_id in strays]
+    records += [StepOutline("r", step_id, FETCH, "done") for step_id in strays]
     for graph in (build_graph(analyse(wf), records, active=active), recorded_graph(records, "no source")):
         assert counted(graph) == len(records)
         assert len(set(drawn_ids(graph))) == len(drawn_ids(graph))

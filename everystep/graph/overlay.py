@@ -55,11 +55,11 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import registry
-from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepRecord
+from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepOutline, StepRecord
 from ..patches import PATCH_STEP, is_marker, marker_id, patch_of
 from .plan import Choice, Exit, Fork, Loop, Node, Patch, Plan, StepCall, Try, Wait, wait_records
 
@@ -77,6 +77,10 @@ KEPT = 10
 
 #: The kinds of node that may hold a record (and hold nothing else).
 _LEAVES = frozenset({"step", "wait", "patch"})
+
+#: What the walk reads of a record: a whole one, or a line of an outline
+#: (``Store.step_outline``: id, function, status, a patch's answer).
+Recorded = StepRecord | StepOutline
 
 #: ``build_graph``'s ``details``: the full records of these step ids (those
 #: of the nodes it keeps), when it was given outlines.
@@ -104,7 +108,7 @@ class _Walk:
     stop: str | None = None
 
 
-def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bool = False,
+def build_graph(plan: Plan, records: Sequence[Recorded], active: bool, running: bool = False,
                 completed: bool = False, details: Details | None = None) -> dict[str, Any]:
     """The graph of a run from its workflow's plan and its records (in the
     order they were recorded). ``active``: the run is not finished, so what
@@ -132,28 +136,32 @@ def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bo
     return _dressed(graph, details)
 
 
-def recorded_graph(records: list[StepRecord], reason: str, details: Details | None = None) -> dict[str, Any]:
+def recorded_graph(records: Sequence[Recorded], reason: str, details: Details | None = None) -> dict[str, Any]:
     """The records alone, forks and lanes rebuilt from their ids."""
     return _dressed({"mode": "recorded", "reason": reason, "notes": [], "file": None, "line": None,
                      "nodes": _tree(records), "unplaced": []}, details)
 
 
 def _dressed(graph: dict[str, Any], details: Details | None) -> dict[str, Any]:
-    """The graph with each node's record (a ``StepRecord`` while walking)
-    as JSON-ready data, read through ``details`` when given."""
+    """The graph with each node's record (the one walked: whole, or a line
+    of an outline) as JSON-ready data, whole: read through ``details`` when
+    given. A wait's wake time is read there too."""
     nodes: list[dict[str, Any]] = []
     _with_records(graph["nodes"], nodes)
     _with_records(graph["unplaced"], nodes)
     full = details([node["record"].step_id for node in nodes]) if details is not None and nodes else {}
     for node in nodes:
-        node["record"] = _record_data(full.get(node["record"].step_id, node["record"]))
+        record = full.get(node["record"].step_id, node["record"])
+        if node["kind"] == "wait" and isinstance(record, StepRecord) and record.wake_at is not None:
+            node["until"] = record.wake_at.isoformat()
+        node["record"] = _record_data(record)
     return graph
 
 
 def _with_records(nodes: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
     """Collect the drawn nodes that hold a record, at any depth."""
     for node in nodes:
-        if isinstance(node.get("record"), StepRecord):
+        if isinstance(node.get("record"), (StepRecord, StepOutline)):
             found.append(node)
         for key in ("lanes", "handlers"):
             for lane in node.get(key, ()):
@@ -164,7 +172,9 @@ def _with_records(nodes: list[dict[str, Any]], found: list[dict[str, Any]]) -> N
             _with_records(iteration, found)
 
 
-def _record_data(record: StepRecord) -> dict[str, Any]:
+def _record_data(record: Recorded) -> dict[str, Any]:
+    if isinstance(record, StepOutline):  # no details to read it whole from
+        record = StepRecord(record.workflow_id, record.step_id, record.name, record.status, result=record.result)
     data = record.to_dict()
     data["duration"] = (
         (record.completed_at - record.started_at).total_seconds()
@@ -176,7 +186,7 @@ def _record_data(record: StepRecord) -> dict[str, Any]:
 # -- nodes ----------------------------------------------------------------------------
 
 
-def _step(call: StepCall | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
+def _step(call: StepCall | None, step_id: str | None, record: Recorded | None, state: str) -> dict[str, Any]:
     function = record.name if record is not None else call.function if call is not None else "?"
     node: dict[str, Any] = {
         "kind": "step",
@@ -195,7 +205,7 @@ def _step(call: StepCall | None, step_id: str | None, record: StepRecord | None,
     return node
 
 
-def _wait(call: Wait | None, step_id: str | None, record: StepRecord | None, state: str,
+def _wait(call: Wait | None, step_id: str | None, record: Recorded | None, state: str,
           kinds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A wait's node: ``wait`` says what it waits for, ``until`` its wake
     time (None: until something else ends it, or not reached). ``kinds``:
@@ -210,12 +220,12 @@ def _wait(call: Wait | None, step_id: str | None, record: StepRecord | None, sta
         "function": call.function if call is not None else node["function"],
         "label": call.label if call is not None else kind,
         "line": call.line if call is not None else None,
-        "until": record.wake_at.isoformat() if record is not None and record.wake_at is not None else None,
+        "until": None,  # its record's wake time, read whole when the node is kept (``_dressed``)
     })
     return node
 
 
-def _patch(call: Patch | None, step_id: str | None, record: StepRecord | None, state: str,
+def _patch(call: Patch | None, step_id: str | None, record: Recorded | None, state: str,
            answer: Any = None) -> dict[str, Any]:
     """A ``patched()`` call's node: ``answer`` is the recorded branch
     (True: the new code's, False: the old code's; None: not asked yet)."""
@@ -231,7 +241,7 @@ def _patch(call: Patch | None, step_id: str | None, record: StepRecord | None, s
     return node
 
 
-def _wait_state(record: StepRecord) -> str:
+def _wait_state(record: Recorded) -> str:
     """A wait's record is final once done (or failed); until then it waits,
     whatever its row's status says (``sleeping``, …)."""
     return str(record.status) if record.status in (STEP_DONE, STEP_FAILED) else WAITING
@@ -262,43 +272,63 @@ def _states(nodes: list[dict[str, Any]]) -> list[str]:
 # -- the walk ---------------------------------------------------------------------------
 
 
-class _Overlay:
-    def __init__(self, records: list[StepRecord], active: bool, completed: bool = False) -> None:
-        self.completed = completed
-        self.ordered = records
-        self.records = {record.step_id: record for record in records}
-        self.order = {record.step_id: index for index, record in enumerate(records)}
-        self.ahead = PENDING if active else SKIPPED
-        self.used: set[str] = set()
-        self._journal: list[str] = []
-        self.kinds = wait_records()
-        # Direct children of each scope prefix, by function: the numbered
-        # ones as (position, step id) in position order, the named ones in
-        # record order (so the next unused one is found without a scan);
-        # the fork ids present, as ``{scope prefix: [fork segment, ...]}``;
-        # and each fork's records by lane, at any depth below it.
-        self.numbered: dict[tuple[str, str], list[tuple[int, str]]] = {}
-        self.named: dict[tuple[str, str], list[str]] = {}
-        self.forks: dict[str, list[str]] = {}
-        self.lanes: dict[str, dict[str, list[StepRecord]]] = {}
+@dataclasses.dataclass
+class _Index:
+    """Where records are found when a position is not predicted, built on
+    first need (a body whose every position is known, a long loop of steps,
+    never needs it): the direct children of each scope prefix by function,
+    numbered ones as (position, step id) in position order and named ones
+    in record order, so the next unused one is found without a scan; the
+    fork ids present, ``{scope prefix: [fork segment, ...]}``; each fork's
+    records by lane, at any depth below it; and each record's place in the
+    order recorded."""
+
+    numbered: dict[tuple[str, str], list[tuple[int, str]]]
+    named: dict[tuple[str, str], list[str]]
+    forks: dict[str, list[str]]
+    lanes: dict[str, dict[str, list[Recorded]]]
+    order: dict[str, int]
+
+    @classmethod
+    def of(cls, records: Sequence[Recorded]) -> _Index:
+        index = cls({}, {}, {}, {}, {})
         known_forks: dict[str, set[str]] = {}
-        for record in records:
+        for place, record in enumerate(records):
+            index.order[record.step_id] = place
             parts = record.step_id.split(".")
             prefix = ".".join(parts[:-1]) + "." if len(parts) > 1 else ""
             if parts[-1].isdigit():
-                self.numbered.setdefault((prefix, record.name), []).append((int(parts[-1]), record.step_id))
+                index.numbered.setdefault((prefix, record.name), []).append((int(parts[-1]), record.step_id))
             else:
-                self.named.setdefault((prefix, record.name), []).append(record.step_id)
+                index.named.setdefault((prefix, record.name), []).append(record.step_id)
             for end in range(1, len(parts) - 1, 2):
                 scope = ".".join(parts[: end - 1]) + "." if end > 1 else ""
                 segment = parts[end - 1]
                 if segment not in known_forks.setdefault(scope, set()):
                     known_forks[scope].add(segment)
-                    self.forks.setdefault(scope, []).append(segment)
+                    index.forks.setdefault(scope, []).append(segment)
                 fork_id = ".".join(parts[:end])
-                self.lanes.setdefault(fork_id, {}).setdefault(parts[end], []).append(record)
-        for positions in self.numbered.values():
+                index.lanes.setdefault(fork_id, {}).setdefault(parts[end], []).append(record)
+        for positions in index.numbered.values():
             positions.sort()
+        return index
+
+
+class _Overlay:
+    def __init__(self, records: Sequence[Recorded], active: bool, completed: bool = False) -> None:
+        self.completed = completed
+        self.ordered = records
+        self.records = {record.step_id: record for record in records}
+        self.ahead = PENDING if active else SKIPPED
+        self.used: set[str] = set()
+        self._journal: list[str] = []
+        self._index: _Index | None = None
+
+    @property
+    def index(self) -> _Index:
+        if self._index is None:
+            self._index = _Index.of(self.ordered)
+        return self._index
 
     # -- bookkeeping for trials ---------------------------------------------------------
 
@@ -420,13 +450,13 @@ class _Overlay:
 
     def _locate_step(self, call: StepCall | Wait, scope: _Scope) -> str | None:
         if call.dynamic_name:
-            return next((step_id for step_id in self.named.get((scope.prefix, call.function), ())
+            return next((step_id for step_id in self.index.named.get((scope.prefix, call.function), ())
                          if step_id not in self.used), None)
         predicted = self._predicted(call.name, False, scope)
         if predicted is not None:
             return predicted
         # Position unknown: the next unused record of this function here.
-        positions = self.numbered.get((scope.prefix, call.function), [])
+        positions = self.index.numbered.get((scope.prefix, call.function), [])
         for index in range(bisect.bisect_left(positions, (scope.pos, "")), len(positions)):
             position, step_id = positions[index]
             if step_id not in self.used:
@@ -440,7 +470,7 @@ class _Overlay:
         predicted = self._predicted(fork.name, fork.dynamic_name, scope)
         if predicted is not None:
             return predicted
-        segments = self.forks.get(scope.prefix, [])
+        segments = self.index.forks.get(scope.prefix, [])
         if fork.dynamic_name:
             candidates = [s for s in segments if not s.isdigit()]
             return scope.prefix + candidates[0] if candidates else None
@@ -457,7 +487,7 @@ class _Overlay:
         lanes: list[dict[str, Any]] = []
         matched, raised = 0, False
         if fork.dynamic and preview is None and fork_id is not None:
-            found = self.lanes.get(fork_id, {})
+            found = self.index.lanes.get(fork_id, {})
             for index in sorted(int(segment) for segment in found if segment.isdigit()):
                 records = [r for r in found[str(index)] if r.step_id not in self.used]
                 if not records:
@@ -600,7 +630,7 @@ class _Overlay:
             return False
         if self.completed:
             return True
-        last = max(self.order[step_id] for step_id in body_ids)
+        last = max(self.index.order[step_id] for step_id in body_ids)
         # In record order from there: the first one found answers.
         return any(self.ordered[index].step_id not in self.used and self.ordered[index].step_id.startswith(prefix)
                    for index in range(last + 1, len(self.ordered)))
@@ -759,7 +789,7 @@ def _advance(scope: _Scope, arms: list[list[Node]]) -> None:
 # -- the records alone -----------------------------------------------------------------------
 
 
-def _tree(records: list[StepRecord], base: str = "") -> list[dict[str, Any]]:
+def _tree(records: Sequence[Recorded], base: str = "") -> list[dict[str, Any]]:
     """Records as nodes, in record order, forks rebuilt from dotted ids
     (``3.0.1``: step 1 of branch 0 of fork 3), read below ``base`` (a lane's
     prefix, ``3.0.``) when given."""

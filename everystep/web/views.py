@@ -32,16 +32,18 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import dryrun, histories, registry, serde
 from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
+from ..graph.overlay import Recorded
 from ..graph.plan import Plan
 from ..models import (ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, COMPLETED, RUN_FILTERS, RUN_STATUSES, RUNNING,
-                      STEP_DONE, STEP_FAILED, STEP_STARTED, STEP_WAITING, WAIT_FOREVER, Run, StepRecord)
+                      STEP_DONE, STEP_FAILED, STEP_STARTED, STEP_WAITING, WAIT_FOREVER, Run, StepOutline,
+                      StepRecord)
 from ..patches import PATCH_STEP
 from ..queues import queue_name
 from ..waiting import effect_uncertain, waiting_for, waits_of
@@ -197,8 +199,8 @@ class RunHistory:
     graph: dict[str, Any]
     copied: int
     waiting: str | None
-    uncertain: list[StepRecord]
-    last: StepRecord | None
+    uncertain: list[StepOutline]
+    last: StepOutline | None
     read_at: float
     cost: float
 
@@ -321,7 +323,7 @@ class Views:
             page = histories.read_page(self.store, run.id, after, limit)
         except EverystepError as exc:
             raise BadRequest(str(exc)) from None
-        copied = self._copied(run, page.steps)
+        copied = self._copied(run)
         return {"steps": [_step_row(run, step, copied) for step in page.steps], "total": page.total,
                 "next": page.next_after}
 
@@ -347,9 +349,9 @@ class Views:
         started = time.monotonic()
         outline = self.store.step_outline(run.id, PATCH_STEP)
         first = [step.step_id for step in outline[:STEPS_PAGE]]
-        waits = [step for step in outline if step.status in STEP_WAITING]
-        full = self._full(run.id, [*first, *(step.step_id for step in waits)])
-        copied = self._copied(run, outline)
+        waits = [step.step_id for step in outline if step.status in STEP_WAITING]
+        full = self._full(run.id, [*first, *waits])
+        copied = self._copied(run)
         graph = self.graph(run, outline, lambda step_ids: self._full(run.id, step_ids))
         _annotate_nodes(graph, {}, copied)
         return RunHistory(
@@ -357,7 +359,7 @@ class Views:
             steps=[_step_row(run, full[step_id], copied) for step_id in first if step_id in full],
             next_after=first[-1] if len(outline) > len(first) else None,
             graph=graph, copied=len(copied),
-            waiting=waiting_for(run, [full.get(step.step_id, step) for step in waits]),
+            waiting=waiting_for(run, [full[step_id] for step_id in waits if step_id in full]),
             uncertain=[step for step in outline if step.status == STEP_STARTED],
             last=outline[-1] if outline else None,
             read_at=time.monotonic(), cost=time.monotonic() - started)
@@ -369,7 +371,7 @@ class Views:
         """Whether the run's step ``step_id`` has its outcome recorded."""
         return any(step.status in (STEP_DONE, STEP_FAILED) for step in self.store.steps_by_id(run_id, [step_id]))
 
-    def graph(self, run: Run, steps: list[StepRecord],
+    def graph(self, run: Run, steps: Sequence[Recorded],
               details: Callable[[list[str]], Mapping[str, StepRecord]] | None = None) -> dict[str, Any]:
         """The run's step graph from its records (outlines, with ``details``
         reading the full records of the nodes drawn)."""
@@ -392,14 +394,16 @@ class Views:
             graph["file"] = relative if not relative.startswith("..") else graph["file"]
         return graph
 
-    def _copied(self, run: Run, steps: list[StepRecord]) -> set[str]:
+    def _copied(self, run: Run) -> set[str]:
         """The steps a fork holds as copies of its source's records
         (``admin.fork``): rows with the source's step id, function and
         times. A source deleted since (retention) leaves the times: a copy
-        was completed before the fork was made."""
+        was completed before the fork was made. (Both histories read whole:
+        only for a fork.)"""
         if not run.forked_from:
             return set()
-        source = {step.step_id: step for step in self.store.step_outline(run.forked_from)}
+        steps = self.store.get_steps(run.id)
+        source = {step.step_id: step for step in self.store.get_steps(run.forked_from)}
         if not source:
             return {step.step_id for step in steps if step.completed_at is not None and run.created_at is not None
                     and step.completed_at <= run.created_at}

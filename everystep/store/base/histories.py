@@ -7,8 +7,8 @@ as a replay. What a reader needs costs less:
 - ``step_ids``: every step id of a run in the order first recorded (one
   short column): enough to choose a page (``everystep.histories``), whose
   rows ``steps_by_id`` then reads;
-- ``step_outline``: every step without its arguments, results and errors,
-  in the order first recorded: what the step graph is drawn from;
+- ``step_outline``: every step's id, function and status, in the order
+  first recorded (``StepOutline``): what the step graph is drawn from;
 - ``run_cost``: what its measured steps cost, summed by the database;
 - ``note_history`` / ``largest_history``: a run's length as its last
   execution left it, kept on the run row, so the metrics' largest history
@@ -23,11 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...models import Claim, StepRecord
+from ...models import Claim, StepOutline, StepRecord
 from ...resources import RunCost
-from .core import Row
 from .runs import Runs
-from .values import checked_run_id, float_or_none, int_or_none
+from .values import checked_run_id
 
 #: Step ids per ``steps_by_id`` statement: a page of any size is read in
 #: statements of bounded length.
@@ -59,23 +58,15 @@ class Histories(Runs):
                 for row in conn.execute(sql["steps_by_id"], {
                     "id": run_id, "step_ids": cls._names(list(step_ids[start:start + IDS_PER_STATEMENT]))}).fetchall()]
 
-    def step_outline(self, run_id: str, results_of: str = "") -> list[StepRecord]:
-        """Every step of the run in the order first recorded, without its
-        arguments, keyword arguments, result and error; the result is kept
-        for the steps named ``results_of`` (the graph: patch markers, whose
-        result is their answer)."""
-        rows = self._fetchall("step_outline", {"id": checked_run_id(run_id), "results_of": results_of})
-        return [self._outline_step(row) for row in rows]
-
-    @classmethod
-    def _outline_step(cls, row: Row) -> StepRecord:
-        result = row["result"]
-        return StepRecord.outline(
-            str(row["workflow_id"]), row["step_id"], row["name"], row["status"],
-            result=cls._json(result) if result is not None else None, started_at=cls._time(row["started_at"]),
-            completed_at=cls._time(row["completed_at"]), attempt=int(row["attempt"] or 1),
-            wake_at=cls._time(row["wake_at"]), cpu_seconds=float_or_none(row["cpu_seconds"]),
-            peak_rss_bytes=int_or_none(row["peak_rss_bytes"]))
+    def step_outline(self, run_id: str, results_of: str = "") -> list[StepOutline]:
+        """Every step of the run in the order first recorded: its id,
+        function and status; its result only for the steps named
+        ``results_of`` (the graph: patch markers, whose result is their
+        answer)."""
+        run = checked_run_id(run_id)
+        rows = self._fetchall("step_outline", {"id": run, "results_of": results_of})
+        return [StepOutline(run, row["step_id"], row["name"], row["status"],
+                            self._json(row["result"]) if row["result"] is not None else None) for row in rows]
 
     def run_cost(self, run_id: str) -> RunCost | None:
         """What the run's measured steps cost (``resources.run_cost`` of all

@@ -888,13 +888,10 @@ SELECT step_id FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s AND step_id IN %(step_ids)s
 
 -- name: step_outline
--- Every step of a run in the order first recorded, without its arguments,
--- results and errors (but the results of the steps named results_of: a
--- patch marker's answer): what the step graph is drawn from, however long
--- the history.
-SELECT workflow_id, step_id, name, status, CASE WHEN name = %(results_of)s THEN result END AS result,
-       NULL AS error, NULL AS args, NULL AS kwargs, started_at, completed_at, attempt, wake_at, cpu_seconds,
-       peak_rss_bytes
+-- Every step of a run in the order first recorded: its id, function and
+-- status (and the result of the steps named results_of: a patch marker's
+-- answer), what the step graph is drawn from however long the history.
+SELECT step_id, name, status, CASE WHEN name = %(results_of)s THEN result END AS result
 FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 
 -- name: note_history

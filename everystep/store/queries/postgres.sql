@@ -1042,19 +1042,22 @@ SELECT step_id FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s AND step_id = ANY(%(step_ids)s)
 
 -- name: step_outline
--- Every step of a run in the order first recorded, without its arguments,
--- results and errors (but the results of the steps named results_of: a
--- patch marker's answer): what the step graph is drawn from, however long
--- the history.
-SELECT workflow_id, step_id, name, status, CASE WHEN name = %(results_of)s THEN result END AS result,
-       NULL AS error, NULL AS args, NULL AS kwargs, started_at, completed_at, attempt, wake_at, cpu_seconds,
-       peak_rss_bytes
+-- Every step of a run in the order first recorded: its id, function and
+-- status (and the result of the steps named results_of: a patch marker's
+-- answer), what the step graph is drawn from however long the history.
+SELECT step_id, name, status, CASE WHEN name = %(results_of)s THEN result END AS result
 FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 
 -- name: note_history
 -- A run's history as its execution under this claim left it; a newer
--- claim's execution notes its own.
+-- claim's execution notes its own. Committed asynchronously, as a run's
+-- last write is: a crash that loses it leaves the gauge one execution
+-- behind, nothing else.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
 UPDATE everystep_workflow SET history = %(records)s
+FROM async_commit
 WHERE id = %(run_id)s AND claim_epoch = %(claim_epoch)s
 
 -- name: largest_history
