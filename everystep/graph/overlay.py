@@ -150,7 +150,10 @@ def _dressed(graph: dict[str, Any], details: Details | None) -> dict[str, Any]:
     _with_records(graph["nodes"], nodes)
     _with_records(graph["unplaced"], nodes)
     full = details([node["record"].step_id for node in nodes]) if details is not None and nodes else {}
+    transactional = registry.transactional_steps()
     for node in nodes:
+        if node.get("exactly_once", False) is None:
+            node["exactly_once"] = node["function"] in transactional
         record = full.get(node["record"].step_id, node["record"])
         if node["kind"] == "wait" and isinstance(record, StepRecord) and record.wake_at is not None:
             node["until"] = record.wake_at.isoformat()
@@ -195,7 +198,8 @@ def _step(call: StepCall | None, step_id: str | None, record: Recorded | None, s
         "label": call.label if call is not None else function.rsplit(".", 1)[-1],
         "state": state,
         "unsafe": bool(call.unsafe) if call is not None else False,
-        "exactly_once": call.exactly_once if call is not None else function in registry.transactional_steps(),
+        # Without a call (the records alone), read when the node is kept (``_dressed``).
+        "exactly_once": call.exactly_once if call is not None else None,
         "line": call.line if call is not None else None,
         # The record itself while walking: made JSON (``_dressed``) only if the node is kept.
         "record": record,
@@ -850,9 +854,9 @@ class _Tally:
 
     def add(self, nodes: Iterable[dict[str, Any]]) -> None:
         self.items += 1
-        self._count(nodes)
+        self.count(nodes)
 
-    def _count(self, nodes: Iterable[dict[str, Any]]) -> None:
+    def count(self, nodes: Iterable[dict[str, Any]]) -> None:
         """Tally the records in ``nodes`` at any depth (this runs once per
         record of a long history: a step's node is looked at once)."""
         for node in nodes:
@@ -870,11 +874,11 @@ class _Tally:
                 self._merge(node["collapsed"])
             for key in ("lanes", "handlers"):
                 for lane in node.get(key, ()):
-                    self._count(lane["nodes"])
+                    self.count(lane["nodes"])
             for key in ("body", "orelse", "final"):
-                self._count(node.get(key, ()))
+                self.count(node.get(key, ()))
             for iteration in node.get("iterations", ()):
-                self._count(iteration)
+                self.count(iteration)
 
     def _merge(self, summary: dict[str, Any]) -> None:
         """A part collapsed further in: its tally added to this one."""
@@ -924,13 +928,10 @@ def _cut(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     around one ``collapsed`` node that tallies the rest."""
     if len(nodes) <= MAX_DRAWN:
         return nodes
-    kept = _Kept()
-    for node in nodes:
-        kept.add(node, [node])
-    drawn = kept.drawn()
-    summary = kept.summary()
-    assert summary is not None
-    return [*drawn[:KEPT], {"kind": "collapsed", **summary}, *drawn[KEPT:]]
+    middle = _Tally()
+    middle.items = len(nodes) - 2 * KEPT
+    middle.count(nodes[KEPT:-KEPT])
+    return [*nodes[:KEPT], {"kind": "collapsed", **middle.to_dict(KEPT)}, *nodes[-KEPT:]]
 
 
 def _cut_lanes(fork: dict[str, Any]) -> None:
