@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.backends("sqlite", "postgres
 
 STEPS = 100_000
 #: A page's body stays under this however long the history (a hundred
-#: steps and a summarised graph: about 60 KB).
+#: steps and a summarised graph: about 50 KB).
 MAX_BODY = 200_000
 
 
