@@ -16,7 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, dryrun, histories, history_bound, new_run, patches, queue_commands, registry, relay, resources, retention, serde, versions
+from . import (admin, dryrun, histories, history_bound, new_run, patches, queue_commands, registry, relay, resources,
+               retention, serde, versions)
 from .cliutil import (
     EXIT_CODES,
     EXIT_UNAVAILABLE,

@@ -62,8 +62,8 @@ from .values import (
 )
 
 
-class Store(Waits, Execution, StepTransactions, ConsoleReads, Histories, Runs, Runners, Queues, OperatorRequests, Retention,
-            Cron, Schema, StoreCore):
+class Store(Waits, Execution, StepTransactions, ConsoleReads, Histories, Runs, Runners, Queues, OperatorRequests,
+            Retention, Cron, Schema, StoreCore):
     """Base class; see ``postgres.PostgresStore`` and ``sqlite.SQLiteStore``."""
 
 
