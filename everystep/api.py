@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from . import async_steps, body_calls, client, forks, loops, new_run, registry, resources, sleeps, steps, waits
+from .store import step_pages
 from . import transactional as transactional_steps
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
@@ -654,23 +655,32 @@ async def get_run_async(run_id: str, database: str | Store | None = None, conn: 
 
 @declare(BodyRule.RECORDED, 'Recorded: every replay sees the steps the first execution read.',
          records=(body_calls.GET_STEPS_STEP,))
-def get_steps(run_id: str, database: str | Store | None = None, everystep_id: str | None = None) -> list[StepRecord]:
+def get_steps(run_id: str, database: str | Store | None = None, everystep_id: str | None = None, *,
+              after: str | None = None, limit: int | None = None) -> list[StepRecord]:
     """The recorded steps of a run, in the order they were first recorded.
     In a workflow body it is a step: every replay sees what the first
-    execution read."""
+    execution read (a page included).
+
+    With ``limit`` or ``after``, one page of them (``everystep.store.step_pages``):
+    at most ``limit`` steps, those recorded after step ``after`` (an id of
+    the run's; None: from the first); the next page is
+    ``after=page[-1].step_id``, and a page shorter than ``limit`` is the
+    last. A page costs its own rows and the run's step ids, not the whole
+    history."""
+    step_pages.check_page(after, limit)
     ctx = body_calls.body_context("get_steps", database=database)
     if ctx is not None:
-        return body_calls.get_steps(ctx, run_id, everystep_id)
-    return client.get_steps(run_id, database)
+        return body_calls.get_steps(ctx, run_id, everystep_id, after, limit)
+    return client.get_steps(run_id, database, after, limit)
 
 
 @declare(BodyRule.RECORDED, "Recorded as get_steps().",
          records=(body_calls.GET_STEPS_STEP,))
-async def get_steps_async(run_id: str, database: str | Store | None = None,
-                          everystep_id: str | None = None) -> list[StepRecord]:
+async def get_steps_async(run_id: str, database: str | Store | None = None, everystep_id: str | None = None, *,
+                          after: str | None = None, limit: int | None = None) -> list[StepRecord]:
     """``get_steps`` from async code, in a worker thread (in an async body,
     the same step as ``get_steps``'s)."""
-    return await loops.in_thread(get_steps, run_id, database, everystep_id)
+    return await loops.in_thread(get_steps, run_id, database, everystep_id, after=after, limit=limit)
 
 
 @declare(BodyRule.WAIT, "A recorded wait for the run's end that holds no process, checked again after a tenth of the time waited (0.5 s to 30 s); returns the run as it ended.",

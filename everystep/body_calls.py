@@ -37,7 +37,7 @@ from .context import Context, Execution, recording_context
 from .errors import STORE_FAILURES, BodyCallRefused, EverystepError, RunNotFound, SendRefused
 from .models import STEP_DONE, STEP_FAILED, Run, StepRecord, row_fields, row_from_fields
 from .new_run import NewRun
-from .store import Marker, NewStep, Store, StepWrite, utcnow
+from .store import Marker, NewStep, Store, StepWrite, step_pages, utcnow
 from .wait_kinds import EVENT
 
 SEND_STEP = "everystep.send"
@@ -78,15 +78,19 @@ def get_run(ctx: Context, run_id: str, name: str | None) -> Run:
                        row_fields, run_of)
 
 
-def get_steps(ctx: Context, run_id: str, name: str | None) -> list[StepRecord]:
-    """A body's ``get_steps``: recorded, so every replay sees the same steps."""
+def get_steps(ctx: Context, run_id: str, name: str | None, after: str | None = None,
+              limit: int | None = None) -> list[StepRecord]:
+    """A body's ``get_steps``: recorded, so every replay sees the same steps
+    (a page's arguments recorded with it)."""
     store = ctx.execution.store
+    paged = after is not None or limit is not None
 
     def read() -> list[StepRecord]:
         store.get_run(run_id)  # RunNotFound for an unknown run
-        return store.get_steps(run_id)
+        return step_pages.read_page(store, run_id, after, limit).steps if paged else store.get_steps(run_id)
 
-    return record_read(ctx, GET_STEPS_STEP, [run_id], name, read,  # type: ignore[no-any-return]
+    arguments = [run_id, after, limit] if paged else [run_id]
+    return record_read(ctx, GET_STEPS_STEP, arguments, name, read,  # type: ignore[no-any-return]
                        lambda steps: [row_fields(step) for step in steps],
                        lambda fields: [row_from_fields(StepRecord, step) for step in fields])
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import body_calls, new_run, waits
-from .store import borrowed
+from .store import borrowed, step_pages
 from .context import current
 from .errors import ChildTimeout
 from .models import COMPLETED, CONTINUED, TERMINAL_STATUSES, Run, StepRecord
@@ -50,8 +50,8 @@ class Borrowed:
     def get_run(self, run_id: str) -> Run:
         return borrowed.get_run(self.conn, run_id)
 
-    def get_steps(self, run_id: str) -> list[StepRecord]:
-        return borrowed.get_steps(self.conn, run_id)
+    def get_steps(self, run_id: str, after: str | None, limit: int | None) -> list[StepRecord]:
+        return borrowed.get_steps(self.conn, run_id, after=after, limit=limit)
 
 
 class Owned:
@@ -69,9 +69,11 @@ class Owned:
     def get_run(self, run_id: str) -> Run:
         return self.store.get_run(run_id)
 
-    def get_steps(self, run_id: str) -> list[StepRecord]:
+    def get_steps(self, run_id: str, after: str | None, limit: int | None) -> list[StepRecord]:
         self.store.get_run(run_id)  # RunNotFound for an unknown run
-        return self.store.get_steps(run_id)
+        if after is None and limit is None:
+            return self.store.get_steps(run_id)
+        return step_pages.read_page(self.store, run_id, after, limit).steps
 
 
 def store_for(database: str | Store | None) -> Store:
@@ -115,9 +117,10 @@ def get_run(run_id: str, database: str | Store | None = None) -> Run:
         return place.get_run(run_id)
 
 
-def get_steps(run_id: str, database: str | Store | None = None) -> list[StepRecord]:
+def get_steps(run_id: str, database: str | Store | None = None, after: str | None = None,
+              limit: int | None = None) -> list[StepRecord]:
     with target(database) as place:
-        return place.get_steps(run_id)
+        return place.get_steps(run_id, after, limit)
 
 
 def get_event(run_id: str, key: str, seconds: float, database: str | Store | None = None,

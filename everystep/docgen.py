@@ -25,7 +25,7 @@ from typing import Any
 
 import everystep
 
-from . import cliutil, metrics, wait_kinds
+from . import cliutil, history_bound, metrics, wait_kinds
 from .body_rules import BodyRule, declaration_of
 from .cli import build_parser
 from .store import connect
@@ -352,6 +352,10 @@ ENVIRONMENT: tuple[Variable, ...] = (
              "the console's token when `--auth-token` is not given"),
     Variable("USER", "everystep remote", "who a request comes from (its `requested_by`, with the host name; "
              "else the numeric user id)"),
+    Variable(history_bound.ENV_VAR, "everystep worker, everystep-supervisor, the library's Worker",
+             "the history warning when no `--history-warning` or `history_warning=` is given: a run whose history "
+             f"passes this many step records is said once in the log, pointing at `continue_as_new` (default "
+             f"{history_bound.DEFAULT}; 0: never)"),
     Variable(metrics.MULTIPROC_ENV, "the library's metrics",
              "prometheus_client's multiprocess directory; the supervisor sets it to a private directory when "
              "`--metrics-port` is given, so every child's values are aggregated"),

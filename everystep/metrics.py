@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from . import wait_kinds
+from .history_bound import NOTED_FROM
 from .models import EXECUTION_ENDS, STEP_DONE, STEP_FAILED, STEP_RETRYING
 from .context import Observer
 from .store import utcnow
@@ -86,6 +87,7 @@ class Metrics:
     queue_oldest_pending_age: Gauge
     queue_paused: Gauge
     engine_errors: Counter
+    largest_history: Gauge
     #: The queues this process has set gauges for: one that no longer has
     #: runs or settings is set to zero rather than left at its last value.
     queues_seen: set[str] = field(default_factory=set)
@@ -176,6 +178,10 @@ def _create() -> Metrics | None:
         engine_errors=Counter("everystep_engine_errors_total",
                               "Statements of everystep's own the database refused (not an outage), by the driver's "
                               "name for the error; a run meeting one goes back to the queue", ["kind"]),
+        largest_history=Gauge("everystep_workflows_largest_history",
+                              "Step records of the longest history among unfinished runs (scheduled, running, "
+                              f"blocked), as its last execution left it; noted from {NOTED_FROM:,} records on "
+                              "(0: none that long). Past --history-warning, continue_as_new", multiprocess_mode=latest),
     )
 
 
@@ -204,6 +210,7 @@ def refresh_queue_gauges(store: Store) -> None:
     by_kind = store.waiting_counts()
     for kind in wait_kinds.GAUGE_LABELS:
         metrics.waiting_by_kind.labels(kind).set(by_kind.get(kind, 0))
+    metrics.largest_history.set(store.largest_history())
     queues = store.queues()
     gone = metrics.queues_seen - {queue.name for queue in queues}
     for queue in queues:

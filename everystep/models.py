@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Self, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 from . import serde
 from .body_rules import BodyRule, declare
@@ -452,6 +452,20 @@ class StepRecord:
             "cpu_seconds": self.cpu_seconds,
             "peak_rss_bytes": self.peak_rss_bytes,
         }
+
+
+class StepOutline(NamedTuple):
+    """A line of a run's history: a step without its arguments, result,
+    error and times (``Store.step_outline``), but the result of a patch
+    marker, its answer. What the step graph is drawn from: a history of
+    100,000 steps is 100,000 of these, made in a fraction of the time whole
+    records take."""
+
+    workflow_id: str
+    step_id: str
+    name: str
+    status: str
+    result: Any = None
 
 
 class RequestStatus(Status):

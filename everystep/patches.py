@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from .body_rules import BodyRule, declare
 from .context import Context, Execution, recording_context, validate_name
 from .errors import WorkflowCodeError
-from .models import STEP_DONE, StepRecord
+from .models import STEP_DONE, StepOutline, StepRecord
 from .store import Marker
 
 #: The function name recorded for a patch marker's row.
@@ -67,11 +67,11 @@ def marker_id(patch_id: str) -> str:
     return MARKER_PREFIX + patch_id
 
 
-def is_marker(record: StepRecord) -> bool:
+def is_marker(record: StepRecord | StepOutline) -> bool:
     return record.name == PATCH_STEP and record.step_id.startswith(MARKER_PREFIX)
 
 
-def patch_of(record: StepRecord) -> str:
+def patch_of(record: StepRecord | StepOutline) -> str:
     """The patch id of a marker row."""
     return record.step_id[len(MARKER_PREFIX):]
 

@@ -39,15 +39,17 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
-from . import aio, exposition, metrics, outcomes, registry, runner
+from . import aio, exposition, history_bound, metrics, outcomes, registry, runner
 from .claimloop import ClaimLoop
 from .context import SignalFlag
 from .errors import EverystepError
 from .exposition import ThreadedMetricsServer
 from .lease import DEFAULT_LEASE, Lease
+from .history_bound import HistoryBound
 from .listener import Listener
 from .context import Observer
 from .models import Outcome, Run
+from .observer import Observers
 from .store import Store, default_store
 from .store.channels import FENCE_CHANNEL, REQUEST_CHANNEL
 
@@ -86,6 +88,7 @@ class Worker:
         takeover: bool = False,
         queues: Sequence[str] | None = None,
         async_runs: int = 100,
+        history_warning: int | None = None,
     ) -> None:
         if pool_size < 1:
             raise EverystepError("pool_size must be at least 1")
@@ -98,7 +101,9 @@ class Worker:
         self.name = name or socket.gethostname()
         self.drain = drain
         self.store = database if isinstance(database, Store) else default_store(database)
-        self.observer = observer
+        #: The history bound (``everystep.history_bound``): a run whose history passes
+        #: ``history_warning`` records (else ``$EVERYSTEP_HISTORY_WARNING``, else 10,000) is said once.
+        self.observer = Observers([HistoryBound(history_bound.threshold(history_warning)), observer])
         self.metrics_port = metrics_port
         self.metrics_bind = metrics_bind
         self.loop = ClaimLoop(self.store, self.name, "worker", lease=lease, poll=poll, takeover=takeover,

@@ -43,7 +43,7 @@ import socket
 import sys
 import time
 
-from everystep import metrics, traces, versions
+from everystep import history_bound, metrics, traces, versions
 from everystep.cliutil import EXIT_USAGE
 from everystep.claimloop import ClaimLoop
 from everystep.listener import Listener
@@ -108,6 +108,7 @@ class Arbiter:
         self.remote = RemoteControl(store, config.name, self.loop.lease.instance, handle_request,
                                     outage=self.loop.outage, queues=config.queues)
         self.budgets = Budgets(self.who, config.cgroups, config.step_memory_limit, config.step_cpu_limit)
+        self.history_warning = history_bound.threshold(config.history_warning)
         self.deadlines = Deadlines(self.who, config.name, config.stall_timeout, self.budgets)
         self.ahead = ClaimAhead(config.claim_ahead)
         self.channels = ChildChannels(self.selector, self._on_ready, self._on_done)
@@ -325,7 +326,7 @@ class Arbiter:
             max_runs=self.config.max_runs_per_child, max_memory_mb=self.config.max_memory_per_child,
             drain=self.config.drain, step_timeout=self.config.step_timeout, board=board,
             step_memory_limit=self.config.step_memory_limit, step_cpu_limit=self.config.step_cpu_limit,
-            cgroup=group,
+            cgroup=group, history_warning=self.history_warning,
         )
         sys.stdout.flush()
         sys.stderr.flush()

@@ -30,7 +30,8 @@ from typing import Any, NoReturn
 
 import psutil
 
-from everystep import runner, serde, traces
+from everystep import history_bound, runner, serde, traces
+from everystep.history_bound import HistoryBound
 from everystep.context import Context, SignalFlag
 from everystep.models import RUNNING, Run
 from everystep.context import Observer
@@ -87,6 +88,8 @@ class ChildSpec:
     step_cpu_limit: float | None = None
     #: The cgroup made for this child, which it joins at boot (None: rlimits only).
     cgroup: ChildGroup | None = None
+    #: A run whose history passes this many records is said once (``everystep.history_bound``; 0: never).
+    history_warning: int = history_bound.DEFAULT
 
 
 def main(spec: ChildSpec, channel: Channel, inherited: list[int]) -> NoReturn:
@@ -297,7 +300,7 @@ def _serve(spec: ChildSpec, channel: Channel, inherited: list[int]) -> int:
         return _recycle_reason(spec, runs_done + 1, owned())
 
     reporter = Reporter(channel, spec, leaving_after_this_run, meter)
-    observer = Observers([reporter, *spec.observers])
+    observer = Observers([reporter, HistoryBound(spec.history_warning), *spec.observers])
     reporter.send(Ready(os.getpid(), cgroup=group is not None, owned=memory.sample(process).owned))
     while True:
         if draining.is_set() or os.getppid() != spec.parent_pid:

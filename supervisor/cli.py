@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from everystep import metrics, registry, versions
+from everystep import history_bound, metrics, registry, versions
 from everystep.cliutil import (
     EXIT_FAILED,
     EXIT_OK,
@@ -167,6 +167,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-timeout", type=seconds(0.1, 3600), default=defaults.stall_timeout,
                         metavar="S", help="kill a child that has not read a run handed to it for S seconds "
                                           f"(default {defaults.stall_timeout:g})")
+    parser.add_argument("--history-warning", type=count(0, 10**9), default=None, metavar="N",
+                        help=history_bound.OPTION_HELP)
     add_logging_arguments(parser)
 
 
@@ -236,8 +238,13 @@ def config_from_args(args: argparse.Namespace, app: str | Sequence[str], databas
         listen_database=args.listen_database,
         app_version=args.app_version,
         serve_versions=args.serve_versions,
+        history_warning=args.history_warning,
     )
     _check_socket_path(config.socket)
+    try:
+        config.history_warning = history_bound.threshold(config.history_warning)  # $EVERYSTEP_HISTORY_WARNING read once
+    except EverystepError as exc:
+        fail(str(exc), prog=PROG)
     return config
 
 

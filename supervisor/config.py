@@ -70,6 +70,10 @@ class Config:
     #: The code versions whose runs it claims: ``all``, ``current`` or a list
     #: (``everystep.versions.served``).
     serve_versions: str = "all"
+    #: A run whose history passes this many step records is said once
+    #: (``everystep.history_bound``; None: ``$EVERYSTEP_HISTORY_WARNING``,
+    #: else 10,000; 0: never).
+    history_warning: int | None = None
 
     @property
     def show_progress(self) -> bool:

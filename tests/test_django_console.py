@@ -123,6 +123,9 @@ def test_the_api_answers_with_the_consoles_own_json(viewer: Client, store: Store
     detail = viewer.get(f"{PREFIX}/api/runs/{done.id}").json()
     assert detail["run"]["status"] == COMPLETED
     assert [step["step_id"] for step in detail["steps"]] == ["1", "charge", "3"]
+    assert detail["steps_total"] == 3 and detail["steps_next"] is None
+    page = viewer.get(f"{PREFIX}/api/runs/{done.id}/steps", {"after": "1", "limit": "1"}).json()
+    assert [step["step_id"] for step in page["steps"]] == ["charge"] and page["next"] == "charge"
     assert {node["function"] for node in detail["graph"]["nodes"] if node.get("function")} >= {
         "shop.workflows.charge_card"}
     assert viewer.get(PREFIX + "/api/blocked").json()["runs"][0]["uncertain"][0]["step_id"] == "charge"

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from .. import registry, versions
+from .. import history_bound, registry, versions
 from ..cliutil import LOG_LEVELS, PORT, add_logging_arguments, count, queue_list, seconds, setup_logging
 from ..errors import EverystepError
 from ..lease import DEFAULT_LEASE
@@ -55,6 +55,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve /metrics and /healthz on this port, 1 to 65535 (default 0: off)")
     parser.add_argument("--metrics-bind", default="0.0.0.0", metavar="ADDR",
                         help="address for --metrics-port (default 0.0.0.0)")
+    parser.add_argument("--history-warning", type=count(0, 10**9), default=None, metavar="N",
+                        help=history_bound.OPTION_HELP)
     add_logging_arguments(parser)
     # everystep-supervisor's options, refused here with the reason rather
     # than as unrecognized.
@@ -72,7 +74,8 @@ def cmd_worker(store: Store, args: argparse.Namespace, observer: Observer | None
     worker = Worker(pool_size=args.pool, poll=args.poll, name=args.name, drain=args.drain, database=store,
                     async_runs=args.async_runs,
                     metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, lease=args.lease,
-                    takeover=args.takeover, observer=observer, queues=args.queues)
+                    takeover=args.takeover, observer=observer, queues=args.queues,
+                    history_warning=args.history_warning)
     # Touch the database once before working: a wrong URL or an unmigrated
     # database is a bad command line (one line, exit 2), whereas the claim
     # loop would log and retry it forever as if it were a passing outage.

@@ -8,17 +8,26 @@ import json
 from typing import Any
 
 from .. import patches, resources, serde
-from ..cliutil import format_table, print_json
+from ..cliutil import count, format_table, print_json
 from ..context import step_sort_key
 from ..models import STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run, StepRecord
-from ..store import Store
+from ..store import Store, step_pages
 from ..waiting import describe_wait, effect_uncertain, ended_wait, waiting_for
 from .command import Command, add_json_flag, add_run_argument
+
+
+#: The steps ``show`` lists unless --limit says otherwise.
+SHOW_STEPS = 100
 
 
 def _show_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_argument(parser)
     add_json_flag(parser, "text")
+    parser.add_argument("--limit", type=count(0, 1_000_000), default=SHOW_STEPS, metavar="N",
+                        help=f"steps shown, 0 for all (default {SHOW_STEPS})")
+    parser.add_argument("--after", metavar="STEP", default=None,
+                        help="show the steps recorded after this one: the last of the page before (default: from "
+                             "the first)")
 
 
 def _describe_error(error: dict[str, Any] | None) -> str:
@@ -29,9 +38,10 @@ def _describe_error(error: dict[str, Any] | None) -> str:
 
 def cmd_show(store: Store, args: argparse.Namespace) -> int:
     run = store.find_run(args.run_id)
-    steps = sorted(store.get_steps(run.id), key=lambda step: step_sort_key(step.step_id))
-    waiting = waiting_for(run, steps)
-    cost = resources.run_cost(steps)
+    page = step_pages.read_page(store, run.id, args.after, args.limit or None)
+    steps = sorted(page.steps, key=lambda step: step_sort_key(step.step_id))
+    waiting = waiting_for(run, store.steps_of_runs([run.id], waiting_only=True)[run.id])
+    cost = store.run_cost(run.id)
     forks = store.forks_of(run.id)
     if args.json:
         links = store.links(run.id)
@@ -45,6 +55,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
                                "wait_ended": ended_wait(run, step),
                                "kind": patches.KIND_PATCH if patches.is_marker(step) else "step"}
                               for step in steps],
+                    "steps_total": page.total, "steps_next": page.next_after,
                     "cost": cost.to_dict() if cost is not None else None})
         return 0
     print(f"run        {run.id}")
@@ -92,6 +103,10 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
                 print(f"  step {step.step_id} attempt {attempt.attempt} failed at "
                       f"{attempt.failed_at.isoformat() if attempt.failed_at else '?'}: "
                       f"{_describe_error(attempt.error)}; next attempt at {retry}")
+    if len(steps) < page.total:
+        print(f"{len(steps):,} of {page.total:,} steps"
+              + (f", recorded after step {args.after}" if args.after else "")
+              + (f"; the next ones: everystep show {run.id} --after {page.next_after}" if page.next_after else ""))
     _show_family(store, run.id)
     return 0
 
@@ -146,7 +161,9 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
 
 
 SHOW = Command("show", "show a run and its recorded steps",
-               "A run (args, result, error with its traceback) and its steps in step-id order.",
+               "A run (args, result, error with its traceback) and its steps, a page at a time: --limit of "
+               "them in the order they were recorded, from the first or those after --after, listed in "
+               "step-id order.",
                cmd_show, _show_arguments)
 
 __all__ = ["SHOW", "cmd_show"]

@@ -8,15 +8,17 @@ or where the run stands with it: ``pending`` (still ahead), ``skipped``
 another function there), ``running`` (in flight, see ``mark_in_flight``),
 ``waiting`` (a wait not ended yet). The walk that places records on a plan
 (``overlay``) and the records-only fallback (``recorded``) build their
-nodes here.
+nodes here, holding the record they were walked with; ``dressed`` turns
+the records of the nodes kept into JSON, read whole where needed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import registry, wait_kinds
-from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepRecord
+from ..models import STEP_DONE, STEP_FAILED, STEP_STARTED, StepOutline, StepRecord
 from ..patches import PATCH_STEP, patch_of
 from .nodes import Patch, StepCall, Wait
 from .plan import wait_records
@@ -27,8 +29,16 @@ DIVERGED = "diverged"
 RUNNING = "running"
 WAITING = "waiting"
 
+#: What a walk reads of a record: a whole one, or a line of an outline
+#: (``Store.step_outline``: id, function, status, a patch's answer).
+Recorded = StepRecord | StepOutline
 
-def step_node(call: StepCall | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
+#: Where the full records of the nodes drawn are read (their step ids in,
+#: the records by id out), when a graph was walked from outlines.
+Details = Callable[[list[str]], Mapping[str, StepRecord]]
+
+
+def step_node(call: StepCall | None, step_id: str | None, record: Recorded | None, state: str) -> dict[str, Any]:
     function = record.name if record is not None else call.function if call is not None else "?"
     node: dict[str, Any] = {
         "kind": "step",
@@ -37,45 +47,42 @@ def step_node(call: StepCall | None, step_id: str | None, record: StepRecord | N
         "label": call.label if call is not None else function.rsplit(".", 1)[-1],
         "state": state,
         "unsafe": bool(call.unsafe) if call is not None else False,
-        "exactly_once": call.exactly_once if call is not None else function in registry.transactional_steps(),
+        # Without a call (the records alone), read when the node is kept (``dressed``).
+        "exactly_once": call.exactly_once if call is not None else None,
         "line": call.line if call is not None else None,
-        "record": None,
+        # The record itself while walking: made JSON (``dressed``) only if the node is kept.
+        "record": record,
     }
-    if record is not None:
-        data = record.to_dict()
-        data["duration"] = (
-            (record.completed_at - record.started_at).total_seconds()
-            if record.completed_at is not None and record.started_at is not None else None
-        )
-        node["record"] = data
     if state == DIVERGED and call is not None:
         node["expected"] = call.function
     return node
 
 
-def wait_node(call: Wait | None, step_id: str | None, record: StepRecord | None, state: str) -> dict[str, Any]:
+def wait_node(call: Wait | None, step_id: str | None, record: Recorded | None, state: str,
+              kinds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A wait's node: ``wait`` says what kind of wait it is, ``what`` what it
-    waits for in words (from the kind's declaration, ``everystep.wait_kinds``),
-    ``until`` its wake time (None: until something else ends it, or not
-    reached)."""
-    row = wait_records().get(record.name) if record is not None else None
+    waits for in words (from the kind's declaration, ``everystep.wait_kinds``,
+    read with the whole record by ``dressed``), ``until`` its wake time
+    (None: until something else ends it, or not reached). ``kinds``:
+    ``wait_records()``, when the caller has it."""
+    row = (kinds if kinds is not None else wait_records()).get(record.name) \
+        if call is None and record is not None else None
     kind = call.kind if call is not None else row.kind if row is not None else "wait"
-    declared = wait_kinds.by_step.get(record.name) if record is not None else None
     node = step_node(None, step_id, record, state)
     node.update({
         "kind": "wait",
         "wait": kind,
-        "what": declared.describe(record.args) if declared is not None and record is not None else kind,
+        "what": kind,
         "function": call.function if call is not None else node["function"],
         "label": call.label if call is not None else kind,
         "line": call.line if call is not None else None,
-        "until": record.wake_at.isoformat() if record is not None and record.wake_at is not None else None,
+        "until": None,
     })
     return node
 
 
-def patch_node(call: Patch | None, step_id: str | None, record: StepRecord | None, state: str,
-           answer: Any = None) -> dict[str, Any]:
+def patch_node(call: Patch | None, step_id: str | None, record: Recorded | None, state: str,
+               answer: Any = None) -> dict[str, Any]:
     """A ``patched()`` call's node: ``answer`` is the recorded branch
     (True: the new code's, False: the old code's; None: not asked yet)."""
     node = step_node(None, step_id, record, state)
@@ -90,7 +97,7 @@ def patch_node(call: Patch | None, step_id: str | None, record: StepRecord | Non
     return node
 
 
-def wait_state(record: StepRecord) -> str:
+def wait_state(record: Recorded) -> str:
     """A wait's record is final once done (or failed); until then it waits,
     whatever its row's status says (``sleeping``, …)."""
     return str(record.status) if record.status in (STEP_DONE, STEP_FAILED) else WAITING
@@ -173,6 +180,8 @@ def mark_in_flight(nodes: list[dict[str, Any]]) -> bool:
                 if not mark_in_flight(iteration):
                     return False
             return False  # another iteration, or what follows the loop: not known
+        if kind == "collapsed" and set(node["states"]) <= {"done"}:
+            continue  # records summarised, every one of them done
         return False  # an exit, or a kind this walk does not know
     return True
 
@@ -235,5 +244,53 @@ def _restate(nodes: list[dict[str, Any]], state: str) -> None:
             _restate(node.get(key, []), state)
 
 
-__all__ = ["DIVERGED", "PENDING", "RUNNING", "SKIPPED", "WAITING", "fork_state", "has_ahead", "mark_in_flight",
+def dressed(graph: dict[str, Any], details: Details | None) -> dict[str, Any]:
+    """The graph with each drawn node's record (the one walked: whole, or a
+    line of an outline) as JSON-ready data, whole: read through ``details``
+    when given. What a wait waits for and its wake time are read there too."""
+    nodes: list[dict[str, Any]] = []
+    _with_records(graph["nodes"], nodes)
+    _with_records(graph["unplaced"], nodes)
+    full = details([node["record"].step_id for node in nodes]) if details is not None and nodes else {}
+    transactional = registry.transactional_steps()
+    for node in nodes:
+        if node.get("exactly_once", False) is None:
+            node["exactly_once"] = node["function"] in transactional
+        record = full.get(node["record"].step_id, node["record"])
+        if node["kind"] == "wait" and isinstance(record, StepRecord):
+            declared = wait_kinds.by_step.get(record.name)
+            if declared is not None:
+                node["what"] = declared.describe(record.args)
+            if record.wake_at is not None:
+                node["until"] = record.wake_at.isoformat()
+        node["record"] = _record_data(record)
+    return graph
+
+
+def _with_records(nodes: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
+    """Collect the drawn nodes that hold a record, at any depth."""
+    for node in nodes:
+        if isinstance(node.get("record"), (StepRecord, StepOutline)):
+            found.append(node)
+        for key in ("lanes", "handlers"):
+            for lane in node.get(key, ()):
+                _with_records(lane["nodes"], found)
+        for key in ("body", "orelse", "final", "next"):
+            _with_records(node.get(key, []), found)
+        for iteration in node.get("iterations", ()):
+            _with_records(iteration, found)
+
+
+def _record_data(record: Recorded) -> dict[str, Any]:
+    if isinstance(record, StepOutline):  # no details to read it whole from
+        record = StepRecord(record.workflow_id, record.step_id, record.name, record.status, result=record.result)
+    data = record.to_dict()
+    data["duration"] = (
+        (record.completed_at - record.started_at).total_seconds()
+        if record.completed_at is not None and record.started_at is not None else None
+    )
+    return data
+
+
+__all__ = ["DIVERGED", "PENDING", "RUNNING", "SKIPPED", "WAITING", "Details", "Recorded", "dressed", "fork_state", "has_ahead", "mark_in_flight",
            "patch_node", "settle_passed", "step_node", "wait_node", "wait_state"]

@@ -35,19 +35,46 @@ code, a plan that guessed wrong) is listed in ``unplaced``.
 source: the records alone, with forks and lanes rebuilt from their dotted
 ids.
 
+A long history is summarised, never drawn whole: a loop that ran more than
+``MAX_DRAWN`` times draws its first and last ``KEPT`` iterations and says
+how many ran between them and how they ended (``collapsed``: a count of
+steps by state and by function); a fork with more lanes, or a run of
+records laid out one after another (the records alone, what a walk could
+not place, a dynamic fork's lane), is cut the same way. The walk builds
+each node's record lazily: only the records of the nodes kept are turned
+into JSON, read in full through ``details`` when the walk was given
+outlines (records without arguments, results and errors:
+``Store.step_outline``). Every record still counts once: in a node, in a
+collapsed summary, or in ``unplaced``.
+
+A long history is summarised, never drawn whole: a loop that ran more than
+``collapse.MAX_DRAWN`` times draws its first and last ``collapse.KEPT`` iterations and says
+how many ran between them and how they ended (``collapsed``: a count of
+steps by state and by function); a fork with more lanes, or a run of
+records laid out one after another (the records alone, what a walk could
+not place, a dynamic fork's lane), is cut the same way. The walk builds
+each node's record lazily: only the records of the nodes kept are turned
+into JSON, read in full through ``details`` when the walk was given
+outlines (records without arguments, results and errors:
+``Store.step_outline``). Every record still counts once: in a node, in a
+collapsed summary, or in ``unplaced``.
+
 The output is plain JSON-ready dicts (the console draws them in the
 browser); ``drawn`` builds every node and says their shapes and states.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
-from ..models import STEP_FAILED, StepRecord
+from ..models import STEP_FAILED
 from ..patches import marker_id
-from .drawn import DIVERGED, PENDING, SKIPPED, fork_state, has_ahead, mark_in_flight, patch_node, settle_passed, \
-    step_node, wait_node, wait_state
+from .collapse import Kept, cut_lanes
+from .drawn import DIVERGED, PENDING, SKIPPED, Details, Recorded, dressed, fork_state, has_ahead, mark_in_flight, \
+    patch_node, settle_passed, step_node, wait_node, wait_state
 from .nodes import Choice, Exit, Fork, Loop, Node, Patch, Plan, StepCall, Try, Wait
 from .recorded import recorded_graph, recorded_nodes
 
@@ -73,22 +100,23 @@ class _Walk:
     stop: str | None = None
 
 
-def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bool = False,
-                completed: bool = False) -> dict[str, Any]:
+def build_graph(plan: Plan, records: Sequence[Recorded], active: bool, running: bool = False,
+                completed: bool = False, details: Details | None = None) -> dict[str, Any]:
     """The graph of a run from its workflow's plan and its records (in the
     order they were recorded). ``active``: the run is not finished, so what
     it has not reached is still ahead of it. ``running``: an executor holds
     it now, so the steps it has reached without recording them yet are in
     flight (see ``mark_in_flight``). ``completed``: the run returned, so
-    every failure it recorded was caught."""
+    every failure it recorded was caught. ``details``: where the full
+    records of the nodes drawn are read when ``records`` are outlines."""
     if not plan.ok:
-        return recorded_graph(records, plan.reason or "the workflow's source could not be read")
+        return recorded_graph(records, plan.reason or "the workflow's source could not be read", details)
     walker = _Overlay(records, active, completed)
     walk = walker.sequence(list(plan.nodes or ()), _Scope(""), None)
     if running and active:
         mark_in_flight(walk.nodes)
     unplaced = [record for record in records if record.step_id not in walker.used]
-    return {
+    graph = {
         "mode": "source",
         "reason": None,
         "notes": list(plan.notes),
@@ -97,33 +125,66 @@ def build_graph(plan: Plan, records: list[StepRecord], active: bool, running: bo
         "nodes": walk.nodes,
         "unplaced": recorded_nodes(unplaced),
     }
+    return dressed(graph, details)
 
 
-# -- the walk ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Index:
+    """Where records are found when a position is not predicted, built on
+    first need (a body whose every position is known, a long loop of steps,
+    never needs it): the direct children of each scope prefix by function,
+    numbered ones as (position, step id) in position order and named ones
+    in record order, so the next unused one is found without a scan; the
+    fork ids present, ``{scope prefix: [fork segment, ...]}``; each fork's
+    records by lane, at any depth below it; and each record's place in the
+    order recorded."""
 
+    numbered: dict[tuple[str, str], list[tuple[int, str]]]
+    named: dict[tuple[str, str], list[str]]
+    forks: dict[str, list[str]]
+    lanes: dict[str, dict[str, list[Recorded]]]
+    order: dict[str, int]
 
-class _Overlay:
-    def __init__(self, records: list[StepRecord], active: bool, completed: bool = False) -> None:
-        self.completed = completed
-        self.records = {record.step_id: record for record in records}
-        self.order = {record.step_id: index for index, record in enumerate(records)}
-        self.ahead = PENDING if active else SKIPPED
-        self.used: set[str] = set()
-        self._journal: list[str] = []
-        # Direct children of each scope prefix: (last segment, record), and
-        # the fork ids present, as ``{scope prefix: [fork segment, ...]}``.
-        self.children: dict[str, list[tuple[str, StepRecord]]] = {}
-        self.forks: dict[str, list[str]] = {}
-        for record in records:
+    @classmethod
+    def of(cls, records: Sequence[Recorded]) -> _Index:
+        index = cls({}, {}, {}, {}, {})
+        known_forks: dict[str, set[str]] = {}
+        for place, record in enumerate(records):
+            index.order[record.step_id] = place
             parts = record.step_id.split(".")
             prefix = ".".join(parts[:-1]) + "." if len(parts) > 1 else ""
-            self.children.setdefault(prefix, []).append((parts[-1], record))
+            if parts[-1].isdigit():
+                index.numbered.setdefault((prefix, record.name), []).append((int(parts[-1]), record.step_id))
+            else:
+                index.named.setdefault((prefix, record.name), []).append(record.step_id)
             for end in range(1, len(parts) - 1, 2):
                 scope = ".".join(parts[: end - 1]) + "." if end > 1 else ""
                 segment = parts[end - 1]
-                known = self.forks.setdefault(scope, [])
-                if segment not in known:
-                    known.append(segment)
+                if segment not in known_forks.setdefault(scope, set()):
+                    known_forks[scope].add(segment)
+                    index.forks.setdefault(scope, []).append(segment)
+                fork_id = ".".join(parts[:end])
+                index.lanes.setdefault(fork_id, {}).setdefault(parts[end], []).append(record)
+        for positions in index.numbered.values():
+            positions.sort()
+        return index
+
+
+class _Overlay:
+    def __init__(self, records: Sequence[Recorded], active: bool, completed: bool = False) -> None:
+        self.completed = completed
+        self.ordered = records
+        self.records = {record.step_id: record for record in records}
+        self.ahead = PENDING if active else SKIPPED
+        self.used: set[str] = set()
+        self._journal: list[str] = []
+        self._index: _Index | None = None
+
+    @property
+    def index(self) -> _Index:
+        if self._index is None:
+            self._index = _Index.of(self.ordered)
+        return self._index
 
     # -- bookkeeping for trials ---------------------------------------------------------
 
@@ -204,7 +265,7 @@ class _Overlay:
         scope.pos += 1
         if preview is not None:
             return _Walk([step_node(call, self._predicted(call.name, call.dynamic_name, scope), None, preview)])
-        step_id = self._locate_step(call, scope)
+        step_id = self._locatestep_node(call, scope)
         record = self.records.get(step_id) if step_id is not None and step_id not in self.used else None
         if record is None:
             return _Walk([step_node(call, step_id, None, self.ahead)])
@@ -218,7 +279,7 @@ class _Overlay:
         scope.pos += 1
         if preview is not None:
             return _Walk([wait_node(call, self._predicted(call.name, call.dynamic_name, scope), None, preview)])
-        step_id = self._locate_step(call, scope)
+        step_id = self._locatestep_node(call, scope)
         record = self.records.get(step_id) if step_id is not None and step_id not in self.used else None
         if record is None:
             return _Walk([wait_node(call, step_id, None, self.ahead)])
@@ -243,25 +304,21 @@ class _Overlay:
         self._use(record.step_id)
         return _Walk([patch_node(call, step_id, record, str(record.status))], 1)
 
-    def _locate_step(self, call: StepCall | Wait, scope: _Scope) -> str | None:
+    def _locatestep_node(self, call: StepCall | Wait, scope: _Scope) -> str | None:
         if call.dynamic_name:
-            for segment, record in self.children.get(scope.prefix, ()):
-                if not segment.isdigit() and record.name == call.function and record.step_id not in self.used:
-                    return record.step_id
-            return None
+            return next((step_id for step_id in self.index.named.get((scope.prefix, call.function), ())
+                         if step_id not in self.used), None)
         predicted = self._predicted(call.name, False, scope)
         if predicted is not None:
             return predicted
         # Position unknown: the next unused record of this function here.
-        best: tuple[int, str] | None = None
-        for segment, record in self.children.get(scope.prefix, ()):
-            if segment.isdigit() and int(segment) >= scope.pos and record.name == call.function \
-                    and record.step_id not in self.used and (best is None or int(segment) < best[0]):
-                best = (int(segment), record.step_id)
-        if best is None:
-            return None
-        scope.pos, scope.certain = best[0], True
-        return best[1]
+        positions = self.index.numbered.get((scope.prefix, call.function), [])
+        for index in range(bisect.bisect_left(positions, (scope.pos, "")), len(positions)):
+            position, step_id = positions[index]
+            if step_id not in self.used:
+                scope.pos, scope.certain = position, True
+                return step_id
+        return None
 
     # -- forks ------------------------------------------------------------------------------
 
@@ -269,7 +326,7 @@ class _Overlay:
         predicted = self._predicted(fork.name, fork.dynamic_name, scope)
         if predicted is not None:
             return predicted
-        segments = self.forks.get(scope.prefix, [])
+        segments = self.index.forks.get(scope.prefix, [])
         if fork.dynamic_name:
             candidates = [s for s in segments if not s.isdigit()]
             return scope.prefix + candidates[0] if candidates else None
@@ -286,17 +343,14 @@ class _Overlay:
         lanes: list[dict[str, Any]] = []
         matched, raised = 0, False
         if fork.dynamic and preview is None and fork_id is not None:
-            indexes = sorted({int(r.step_id[len(fork_id) + 1:].split(".")[0])
-                              for r in self.records.values()
-                              if r.step_id.startswith(fork_id + ".") and r.step_id not in self.used
-                              and r.step_id[len(fork_id) + 1:].split(".")[0].isdigit()})
-            for index in indexes:
-                prefix = f"{fork_id}.{index}."
-                records = [r for r in self.records.values() if r.step_id.startswith(prefix) and r.step_id not in self.used]
-                records.sort(key=lambda r: self.order[r.step_id])
+            found = self.index.lanes.get(fork_id, {})
+            for index in sorted(int(segment) for segment in found if segment.isdigit()):
+                records = [r for r in found[str(index)] if r.step_id not in self.used]
+                if not records:
+                    continue
                 for record in records:
                     self._use(record.step_id)
-                nodes = recorded_nodes(records, prefix)
+                nodes = recorded_nodes(records, f"{fork_id}.{index}.")
                 matched += len(records)
                 raised = raised or any(r.status == STEP_FAILED for r in records)
                 lanes.append({"label": f"branch {index}", "nodes": nodes})
@@ -313,21 +367,26 @@ class _Overlay:
             "dynamic": fork.dynamic, "lanes": lanes,
             "state": preview or fork_state(lanes),
         }
+        cut_lanes(node)
         return _Walk([node], matched, RAISED if raised else None)
 
     # -- control flow -------------------------------------------------------------------------
 
     def _loop(self, loop: Loop, scope: _Scope, preview: str | None) -> _Walk:
         body = list(loop.body)
-        iterations: list[list[dict[str, Any]]] = []
+        iterations = Kept()
         matched, stop = 0, None
         most = len(self.records) + 1 if loop.count is None else min(loop.count, len(self.records) + 1)
         if preview is None:
             for _ in range(most):
-                if not self._trial(body, scope).matched:
-                    break
+                # The next iteration, walked once: undone if it matched nothing.
+                mark, pos, certain = self._mark(), scope.pos, scope.certain
                 walk = self.sequence(body, scope, None)
-                iterations.append(walk.nodes)
+                if not walk.matched:
+                    self._undo(mark)
+                    scope.pos, scope.certain = pos, certain
+                    break
+                iterations.add(walk.nodes)
                 matched += walk.matched
                 if walk.stop is not None:
                     stop = walk.stop
@@ -335,7 +394,7 @@ class _Overlay:
         # How many iterations may still come (None: not known). A loop over a
         # known number of items that recorded every one of them is over:
         # nothing is drawn ahead of it, and positions after it stay known.
-        remaining = loop.count - len(iterations) if loop.count is not None else None
+        remaining = loop.count - iterations.count if loop.count is not None else None
         upcoming: list[dict[str, Any]] = []
         if stop is None and remaining != 0:
             # The iteration that may come (for a finished run, only a loop
@@ -343,8 +402,9 @@ class _Overlay:
             if preview is not None or self.ahead == PENDING or not iterations:
                 upcoming = self.sequence(body, scope.copy(), preview or self.ahead).nodes
             scope.certain = False  # how many more iterations is not known
-        node = {"kind": "loop", "label": loop.text, "line": loop.line, "iterations": iterations,
-                "next": upcoming, "remaining": remaining, "undecided": bool(upcoming) and preview is None}
+        node = {"kind": "loop", "label": loop.text, "line": loop.line, "iterations": iterations.drawn(),
+                "count": iterations.count, "collapsed": iterations.summary(), "next": upcoming,
+                "remaining": remaining, "undecided": bool(upcoming) and preview is None}
         return _Walk([node], matched, stop)
 
     def _choice(self, choice: Choice, scope: _Scope, preview: str | None) -> _Walk:
@@ -426,9 +486,10 @@ class _Overlay:
             return False
         if self.completed:
             return True
-        last = max(self.order[step_id] for step_id in body_ids)
-        return any(self.order[step_id] > last for step_id in self.records
-                   if step_id not in self.used and step_id.startswith(prefix))
+        last = max(self.index.order[step_id] for step_id in body_ids)
+        # In record order from there: the first one found answers.
+        return any(self.ordered[index].step_id not in self.used and self.ordered[index].step_id.startswith(prefix)
+                   for index in range(last + 1, len(self.ordered)))
 
 
 def _positions(nodes: list[Node]) -> int | None:

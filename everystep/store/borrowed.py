@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import EverystepError, RunNotFound
 from ..models import Attempt, Run, StepRecord
 from ..queues import Placement
-from . import Store, backend_for_connection
+from . import Store, backend_for_connection, step_pages
 from .base import statements
 from .postgres import PostgresStore
 
@@ -117,17 +117,25 @@ def get_run(conn: Any, run_id: str) -> Run:
         return store_class._run(row)
 
 
-def get_steps(conn: Any, run_id: str) -> list[StepRecord]:
-    """A run's recorded steps (``RunNotFound`` for an unknown run)."""
+def get_steps(conn: Any, run_id: str, *, after: str | None = None, limit: int | None = None) -> list[StepRecord]:
+    """A run's recorded steps (``RunNotFound`` for an unknown run); with
+    ``after`` or ``limit``, one page of them (``everystep.store.step_pages``)."""
+    step_pages.check_page(after, limit)
     with cursor(conn) as (store_class, cur):
         sql = store_class.statements()
-        if cur.execute(sql["get_run"], {"id": _run_id(run_id)}).fetchone() is None:
+        params = {"id": _run_id(run_id)}
+        if cur.execute(sql["get_run"], params).fetchone() is None:
             raise RunNotFound(f"no run with id {run_id}")
-        steps = [store_class._step(row) for row in cur.execute(sql["get_steps"], {"id": _run_id(run_id)}).fetchall()]
+        if after is None and limit is None:
+            steps = [store_class._step(row) for row in cur.execute(sql["get_steps"], params).fetchall()]
+        else:
+            step_ids = [row["step_id"] for row in cur.execute(sql["step_ids"], params).fetchall()]
+            chosen = step_pages.page_of(run_id, step_ids, after, limit)[0]
+            steps = step_pages.in_order(store_class.steps_by_id_on(cur, sql, params["id"], chosen), chosen)
         if not any(step.attempt > 1 or step.status == "retrying" for step in steps):
             return steps
         history: dict[str, list[Attempt]] = {}
-        for row in cur.execute(sql["get_attempts"], {"id": _run_id(run_id)}).fetchall():
+        for row in cur.execute(sql["get_attempts"], params).fetchall():
             history.setdefault(row["step_id"], []).append(store_class._attempt(row))
         return [dataclasses.replace(step, attempts=history.get(step.step_id, [])) for step in steps]
 

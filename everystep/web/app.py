@@ -4,6 +4,7 @@ Routes::
 
     GET  /                      runs            GET  /api/runs        ?status&workflow&q&before|after&limit
     GET  /runs/{id}             one run         GET  /api/runs/{id}
+                                                GET  /api/runs/{id}/steps  ?after&limit  (a page of its steps)
     GET  /runners               runners         GET  /api/runners
     GET  /blocked               blocked runs    GET  /api/blocked     ?before|after&limit
     GET  /static/…              JS and CSS      GET  /api/meta
@@ -136,6 +137,7 @@ def create_app(
         Route("/api/meta", shell.meta),
         Route("/api/runs", functools.partial(shell.view, view="runs")),
         Route("/api/runs/{run_id}", functools.partial(shell.view, view="run")),
+        Route("/api/runs/{run_id}/steps", functools.partial(shell.view, view="steps"), methods=["GET"]),
         Route("/api/runners", functools.partial(shell.view, view="runners")),
         Route("/api/blocked", functools.partial(shell.view, view="blocked")),
         Route("/api/stream", shell.stream),

@@ -113,14 +113,17 @@ class Console:
         if view == "run":
             run_id = str(params.get("id", ""))
             return lambda: self.views.run(run_id)
+        if view == "steps":
+            run_id = str(params.get("id", ""))
+            return lambda: self.views.steps(run_id, params)
         if view == "runners":
             return self.views.runners
         if view == "blocked":
             return lambda: self.views.blocked(params)
-        raise BadRequest(f"unknown view {view[:40]!r}; expected runs, run, runners or blocked")
+        raise BadRequest(f"unknown view {view[:40]!r}; expected runs, run, steps, runners or blocked")
 
     def view(self, view: str, params: Mapping[str, Any], run_id: str | None = None) -> Reply:
-        """``GET /api/runs``, ``/api/runs/{id}``, ``/api/runners``, ``/api/blocked``."""
+        """``GET /api/runs``, ``/api/runs/{id}``, ``/api/runs/{id}/steps``, ``/api/runners``, ``/api/blocked``."""
         params = dict(params)
         if run_id is not None:
             params["id"] = run_id

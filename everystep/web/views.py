@@ -6,6 +6,15 @@ polling fallback, so all three always agree. Nothing here renders HTML: the
 browser builds the page with DOM text nodes, which is what keeps user data
 (arguments, results, errors) inert wherever it appears.
 
+A run's page reads its history once (``RunHistory``): the outline of every
+step (no argument, result or error: ``Store.step_outline``), from which
+the step graph is drawn and summarised (``everystep.graph``), the first
+``STEPS_PAGE`` steps in full (more come a page at a time from ``steps``),
+and the few rows that say what it waits for. That reading is reused while
+the run's row is unchanged and the reading is younger than ``REUSE`` times
+what it cost: a run of a hundred steps is read again every tick, one of
+100,000 every few seconds, and never sent whole to the browser.
+
 Filters: ``RunFilter`` holds what the runs list can be narrowed by (status,
 or ``waiting``: the scheduled runs not due yet; workflow, queue, id prefix).
 A filter is a field here, a condition in the ``page_runs`` statements and
@@ -15,26 +24,31 @@ an entry in ``FILTERS``; the browser builds its filter bar from ``FILTERS``
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import dryrun, registry, serde
 from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
+from ..graph.overlay import Recorded
 from ..graph.plan import Plan
 from ..models import (ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, COMPLETED, RUN_FILTERS, RUN_STATUSES, RUNNING,
-                      STEP_DONE, STEP_FAILED, STEP_STARTED, WAIT_FOREVER, Run, StepRecord)
+                      STEP_DONE, STEP_FAILED, STEP_STARTED, STEP_WAITING, WAIT_FOREVER, Run, StepOutline,
+                      StepRecord)
+from ..patches import PATCH_STEP
 from ..queues import queue_name
 from ..waiting import effect_uncertain, waiting_for, waits_of
 from ..waits import CHILD_STEP, START_STEP
-from ..store import Store, utcnow
+from ..store import Store, step_pages, utcnow
 from ..store.base import MAX_UUID, MIN_UUID, id_prefix_range
 from . import actions
 from .counts import StatusCounts
@@ -43,6 +57,16 @@ DEFAULT_PAGE = 50
 MAX_PAGE = 500
 PREVIEW_CHARS = 160
 VERDICT_TIMEOUT = 3.0
+#: The steps a run's page lists at first; more come ``STEPS_PAGE`` at a time.
+STEPS_PAGE = 100
+#: A history longer than this is not dry-replayed for the page's
+#: check-deploy verdict (``everystep check-deploy`` still judges it).
+VERDICT_MAX_STEPS = 10_000
+#: A run's history, once read, is reused while its row is unchanged for
+#: this many times as long as the reading took.
+REUSE = 5.0
+#: Runs whose reading is kept.
+HISTORIES_KEPT = 32
 
 _PREFIX = re.compile(r"^[0-9a-fA-F-]{1,36}$")
 
@@ -161,6 +185,26 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+@dataclass(frozen=True)
+class RunHistory:
+    """What a run's page shows of its history, as one reading found it:
+    how many steps, the first page of them (``steps``, JSON-ready, and the
+    cursor of the next), the step graph (summarised, its copied steps
+    marked), how many steps a fork copied, what the run waits for, its
+    uncertain steps, and its last record (the verdict's key)."""
+
+    total: int
+    steps: list[dict[str, Any]]
+    next_after: str | None
+    graph: dict[str, Any]
+    copied: int
+    waiting: str | None
+    uncertain: list[StepOutline]
+    last: StepOutline | None
+    read_at: float
+    cost: float
+
+
 class Views:
     """The console's reads, with the caches that keep them cheap."""
 
@@ -169,6 +213,7 @@ class Views:
         self.counts = StatusCounts(store)
         self._plans: dict[tuple[str, int], Plan] = {}
         self._verdicts: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+        self._histories: OrderedDict[str, tuple[tuple[Any, ...], RunHistory]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- meta ----------------------------------------------------------------------------
@@ -229,8 +274,8 @@ class Views:
 
     def run(self, run_id: str) -> dict[str, Any]:
         run = self.store.get_run(run_id)
-        steps = self.store.get_steps(run.id)
-        runner = self._runner_of(run, steps)
+        history = self.history(run)
+        runner = self._runner_of(run, lambda step_id: self._settled(run.id, step_id))
         data = run.to_dict()
         data.update({
             **timings(run),
@@ -238,16 +283,16 @@ class Views:
             # How many times the run was claimed, once runs count their claims.
             "attempts": getattr(run, "claim_epoch", None),
         })
-        data["waiting"] = waiting_for(run, steps)
+        data["waiting"] = history.waiting
         if run.not_before is not None and run.not_before >= WAIT_FOREVER:
             data["not_before"] = None  # a wait without a timeout: due only when something ends it
         links = self.store.links(run.id)
         data["parent_id"] = links.parent_id
         data["deadline"] = _iso(links.deadline)
+        data["copied_steps"] = history.copied
         children = self.store.children(run.id)
-        copied = self._copied(run, steps)
-        graph = self.graph(run, steps)
-        _annotate_nodes(graph, {child.id: child for child in children}, copied)
+        graph = copy.deepcopy(history.graph)
+        _annotate_nodes(graph, {child.id: child for child in children}, set())
         data["forks"] = [{"id": fork.id, "status": fork.status} for fork in self.store.forks_of(run.id)]
         return {
             "run": data,
@@ -255,24 +300,86 @@ class Views:
             "events": [event.to_dict() for event in self.store.events(run.id)],
             "messages": [message.to_dict() for message in self.store.messages(run.id)],
             "send": run.status in CANCELLABLE_STATUSES,
-            "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step),
-                       "copied": step.step_id in copied} for step in steps],
+            "steps": history.steps,
+            "steps_total": history.total,
+            "steps_next": history.next_after,
             "graph": graph,
-            "verdict": self.verdict(run, steps),
+            "verdict": self.verdict(run, history),
             "runner": runner,
             "actions": actions.available(run, runner),
             "uncertain": [
                 {"step_id": step.step_id, "name": step.name, "command": resolve_command(run.id, step.step_id)}
-                for step in steps if step.status == STEP_STARTED and run.status == BLOCKED
+                for step in history.uncertain if run.status == BLOCKED
             ],
         }
 
-    def graph(self, run: Run, steps: list[StepRecord]) -> dict[str, Any]:
+    def steps(self, run_id: str, params: Any) -> dict[str, Any]:
+        """A page of a run's steps (``after``: the last step id of the page
+        before; ``limit``, at most ``MAX_PAGE``), as the run page lists them."""
+        run = self.store.get_run(run_id)
+        after = (params.get("after") or "").strip() or None
+        limit = _limit(params.get("limit") or STEPS_PAGE)
+        try:
+            page = step_pages.read_page(self.store, run.id, after, limit)
+        except EverystepError as exc:
+            raise BadRequest(str(exc)) from None
+        copied = self._copied(run)
+        return {"steps": [_step_row(run, step, copied) for step in page.steps], "total": page.total,
+                "next": page.next_after}
+
+    def history(self, run: Run) -> RunHistory:
+        """The run's history as its page shows it: read again when the run
+        moved (its row changed) or when the last reading is older than
+        ``REUSE`` times what it cost (see the module)."""
+        key = (run.status, run.claim_epoch, run.not_before, run.completed_at, run.claimed_by,
+               id(registry.get_workflow(run.name)))
+        with self._lock:
+            kept = self._histories.get(run.id)
+        if kept is not None and kept[0] == key and time.monotonic() - kept[1].read_at < REUSE * kept[1].cost:
+            return kept[1]
+        history = self._read_history(run)
+        with self._lock:
+            self._histories[run.id] = (key, history)
+            self._histories.move_to_end(run.id)
+            while len(self._histories) > HISTORIES_KEPT:
+                self._histories.popitem(last=False)
+        return history
+
+    def _read_history(self, run: Run) -> RunHistory:
+        started = time.monotonic()
+        outline = self.store.step_outline(run.id, PATCH_STEP)
+        first = [step.step_id for step in outline[:STEPS_PAGE]]
+        waits = [step.step_id for step in outline if step.status in STEP_WAITING]
+        full = self._full(run.id, [*first, *waits])
+        copied = self._copied(run)
+        graph = self.graph(run, outline, lambda step_ids: self._full(run.id, step_ids))
+        _annotate_nodes(graph, {}, copied)
+        return RunHistory(
+            total=len(outline),
+            steps=[_step_row(run, full[step_id], copied) for step_id in first if step_id in full],
+            next_after=first[-1] if len(outline) > len(first) else None,
+            graph=graph, copied=len(copied),
+            waiting=waiting_for(run, [full[step_id] for step_id in waits if step_id in full]),
+            uncertain=[step for step in outline if step.status == STEP_STARTED],
+            last=outline[-1] if outline else None,
+            read_at=time.monotonic(), cost=time.monotonic() - started)
+
+    def _full(self, run_id: str, step_ids: list[str]) -> dict[str, StepRecord]:
+        return {step.step_id: step for step in self.store.steps_by_id(run_id, step_ids)}
+
+    def _settled(self, run_id: str, step_id: str) -> bool:
+        """Whether the run's step ``step_id`` has its outcome recorded."""
+        return any(step.status in (STEP_DONE, STEP_FAILED) for step in self.store.steps_by_id(run_id, [step_id]))
+
+    def graph(self, run: Run, steps: Sequence[Recorded],
+              details: Callable[[list[str]], Mapping[str, StepRecord]] | None = None) -> dict[str, Any]:
+        """The run's step graph from its records (outlines, with ``details``
+        reading the full records of the nodes drawn)."""
         workflow = registry.get_workflow(run.name)
         if workflow is None:
             reason = (f"workflow {run.name} is not registered in this console"
                       + ("" if registry.workflow_names() else " (start it with --app MODULE to read its source)"))
-            return recorded_graph(steps, reason)
+            return recorded_graph(steps, reason, details)
         key = (run.name, id(workflow))
         with self._lock:
             plan = self._plans.get(key)
@@ -281,19 +388,21 @@ class Views:
             with self._lock:
                 self._plans[key] = plan
         graph = build_graph(plan, steps, active=run.status in ACTIVE_STATUSES, running=run.status == RUNNING,
-                            completed=run.status == COMPLETED)
+                            completed=run.status == COMPLETED, details=details)
         if graph["file"]:
             relative = os.path.relpath(graph["file"])
             graph["file"] = relative if not relative.startswith("..") else graph["file"]
         return graph
 
-    def _copied(self, run: Run, steps: list[StepRecord]) -> set[str]:
+    def _copied(self, run: Run) -> set[str]:
         """The steps a fork holds as copies of its source's records
         (``admin.fork``): rows with the source's step id, function and
         times. A source deleted since (retention) leaves the times: a copy
-        was completed before the fork was made."""
+        was completed before the fork was made. (Both histories read whole:
+        only for a fork.)"""
         if not run.forked_from:
             return set()
+        steps = self.store.get_steps(run.id)
         source = {step.step_id: step for step in self.store.get_steps(run.forked_from)}
         if not source:
             return {step.step_id for step in steps if step.completed_at is not None and run.created_at is not None
@@ -302,21 +411,26 @@ class Views:
                 and (original.name, original.started_at, original.completed_at)
                 == (step.name, step.started_at, step.completed_at)}
 
-    def verdict(self, run: Run, steps: list[StepRecord]) -> dict[str, Any] | None:
-        """check-deploy's verdict on an unfinished run, with the code loaded here."""
+    def verdict(self, run: Run, history: RunHistory) -> dict[str, Any] | None:
+        """check-deploy's verdict on an unfinished run, with the code loaded
+        here (not for a history too long to replay on a page view)."""
         if run.status not in ACTIVE_STATUSES:
             return None
         if not registry.workflow_names():
             return {"outcome": None, "problem": False,
                     "detail": "no workflow code is loaded in this console (start it with --app MODULE)"}
-        last = steps[-1] if steps else None
-        key = (run.id, run.status, len(steps), last.step_id if last else None, last.status if last else None,
+        if history.total > VERDICT_MAX_STEPS:
+            return {"outcome": None, "problem": False,
+                    "detail": f"its {history.total:,} steps are more than a page view replays "
+                              f"({VERDICT_MAX_STEPS:,}): everystep check-deploy judges it"}
+        last = history.last
+        key = (run.id, run.status, history.total, last.step_id if last else None, last.status if last else None,
                id(registry.get_workflow(run.name)))
         with self._lock:
             cached = self._verdicts.get(key)
         if cached is not None:
             return cached
-        verdict = dryrun.replay(run, steps, timeout=VERDICT_TIMEOUT).to_dict()
+        verdict = dryrun.replay(run, self.store.get_steps(run.id), timeout=VERDICT_TIMEOUT).to_dict()
         with self._lock:
             self._verdicts[key] = verdict
             while len(self._verdicts) > 2000:
@@ -340,7 +454,7 @@ class Views:
             out.append(entry)
         return {"runners": out}
 
-    def _runner_of(self, run: Run, steps: Sequence[StepRecord] = ()) -> dict[str, Any] | None:
+    def _runner_of(self, run: Run, settled: Callable[[str], bool]) -> dict[str, Any] | None:
         """The runner holding the run, and the child executing it. A child
         is shown only while the run is ``running`` (what a supervisor
         published lags by up to its publishing period: a run that ended or
@@ -355,16 +469,16 @@ class Views:
                 if run.status == RUNNING:
                     for candidate in (runner["detail"] or {}).get("children", []):
                         if candidate.get("run_id") == run.id:
-                            child = _current_step(candidate, steps)
+                            child = _current_step(candidate, settled)
                 return {**runner, "child": child}
         return {"name": run.claimed_by, "kind": None, "expired": True, "detail": None, "child": None}
 
 
-def _current_step(child: dict[str, Any], steps: Sequence[StepRecord]) -> dict[str, Any]:
+def _current_step(child: dict[str, Any], settled: Callable[[str], bool]) -> dict[str, Any]:
     """The published child, its step left out if that step is recorded
     settled (done, failed: the child has moved on since it published)."""
-    settled = {step.step_id for step in steps if step.status in (STEP_DONE, STEP_FAILED)}
-    if child.get("step_id") in settled:
+    step_id = child.get("step_id")
+    if isinstance(step_id, str) and settled(step_id):
         return {**child, "step_id": None, "step_name": None, "step_seconds": None}
     return child
 
@@ -416,6 +530,11 @@ def _child_of(record: dict[str, Any]) -> str | None:
     if record.get("name") == CHILD_STEP and isinstance(args, list) and args:
         return str(args[0])
     return None
+
+
+def _step_row(run: Run, step: StepRecord, copied: set[str]) -> dict[str, Any]:
+    """A step as the run page lists it."""
+    return {**step.to_dict(), "effect_uncertain": effect_uncertain(run, step), "copied": step.step_id in copied}
 
 
 def resolve_command(run_id: str, step_id: str) -> str:

@@ -14,7 +14,7 @@ from everystep.store import functions, migrations
 #: Function files (``store/functions/<backend>/``) that arrived with a later
 #: schema version than the first: the version they came with. An older
 #: release never applied them.
-FUNCTIONS_SINCE = {"statuses": 17}
+FUNCTIONS_SINCE = {"statuses": 18}
 
 
 def main() -> None:

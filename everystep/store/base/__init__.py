@@ -33,6 +33,7 @@ over ``core.StoreCore``; ``Store`` composes them, so callers see one class
 ``queues``             queue settings and the counts of what they hold
 ``operator_requests``  requests relayed to a runner through the database
 ``console``            pages, bounded counts and id-prefix lookups for operators
+``histories``          long histories: a run's steps by page, its outline, its noted length
 ``retention``          deleting finished runs in batches
 ``cron``               periodic workflows' ticks
 ``step_transactions``  transactional steps: their writes and record in one transaction
@@ -48,6 +49,7 @@ from .continuations import Continuations
 from .core import MAX_IDLE_CONNECTIONS, Row, StoreCore
 from .cron import Cron
 from .execution import Execution
+from .histories import Histories
 from .operator_requests import OperatorRequests
 from .queues import Queues
 from .retention import Retention
@@ -62,8 +64,8 @@ from .values import (
 )
 
 
-class Store(Continuations, Waits, Execution, StepTransactions, ConsoleReads, Runs, Runners, Queues, OperatorRequests, Retention,
-            Cron, Schema, StoreCore):
+class Store(Continuations, Waits, Execution, StepTransactions, ConsoleReads, Histories, Runs, Runners, Queues,
+            OperatorRequests, Retention, Cron, Schema, StoreCore):
     """Base class; see ``postgres.PostgresStore`` and ``sqlite.SQLiteStore``."""
 
 

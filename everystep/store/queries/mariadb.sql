@@ -885,7 +885,7 @@ FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > UTC_TIMESTAMP(6)
 GROUP BY 1
 
--- -- Continuing as new (migration 0017) --
+-- -- Continuing as new (migration 0016) --
 
 -- name: lock_continuing
 -- continue_as_new: the run's row under its claim, locked, with what its
@@ -926,3 +926,32 @@ SELECT %(new_id)s, `key`, value, updated_at FROM everystep_event WHERE workflow_
 UPDATE everystep_workflow SET parent_id = %(new_id)s
 WHERE parent_id = %(run_id)s AND status IN {active_statuses}
 
+-- name: step_ids
+-- Long histories (store/base/histories.py). Every step id of a run in the
+-- order first recorded, as get_steps reads them: what a page of steps is
+-- cut from, without reading the arguments and results of the others.
+SELECT step_id FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
+-- name: steps_by_id
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s AND step_id IN %(step_ids)s
+
+-- name: step_outline
+-- Every step of a run in the order first recorded: its id, function and
+-- status (and the result of the steps named results_of: a patch marker's
+-- answer), what the step graph is drawn from however long the history.
+SELECT step_id, name, status, CASE WHEN name = %(results_of)s THEN result END AS result
+FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
+-- name: note_history
+-- A run's history as its execution under this claim left it.
+UPDATE everystep_workflow SET history = %(records)s WHERE id = %(run_id)s AND claim_epoch = %(claim_epoch)s
+
+-- name: largest_history
+SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_statuses}
+
+-- name: run_cost
+-- What a run's measured steps cost, summed where the rows are (no step
+-- row leaves the database): `everystep show`'s cost line.
+SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
+       max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
+FROM everystep_step WHERE workflow_id = %(id)s

@@ -1039,7 +1039,7 @@ FROM everystep_workflow
 WHERE status = 'scheduled' AND not_before > clock_timestamp()
 GROUP BY 1
 
--- -- Continuing as new (migration 0017) --
+-- -- Continuing as new (migration 0016) --
 
 -- name: lock_continuing
 -- continue_as_new: the run's row under its claim, locked, with what its
@@ -1087,3 +1087,42 @@ SELECT %(new_id)s, "key", value, updated_at FROM everystep_event WHERE workflow_
 UPDATE everystep_workflow SET parent_id = %(new_id)s
 WHERE parent_id = %(run_id)s AND status IN {active_statuses}
 
+-- name: step_ids
+-- Long histories (store/base/histories.py). Every step id of a run in the
+-- order first recorded, as get_steps reads them: what a page of steps is
+-- cut from, without reading the arguments and results of the others.
+SELECT step_id FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
+-- name: steps_by_id
+SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s AND step_id = ANY(%(step_ids)s)
+
+-- name: step_outline
+-- Every step of a run in the order first recorded: its id, function and
+-- status (and the result of the steps named results_of: a patch marker's
+-- answer), what the step graph is drawn from however long the history.
+SELECT step_id, name, status, CASE WHEN name = %(results_of)s THEN result END AS result
+FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
+
+-- name: note_history
+-- A run's history as its execution under this claim left it; a newer
+-- claim's execution notes its own. Committed asynchronously, as a run's
+-- last write is: a crash that loses it leaves the gauge one execution
+-- behind, nothing else.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+UPDATE everystep_workflow SET history = %(records)s
+FROM async_commit
+WHERE id = %(run_id)s AND claim_epoch = %(claim_epoch)s
+
+-- name: largest_history
+-- The longest noted history among unfinished runs: one pass over the
+-- status index's unfinished entries, no step counted.
+SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_statuses}
+
+-- name: run_cost
+-- What a run's measured steps cost, summed where the rows are (no step
+-- row leaves the database): `everystep show`'s cost line.
+SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
+       max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
+FROM everystep_step WHERE workflow_id = %(id)s

@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/meta", views.meta, name="meta"),
     path("api/runs", views.view, {"view": "runs"}, name="api-runs"),
     path("api/runs/<str:run_id>", views.view, {"view": "run"}, name="api-run"),
+    path("api/runs/<str:run_id>/steps", views.view, {"view": "steps"}, name="api-run-steps"),
     path("api/runners", views.view, {"view": "runners"}, name="api-runners"),
     path("api/blocked", views.view, {"view": "blocked"}, name="api-blocked"),
     path("api/stream", views.stream, name="api-stream"),

@@ -2,7 +2,7 @@
 -- everystep/models.py, rendered into these expressions when the file is
 -- read (the placeholders named after each vocabulary). Each status
 -- column's CHECK tests its invisible virtual column `status_known`
--- (migration 0017); a status added to the models changes this file's
+-- (migration 0018); a status added to the models changes this file's
 -- text, and the migrator re-applies it: MariaDB changes a virtual
 -- column's expression in place (no copy of the table, no scan of its
 -- rows), and the CHECK refuses any word that is no status from then on.

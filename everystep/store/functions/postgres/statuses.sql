@@ -1,7 +1,7 @@
 -- What each status column may hold: every member of its enum in
 -- everystep/models.py, rendered into these bodies when the file is read
 -- (the placeholders named after each vocabulary). The CHECK constraints of
--- the three columns call them (migration 0017), so a status added to the
+-- the three columns call them (migration 0018), so a status added to the
 -- models changes this file's text and the migrator re-applies it: the
 -- database accepts the new status with no migration, no lock and no scan
 -- of the tables, and still refuses any word that is no status.

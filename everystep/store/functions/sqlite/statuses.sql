@@ -2,7 +2,7 @@
 -- everystep/models.py, rendered into the triggers when the file is read
 -- (the placeholders named after each vocabulary). SQLite cannot alter a
 -- CHECK constraint without rebuilding its table, so the status columns
--- have none (migration 0017) and these triggers refuse a word that is no
+-- have none (migration 0018) and these triggers refuse a word that is no
 -- status, as a CHECK would (an IntegrityError; the write is undone). A
 -- status added to the models changes this file's text, and the migrator
 -- drops and creates the triggers again in its transaction: the table is

@@ -4,7 +4,10 @@
 // decide. A node that starts a child run or waits for one names the child
 // and links to its page; a loop whose every iteration is one node (a
 // fan-out of starts, a fan-in of waits) lays its iterations out side by
-// side. The shapes come from the server (everystep.graph.drawn).
+// side. A long history comes summarised: a loop's iterations, a fork's
+// branches or a row of steps past fifty are cut to their first and last
+// ten around a box that counts the rest. The shapes come from the server
+// (everystep.graph.drawn, everystep.graph.collapse).
 
 import { runHref } from "./api.js";
 import { ago, h, seconds, shortId, statusBadge, when } from "./dom.js";
@@ -60,6 +63,7 @@ function renderNode(node, path, ctx) {
     case "choice": return choiceNode(node, path, ctx);
     case "try": return tryNode(node, path, ctx);
     case "patch": return patchNode(node, path, ctx);
+    case "collapsed": return collapsedBox(node, "steps");
     case "exit": return h("div", { class: "exit", text: node.label });
     default: return null;
   }
@@ -164,9 +168,26 @@ function patchNode(node, path, ctx) {
   copiedTag(node));
 }
 
-function lanes(list, path, ctx, cls) {
+// What a long history's summary holds: how many iterations, branches or
+// steps are not drawn, their records by state and by function, and the
+// first and last of their step ids.
+function collapsedBox(summary, what) {
+  const count = (n) => Number(n).toLocaleString("en");
+  const states = Object.entries(summary.states).map(([state, n]) => `${count(n)} ${STATE_TEXT[state] || state}`);
+  const functions = summary.functions.slice(0, 4).map(([label, n]) => `${label} × ${count(n)}`);
+  if (summary.functions.length > 4) functions.push(`${summary.functions.length - 4} more`);
+  return h("div", { class: "collapsed", dataset: { count: String(summary.count), steps: String(summary.steps) } },
+    h("span", { class: "collapsed-count", text: `${count(summary.count)} ${what} not drawn` }),
+    h("span", { class: "collapsed-states", text: `${count(summary.steps)} recorded step${summary.steps === 1 ? "" : "s"}${states.length ? `: ${states.join(", ")}` : ""}` }),
+    functions.length ? h("span", { class: "collapsed-functions", text: functions.join(" · ") }) : null,
+    summary.first ? h("span", { class: "hint mono", text: summary.first === summary.last ? `step ${summary.first}`
+      : `steps ${summary.first} … ${summary.last}` }) : null);
+}
+
+function lanes(list, path, ctx, cls, collapsed) {
   const row = h("div", { class: `lanes ${cls || ""}` });
   list.forEach((lane, index) => {
+    if (collapsed && index === collapsed.after) row.append(h("div", { class: "lane" }, collapsedBox(collapsed, "branches")));
     const column = h("div", { class: `lane${lane.taken ? " taken" : ""}` },
       h("div", { class: "lane-label", text: lane.label }));
     renderNodes(column, lane.nodes, `${path}.${index}`, ctx);
@@ -183,7 +204,7 @@ function forkNode(node, path, ctx) {
       node.label !== "parallel" ? h("span", { class: "block-name", text: node.label }) : null,
       node.id !== node.label ? h("span", { class: "node-id", text: node.id || "?" }) : null,
       node.dynamic ? h("span", { class: "tag", text: "branches built at run time" }) : null),
-    lanes(node.lanes, path, ctx, "fork-lanes"));
+    lanes(node.lanes, path, ctx, "fork-lanes", node.collapsed));
 }
 
 // One node per iteration: a fan-out (starts) or a fan-in (waits, each in
@@ -195,15 +216,20 @@ function isFan(node) {
 
 function loopNode(node, path, ctx) {
   const fan = isFan(node);
-  const el = h("div", { class: `block loop${fan ? " fan" : ""}` },
+  const collapsed = node.collapsed;
+  const total = node.count ?? node.iterations.length;
+  const el = h("div", { class: `block loop${fan ? " fan" : ""}`, dataset: { iterations: String(total) } },
     h("div", { class: "block-head" }, h("span", { class: "block-kind", text: "loop" }), h("code", { text: node.label }),
-      fan ? h("span", { class: "hint", text: `${node.iterations.length} iterations` }) : null));
+      fan || collapsed ? h("span", { class: "hint", text: `${Number(total).toLocaleString("en")} iterations` }) : null));
   const holder = fan ? h("div", { class: "iterations" }) : el;
   if (fan) el.append(holder);
   node.iterations.forEach((iteration, index) => {
+    if (collapsed && index === collapsed.after) holder.append(collapsedBox(collapsed, "iterations"));
+    // The iterations after a collapsed run keep their numbers.
+    const number = collapsed && index >= collapsed.after ? index + collapsed.count + 1 : index + 1;
     // In a grid the node's own id says the order: the label is a tooltip.
-    const box = h("div", { class: "iteration", title: `iteration ${index + 1}` },
-      fan ? null : h("div", { class: "lane-label", text: `iteration ${index + 1}` }));
+    const box = h("div", { class: "iteration", title: `iteration ${number}` },
+      fan ? null : h("div", { class: "lane-label", text: `iteration ${number}` }));
     renderNodes(box, iteration, `${path}.i${index}`, ctx);
     holder.append(box);
   });

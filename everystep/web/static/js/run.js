@@ -1,10 +1,12 @@
 // One run: its status and timings (and what a scheduled run waits for),
 // check-deploy's verdict, the step graph with a panel for the selected node
 // (where an uncertain step is resolved; a retried step lists its attempts),
-// arguments, result, error with traceback, and every recorded step.
+// arguments, result, error with traceback, and the recorded steps: the
+// first page with the run, more a page at a time on demand (a long run's
+// history is never sent whole).
 
 import { runAction, resolveForm, commandLine } from "./actions.js";
-import { Live, href, mayOperate, runHref } from "./api.js";
+import { Live, get, href, mayOperate, runHref } from "./api.js";
 import { h, pretty, replace, seconds, statusBadge, timeCell, when } from "./dom.js";
 import { findNode, nodeKey, renderGraph } from "./graph.js";
 
@@ -49,10 +51,16 @@ function attemptsBlock(attempts) {
         h("td", { text: when(attempt.retry_at) }))))));
 }
 
+// Steps fetched per "more steps".
+const STEPS_PAGE = 100;
+
 export function runPage(main, runId) {
   let data = null;
   let selected = initialSelection();
   let panelShown = null;
+  // Steps fetched past the first page, and the cursor after them.
+  let more = [];
+  let moreNext = null;
 
   const head = h("div", { class: "page-head run-head" });
   const verdictBox = h("div", { class: "verdict-box" });
@@ -62,13 +70,15 @@ export function runPage(main, runId) {
   const panel = h("aside", { class: "panel", "aria-label": "selected step" });
   const details = h("div", { class: "details" });
   const steps = h("table", { class: "steps" });
+  const stepsFoot = h("div", { class: "steps-foot" });
   const family = h("div", { class: "family" });
   const sendBox = h("div", { class: "send-box" });
   const problem = h("p", { class: "problem", role: "alert", hidden: true });
   replace(main, head, problem, verdictBox, uncertainBox, summary,
     h("section", { class: "graph-section" }, h("h2", { text: "Steps" }),
       h("div", { class: "graph-layout" }, graphBox, panel)),
-    details, family, sendBox, h("section", {}, h("h2", { text: "Recorded steps" }), h("div", { class: "table-scroll" }, steps)));
+    details, family, sendBox, h("section", {}, h("h2", { text: "Recorded steps" }), h("div", { class: "table-scroll" }, steps),
+      stepsFoot));
 
   const live = new Live("run", { id: runId }, render, (message) => {
     problem.hidden = false;
@@ -156,7 +166,7 @@ export function runPage(main, runId) {
     if (run.parent_id) rows.push(["Parent", h("a", { class: "mono parent-link", href: runHref(run.parent_id), text: run.parent_id })]);
     rows.push(["Version", run.app_version ? h("code", { text: run.app_version }) : "—"]);
     if (run.forked_from) {
-      const copied = data.steps.filter((step) => step.copied).length;
+      const copied = run.copied_steps;
       rows.push(["Forked from", h("span", {}, h("a", { class: "mono", href: runHref(run.forked_from), text: run.forked_from }),
         h("span", { class: "hint", text: ` ${copied} step${copied === 1 ? "" : "s"} copied from it (marked copied)` }))]);
     }
@@ -287,9 +297,25 @@ export function runPage(main, runId) {
     replace(sendBox, form);
   }
 
+  async function loadMore(after) {
+    try {
+      const page = await get(`/api/runs/${encodeURIComponent(runId)}/steps`, { after, limit: STEPS_PAGE });
+      more = more.concat(page.steps);
+      moreNext = page.next;
+      renderSteps();
+    } catch (err) {
+      problem.hidden = false;
+      problem.textContent = err.message;
+    }
+  }
+
   function renderSteps() {
     const head = h("thead", {}, h("tr", {}, ["Step", "Function", "Status", "Attempt", "Started", "Took", "Outcome"].map((text) => h("th", { text }))));
-    const rows = data.steps.map((step) => {
+    // The first page comes with every update; the pages fetched since stay.
+    const first = new Set(data.steps.map((step) => step.step_id));
+    const listed = data.steps.concat(more.filter((step) => !first.has(step.step_id)));
+    const next = more.length ? moreNext : data.steps_next;
+    const rows = listed.map((step) => {
       const took = step.completed_at && step.started_at ? (Date.parse(step.completed_at) - Date.parse(step.started_at)) / 1000 : null;
       const outcome = step.error ? `${step.error.type}: ${step.error.message}` : step.status === "done" ? pretty(step.result) : "";
       return h("tr", { dataset: { step: step.step_id } },
@@ -305,6 +331,11 @@ export function runPage(main, runId) {
         h("td", { class: `outcome ${step.error ? "error-cell" : "args-cell"}` }, h("span", { text: outcome.length > 200 ? `${outcome.slice(0, 199)}…` : outcome })));
     });
     replace(steps, head, h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 7, class: "empty", text: "No step recorded yet." }))));
+    const count = (n) => Number(n).toLocaleString("en");
+    replace(stepsFoot, listed.length < data.steps_total
+      ? h("p", { class: "steps-count hint", text: `the first ${count(listed.length)} of ${count(data.steps_total)} recorded steps` })
+      : null,
+    next ? h("button", { type: "button", class: "more-steps", text: `Show ${STEPS_PAGE} more`, onclick: () => loadMore(next) }) : null);
   }
 
   function render(next) {

@@ -17,7 +17,7 @@
 -- and its id, each AUTOINCREMENT counter its value (so no id is handed out
 -- twice), and every index is created again as the tables had it.
 
-CREATE TABLE everystep_workflow_v17 (
+CREATE TABLE everystep_workflow_v18 (
     id               TEXT PRIMARY KEY,
     name             TEXT NOT NULL,
     args             TEXT NOT NULL,
@@ -41,21 +41,22 @@ CREATE TABLE everystep_workflow_v17 (
     app_version      TEXT,
     forked_from      TEXT,
     continued_from   TEXT,
-    continued_as     TEXT
+    continued_as     TEXT,
+    history          INTEGER
 );
 
-INSERT INTO everystep_workflow_v17
+INSERT INTO everystep_workflow_v18
     (id, name, args, idempotency_key, status, claimed_by, claimed_at, result, error, created_at, completed_at,
      claim_epoch, not_before, queue, priority, concurrency_key, first_claimed_at, parent_id, deadline, wait_key,
-     app_version, forked_from, continued_from, continued_as)
+     app_version, forked_from, continued_from, continued_as, history)
 SELECT id, name, args, idempotency_key, status, claimed_by, claimed_at, result, error, created_at, completed_at,
        claim_epoch, not_before, queue, priority, concurrency_key, first_claimed_at, parent_id, deadline, wait_key,
-       app_version, forked_from, continued_from, continued_as
+       app_version, forked_from, continued_from, continued_as, history
 FROM everystep_workflow;
 
-CREATE TABLE everystep_step_v17 (
+CREATE TABLE everystep_step_v18 (
     id             INTEGER PRIMARY KEY AUTOINCREMENT,
-    workflow_id    TEXT NOT NULL REFERENCES everystep_workflow_v17 (id) ON DELETE CASCADE,
+    workflow_id    TEXT NOT NULL REFERENCES everystep_workflow_v18 (id) ON DELETE CASCADE,
     step_id        TEXT NOT NULL CHECK (length(step_id) <= 300),
     name           TEXT NOT NULL,
     args           TEXT,
@@ -72,15 +73,15 @@ CREATE TABLE everystep_step_v17 (
     UNIQUE (workflow_id, step_id)
 );
 
-INSERT INTO everystep_step_v17
+INSERT INTO everystep_step_v18
     (id, workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at, attempt,
      wake_at, cpu_seconds, peak_rss_bytes)
 SELECT id, workflow_id, step_id, name, args, kwargs, status, result, error, started_at, completed_at, attempt,
        wake_at, cpu_seconds, peak_rss_bytes
 FROM everystep_step;
 
-CREATE TABLE everystep_attempt_v17 (
-    workflow_id TEXT NOT NULL REFERENCES everystep_workflow_v17 (id) ON DELETE CASCADE,
+CREATE TABLE everystep_attempt_v18 (
+    workflow_id TEXT NOT NULL REFERENCES everystep_workflow_v18 (id) ON DELETE CASCADE,
     step_id     TEXT NOT NULL,
     attempt     INTEGER NOT NULL,
     error       TEXT NOT NULL,
@@ -90,13 +91,13 @@ CREATE TABLE everystep_attempt_v17 (
     PRIMARY KEY (workflow_id, step_id, attempt)
 );
 
-INSERT INTO everystep_attempt_v17 (workflow_id, step_id, attempt, error, started_at, failed_at, retry_at)
+INSERT INTO everystep_attempt_v18 (workflow_id, step_id, attempt, error, started_at, failed_at, retry_at)
 SELECT workflow_id, step_id, attempt, error, started_at, failed_at, retry_at
 FROM everystep_attempt;
 
-CREATE TABLE everystep_message_v17 (
+CREATE TABLE everystep_message_v18 (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
-    workflow_id     TEXT NOT NULL REFERENCES everystep_workflow_v17 (id) ON DELETE CASCADE,
+    workflow_id     TEXT NOT NULL REFERENCES everystep_workflow_v18 (id) ON DELETE CASCADE,
     topic           TEXT NOT NULL,
     payload         TEXT NOT NULL,
     idempotency_key TEXT,
@@ -106,24 +107,24 @@ CREATE TABLE everystep_message_v17 (
     UNIQUE (workflow_id, idempotency_key)
 );
 
-INSERT INTO everystep_message_v17
+INSERT INTO everystep_message_v18
     (id, workflow_id, topic, payload, idempotency_key, created_at, consumed_step, consumed_at)
 SELECT id, workflow_id, topic, payload, idempotency_key, created_at, consumed_step, consumed_at
 FROM everystep_message;
 
-CREATE TABLE everystep_event_v17 (
-    workflow_id TEXT NOT NULL REFERENCES everystep_workflow_v17 (id) ON DELETE CASCADE,
+CREATE TABLE everystep_event_v18 (
+    workflow_id TEXT NOT NULL REFERENCES everystep_workflow_v18 (id) ON DELETE CASCADE,
     key         TEXT NOT NULL,
     value       TEXT NOT NULL,
     updated_at  TEXT NOT NULL,
     PRIMARY KEY (workflow_id, key)
 );
 
-INSERT INTO everystep_event_v17 (workflow_id, key, value, updated_at)
+INSERT INTO everystep_event_v18 (workflow_id, key, value, updated_at)
 SELECT workflow_id, key, value, updated_at
 FROM everystep_event;
 
-CREATE TABLE everystep_request_v17 (
+CREATE TABLE everystep_request_v18 (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     runner       TEXT NOT NULL,
     command      TEXT NOT NULL,
@@ -136,7 +137,7 @@ CREATE TABLE everystep_request_v17 (
     answered_at  TEXT
 );
 
-INSERT INTO everystep_request_v17
+INSERT INTO everystep_request_v18
     (id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at)
 SELECT id, runner, command, args, status, reply, requested_by, created_at, taken_at, answered_at
 FROM everystep_request;
@@ -144,10 +145,10 @@ FROM everystep_request;
 -- Each copy's AUTOINCREMENT counter continues from its table's, not from
 -- the largest id copied: an id whose row was deleted is never reused.
 DELETE FROM sqlite_sequence
-WHERE name IN ('everystep_step_v17', 'everystep_message_v17', 'everystep_request_v17');
+WHERE name IN ('everystep_step_v18', 'everystep_message_v18', 'everystep_request_v18');
 
 INSERT INTO sqlite_sequence (name, seq)
-SELECT name || '_v17', seq FROM sqlite_sequence
+SELECT name || '_v18', seq FROM sqlite_sequence
 WHERE name IN ('everystep_step', 'everystep_message', 'everystep_request');
 
 DROP TABLE everystep_step;
@@ -162,17 +163,17 @@ DROP TABLE everystep_workflow;
 
 DROP TABLE everystep_request;
 
-ALTER TABLE everystep_workflow_v17 RENAME TO everystep_workflow;
+ALTER TABLE everystep_workflow_v18 RENAME TO everystep_workflow;
 
-ALTER TABLE everystep_step_v17 RENAME TO everystep_step;
+ALTER TABLE everystep_step_v18 RENAME TO everystep_step;
 
-ALTER TABLE everystep_attempt_v17 RENAME TO everystep_attempt;
+ALTER TABLE everystep_attempt_v18 RENAME TO everystep_attempt;
 
-ALTER TABLE everystep_message_v17 RENAME TO everystep_message;
+ALTER TABLE everystep_message_v18 RENAME TO everystep_message;
 
-ALTER TABLE everystep_event_v17 RENAME TO everystep_event;
+ALTER TABLE everystep_event_v18 RENAME TO everystep_event;
 
-ALTER TABLE everystep_request_v17 RENAME TO everystep_request;
+ALTER TABLE everystep_request_v18 RENAME TO everystep_request;
 
 CREATE UNIQUE INDEX everystep_workflow_idempotency
     ON everystep_workflow (name, idempotency_key) WHERE idempotency_key IS NOT NULL;
