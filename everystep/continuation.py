@@ -3,7 +3,7 @@
 A workflow that loops for ever (a subscription handling messages, an
 account's lifecycle) replays its whole history on every resume, and that
 history grows with every message. At a point of its choosing (every 500
-messages, say) the body calls ``continue_as_new(*args)``: the body stops
+messages, say) the body calls ``continue_as_new(*args, **kwargs)``: the body stops
 there, and the run ends ``continued`` while a new run of the same workflow
 starts with ``args``, in one transaction with the run's end
 (``Store.continue_run``: queue, priority, concurrency key, parent, deadline
@@ -29,9 +29,11 @@ from .errors import ContinuedAsNew, EverystepError
 
 @declare(BodyRule.RECORDED, "Ends the run: its successor is started in the transaction that ends it, with the "
                             "unconsumed messages; nothing after the call runs.")
-def continue_as_new(*args: Any) -> NoReturn:
+def continue_as_new(*args: Any, **kwargs: Any) -> NoReturn:
     """End this run ``continued`` and start a new run of its workflow with
-    ``args`` (see the module): a body's last act."""
+    ``args`` and ``kwargs`` (see the module): a body's last act. Keywords
+    are placed by the workflow's signature (a run's arguments are
+    positional; the defaults of the parameters before them are filled in)."""
     ctx = recording_context()
     if ctx is None or ctx.prefix:
         where = ("in a step's own code" if current() is not None and ctx is None
@@ -40,9 +42,8 @@ def continue_as_new(*args: Any) -> NoReturn:
                              "at its top level (it ends the run)")
     ex = ctx.execution
     ex.check_interrupt()
-    name = ex.run.name
-    new_run.check_arguments(name, args)
-    raise ContinuedAsNew(serde.dumps(list(args), f"arguments of the run continuing {ex.run.id}"))
+    arguments = new_run.positional(ex.run.name, args, kwargs)
+    raise ContinuedAsNew(serde.dumps(arguments, f"arguments of the run continuing {ex.run.id}"))
 
 
 __all__ = ["continue_as_new"]

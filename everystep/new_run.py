@@ -114,6 +114,31 @@ def check_call(fn: Any, name: str, args: Sequence[Any]) -> None:
             f"workflow {name}{bare} cannot take {len(args)} argument(s) {_preview(args)}: {exc}") from None
 
 
+def positional(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+    """``args`` and ``kwargs`` for workflow ``name`` as the positional
+    arguments a run holds: keywords placed by the workflow's signature, the
+    defaults of the parameters before them filled in. Refused
+    (``WorkflowArgumentsError``) when they do not fit it, or name a
+    keyword-only parameter (a run's arguments are positional); keywords
+    for a workflow not importable here cannot be placed, and are refused."""
+    if not kwargs:
+        check_arguments(name, args)
+        return list(args)
+    fn = getattr(registry.get_workflow(name), "fn", None)
+    if fn is None:
+        raise WorkflowArgumentsError(f"workflow {name} is not importable here: its keyword arguments "
+                                     f"{sorted(kwargs)} cannot be placed; pass them by position")
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise WorkflowArgumentsError(f"workflow {name} cannot take {_preview([*args, kwargs])}: {exc}") from None
+    bound.apply_defaults()
+    if bound.kwargs:
+        raise WorkflowArgumentsError(f"workflow {name}: a run's arguments are positional, and "
+                                     f"{', '.join(sorted(bound.kwargs))} cannot be given by position")
+    return list(bound.args)
+
+
 def _preview(args: Sequence[Any]) -> str:
     text = repr(list(args))
     return text if len(text) <= 80 else text[:77] + "..."

@@ -7,6 +7,8 @@ the chain. On every backend."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,8 @@ from everystep.runner import Outcome
 from everystep.store import Store, utcnow
 from everystep.store.base import core
 from tests.apps import continuing as apps
+from everystep.web.views import Views
+from tests.support.cli import run_in_process
 from tests.support.runs import execute_run
 from tests.support.refusals import guarded, quick_backoff, refuse  # noqa: F401 - the fixture
 
@@ -110,17 +114,43 @@ def test_a_failed_continuation_writes_nothing_and_the_run_is_given_back(store: S
     (apps.calls_a_continuing_step, "in a step's own code"),
     (apps.continues_with_too_many, "cannot take 2 argument(s)"),
     (apps.continues_with_an_unstorable, "cannot be stored"),
+    (apps.continues_with_a_keyword_only, "a run's arguments are positional, and mode cannot be given by position"),
+    (apps.continues_with_an_unknown_keyword, "got an unexpected keyword argument 'colour'"),
 ])
 def test_a_continuation_in_the_wrong_place_or_with_bad_arguments_fails_the_run_and_starts_nothing(
         store: Store, workflow: Any, where: str) -> None:
-    run = schedule(workflow, *([1] if workflow in (apps.continues_with_too_many,
-                                                  apps.continues_with_an_unstorable) else []), database=store)
+    takes_one = (apps.continues_with_too_many, apps.continues_with_an_unstorable, apps.continues_with_a_keyword_only,
+                 apps.continues_with_an_unknown_keyword)
+    run = schedule(workflow, *([1] if workflow in takes_one else []), database=store)
     assert execute_run(store, run.id) == Outcome.FAILED
     ended = store.get_run(run.id)
     assert ended.status == FAILED and where in ended.error["message"]
     assert ended.continued_as is None and len(store.list_runs(name=workflow.name)) == 1
 
 
+def test_keyword_arguments_are_placed_by_the_workflow_s_signature(store: Store) -> None:
+    first = schedule(apps.continues_by_keyword, 0, database=store)
+    assert execute_run(store, first.id) == Outcome.CONTINUED
+    old, new = _chain(store, first.id)
+    assert new.args == [1, "plain", 5]  # the default before a keyword filled in
+    assert execute_run(store, new.id) == Outcome.COMPLETED and store.get_run(new.id).result == [1, "plain", 5]
+
+
 def test_outside_a_workflow_continue_as_new_says_where_it_belongs() -> None:
     with pytest.raises(EverystepError, match="called outside a workflow: it may only be called in a workflow's body"):
         everystep.continue_as_new(1)
+
+
+def test_show_and_the_console_link_a_chain_both_ways(store: Store, db_url: str, tmp_path: Path,
+                                                    subprocess_env: dict[str, str]) -> None:
+    first = schedule(apps.continues_once, 0, database=store)
+    assert execute_run(store, first.id) == Outcome.CONTINUED
+    old, new = _chain(store, first.id)
+    shown = run_in_process(["show", old.id, "--database", db_url], subprocess_env, tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert f"continued  as {new.id}" in shown.stdout and "status     continued" in shown.stdout
+    shown = run_in_process(["show", new.id, "--json", "--database", db_url], subprocess_env, tmp_path)
+    assert json.loads(shown.stdout)["run"]["continued_from"] == old.id
+    views = Views(store)
+    assert views.run(old.id)["run"]["continued_as"] == new.id
+    assert views.run(new.id)["run"]["continued_from"] == old.id

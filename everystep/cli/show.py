@@ -69,6 +69,10 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     print(f"version    {run.app_version or '-'}")
     if run.forked_from:
         print(f"forked     forked from {run.forked_from}")
+    if run.continued_from:
+        print(f"continued  from {run.continued_from}")
+    if run.continued_as:
+        print(f"continued  as {run.continued_as}")
     for fork in forks:
         print(f"fork       {fork.id} ({fork.status})")
     links = store.links(run.id)

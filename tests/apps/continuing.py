@@ -56,6 +56,24 @@ def calls_a_continuing_step() -> Any:
 
 
 @workflow
+def continues_by_keyword(n: int, label: str = "plain", step: int = 1) -> Any:
+    """Continues once, naming its arguments (``label`` left to its default)."""
+    if n == 0:
+        everystep.continue_as_new(step=5, n=n + 1)
+    return [n, label, step]
+
+
+@workflow
+def continues_with_a_keyword_only(n: int, *, mode: str = "a") -> Any:
+    everystep.continue_as_new(n, mode="b")
+
+
+@workflow
+def continues_with_an_unknown_keyword(n: int) -> Any:
+    everystep.continue_as_new(n=1, colour="red")
+
+
+@workflow
 def continues_with_too_many(n: int) -> Any:
     everystep.continue_as_new(n, "extra")
 

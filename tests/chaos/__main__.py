@@ -28,10 +28,14 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, help="where supervisor logs go (default: a temp dir)")
     parser.add_argument("--pooler", action="store_true",
                         help="through PgBouncer in transaction mode, with its RECONNECT, KILL and restarts as faults")
+    parser.add_argument("--loops", type=int, default=2, help="looping runs that continue as new (default 2)")
+    parser.add_argument("--loop-messages", type=int, default=defaults.loop_messages)
+    parser.add_argument("--loop-every", type=int, default=defaults.loop_every)
     args = parser.parse_args()
     config = ChaosConfig(runs=args.runs, duration=args.duration, fault_every=args.fault_every,
                          supervisors=args.supervisors, procs=args.procs, lease=args.lease,
                          step_ms=args.step_ms, seed=args.seed, database=args.database, pooler=args.pooler,
+                         loops=args.loops, loop_messages=args.loop_messages, loop_every=args.loop_every,
                          settle_timeout=max(180.0, args.runs * 0.5))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="everystep-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,26 @@ def chaos_flow(args: dict) -> dict:
     return result
 
 
+@step
+def fold(total: int, payload: int) -> int:
+    return total + payload
+
+
+@workflow
+def chaos_loop(key: str, total: int, handled: int, every: int) -> dict:
+    """A run that lives for ever: adds up the numbers sent to it on "n",
+    continuing as new after every ``every`` of them (its history bounded),
+    until a negative number ends it."""
+    while True:
+        payload = everystep.recv("n")
+        if payload < 0:
+            return {"key": key, "total": total, "handled": handled}
+        total = fold(total, payload)
+        handled += 1
+        if handled % every == 0:
+            everystep.continue_as_new(key, total, handled, every)
+
+
 def expected_result(args: dict) -> dict:
     key = args["key"]
     result = {

@@ -30,6 +30,10 @@ itself is hit too: ``RECONNECT`` (every server connection closed once
 released), ``KILL`` of the database (every client and server connection
 dropped at once, then ``RESUME``) and a restart of its process. The same
 checks hold: nothing lost, no run failed by the pooler.
+
+With ``loops``, runs that live for ever are fed messages all through the
+faults and continue as new every ``loop_every`` of them (``loops.py``): no
+message lost or consumed twice across the continuations.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from everystep import admin, schedule, send
 from everystep.models import BLOCKED, COMPLETED, STEP_STARTED, STOPPED
 from everystep.store import connect
 from tests.chaos import app
+from tests.chaos.loops import LoopFeeder, verify_loops
 from tests.support.pgbouncer import PgBouncer, start_pgbouncer
 from tests.support.pgserver import PgServer, start_server
 
@@ -79,6 +84,11 @@ class ChaosConfig:
     database: str | None = None
     #: Through PgBouncer in transaction mode, with its own faults.
     pooler: bool = False
+    #: Looping runs (``loops.py``): each sent ``loop_messages`` numbers while
+    #: the faults land, continuing as new every ``loop_every`` of them.
+    loops: int = 0
+    loop_messages: int = 1200
+    loop_every: int = 500
 
 
 @dataclass
@@ -90,7 +100,8 @@ class Report:
         keys = ("runs", "completed", "stopped", "blocked", "resolved_result", "resolved_discard",
                 "child_kills", "supervisor_kills", "restarts_same_name", "restarts_new_name", "rollouts",
                 "pg_restarts", "pooler_reconnects", "pooler_kills", "pooler_restarts", "duplicated_safe_effects",
-                "duplicated_unsafe_effects", "talking", "messages_consumed", "children")
+                "duplicated_unsafe_effects", "talking", "messages_consumed", "children", "loops",
+                "loop_continuations", "loop_messages")
         return "chaos: " + " ".join(f"{key}={self.counts[key]}" for key in keys) + \
             f" violations={len(self.violations)}"
 
@@ -345,7 +356,10 @@ def _resolve_blocked(url: str, runs: dict[str, dict], report: Report) -> None:
     store = connect(url)
     with psycopg.connect(url, autocommit=True) as conn:
         for run in store.list_runs(status=BLOCKED, limit=100_000):
-            args = runs[run.id]
+            args = runs.get(run.id)
+            if args is None:
+                report.violations.append(f"run {run.id} ({run.name}) blocked")
+                continue
             started = [step for step in store.get_steps(run.id) if step.status == STEP_STARTED]
             if not args["unsafe"] or [step.step_id for step in started] != ["charge"]:
                 report.violations.append(f"run {run.id} blocked at {[s.step_id for s in started]} "
@@ -460,6 +474,9 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
     try:
         feeder = Feeder(runner_url, _plan_runs(config, rng), spread=config.duration * 0.8)
         feeder.feed()
+        looping = LoopFeeder(runner_url, config.loops, config.loop_messages, config.loop_every,
+                             spread=config.duration * 0.8)
+        looping.feed()
         for sup in supervisors:
             sup.start()
         faults = ["child"] * 4 + ["kill_same", "kill_new", "rollout"] * 1 + (["pg"] if server.owned else [])
@@ -477,14 +494,18 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
             injected += 1
             _inject(fault, supervisors, server, rng, report, config, lambda: next(names), bouncer, str(dbname))
             feeder.feed()
+            looping.feed()
         deadline = time.monotonic() + 120
-        while (len(feeder.runs) < config.runs or feeder.unsent) and time.monotonic() < deadline:
+        while (len(feeder.runs) < config.runs or feeder.unsent or not looping.done) and time.monotonic() < deadline:
             feeder.feed(everything=True)
+            looping.feed(everything=True)
             time.sleep(0.5)
         runs = feeder.runs
         report.counts["runs"] = len(runs)
         if len(runs) < config.runs:
             report.violations.append(f"only {len(runs)} of {config.runs} runs could be scheduled")
+        if not looping.done:
+            report.violations.append(f"the looping runs could not be sent every message: {dict(looping.sent)}")
         settle_until = time.monotonic() + config.settle_timeout
         if not _wait_settled(url, supervisors, settle_until):
             report.violations.append("runs did not settle before the deadline")
@@ -498,6 +519,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
             if code != 0:
                 report.violations.append(f"supervisor {sup.name} stopped with exit code {code}")
         _verify(url, runs, report)
+        verify_loops(url, looping, report.counts, report.violations)
     finally:
         for sup in supervisors:
             sup.kill()

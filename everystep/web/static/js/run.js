@@ -170,6 +170,9 @@ export function runPage(main, runId) {
       rows.push(["Forked from", h("span", {}, h("a", { class: "mono", href: runHref(run.forked_from), text: run.forked_from }),
         h("span", { class: "hint", text: ` ${copied} step${copied === 1 ? "" : "s"} copied from it (marked copied)` }))]);
     }
+    // A run that continued as new, and the one it continued: its chain both ways.
+    if (run.continued_from) rows.push(["Continued from", h("a", { class: "mono continued-from", href: runHref(run.continued_from), text: run.continued_from })]);
+    if (run.continued_as) rows.push(["Continued as", h("a", { class: "mono continued-as", href: runHref(run.continued_as), text: run.continued_as })]);
     if (run.forks && run.forks.length) {
       rows.push(["Forks", h("ul", { class: "forks" }, run.forks.map((fork) => h("li", { dataset: { fork: fork.id } },
         h("a", { class: "mono fork", href: runHref(fork.id), text: fork.id }), " ", statusBadge(fork.status))))]);
