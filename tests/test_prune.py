@@ -183,7 +183,7 @@ def test_cli_dry_run_counts_then_prune_reports_progress(store, history, db_url, 
     before = _ids(store)
     dry = _cli(subprocess_env, tmp_path, "--database", db_url, "--older-than", "30d", "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.strip() == ("would delete 9 completed/stopped/failed/cancelled run(s) finished more than 30d ago "
+    assert dry.stdout.strip() == ("would delete 9 completed/stopped/failed/cancelled/continued run(s) finished more than 30d ago "
                                   "(18 steps)")
     assert _ids(store) == before
 

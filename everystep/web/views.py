@@ -39,7 +39,7 @@ from typing import Any
 from .. import dryrun, registry, serde
 from ..errors import EverystepError
 from ..graph import analyse, build_graph, recorded_graph
-from ..graph.overlay import Recorded
+from ..graph.drawn import Recorded
 from ..graph.plan import Plan
 from ..models import (ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, COMPLETED, RUN_FILTERS, RUN_STATUSES, RUNNING,
                       STEP_DONE, STEP_FAILED, STEP_STARTED, STEP_WAITING, WAIT_FOREVER, Run, StepOutline,

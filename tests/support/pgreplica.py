@@ -64,9 +64,12 @@ def start_replica(primary: PgServer) -> PgServer:
 
 
 def wait_replayed(primary_url: str, replica_url: str, timeout: float = 60.0) -> None:
-    """Until the replica has replayed everything the primary wrote so far."""
+    """Until the replica has replayed everything the primary wrote so far.
+    The target is the WAL *inserted*, not written: the test clusters commit
+    asynchronously, so a commit may still sit in the WAL buffers, past the
+    write position, until the WAL writer flushes it."""
     with psycopg.connect(primary_url, autocommit=True) as conn:
-        (target,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()  # type: ignore[misc]
+        (target,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()  # type: ignore[misc]
     deadline = time.monotonic() + timeout
     with psycopg.connect(replica_url, autocommit=True) as conn:
         while True:
