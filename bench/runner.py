@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import (async_io, child_memory, cpu_scaling, esdb, flow_control, history_depth, no_regression,
-               on_mariadb, overheads, peers, pg, pgbench_baseline, pickup_latency, pooler, retention,
-               run_profile, scale_out, throughput, transactional_steps, wait_latency)
+               on_mariadb, overheads, peers, pg, pgbench_baseline, pickup_latency, pooler, resume_cost,
+               retention, run_profile, scale_out, throughput, transactional_steps, wait_latency)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -52,6 +52,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case15", "Case 15 — no regression", no_regression.run, no_regression.section),
     ("case16", "Case 16 — behind a pooler", pooler.run, pooler.section),
     ("case17", "Case 17 — a big app in every child", child_memory.run, child_memory.section),
+    ("case18", "Case 18 — resume cost per recorded step", resume_cost.run, resume_cost.section),
     ("mariadb", "MariaDB — cases 2 and 4", on_mariadb.run, on_mariadb.section),
 ]
 
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx.urls["against_base"] = server.create_database("bench_against_base")  # each side migrates its own
         ctx.urls["against_here"] = server.create_database("bench_against_here")
         ctx.urls["memory"] = server.create_database("bench_memory")
+        ctx.urls["resume"] = server.create_database("bench_resume")
         for key in ("es", "es_async", "scale", "profile", "queues", "memory"):
             esdb.migrate(ctx.urls[key])
         server.enable_statement_stats(ctx.urls["profile"])
@@ -191,6 +193,8 @@ TARGETS = [
     ("case17", "USS per child", "Case 17: USS per child ≤ 15 % of the app's heap at every --procs"),
     ("case17", "total PSS", "Case 17: total PSS of the tree ≤ 2× the app's heap at --procs 8"),
     ("case17", "cost per run", "Case 17: the freeze's cost per run ≤ 1 %, paired"),
+    ("case18", "PostgreSQL", "Case 18: a resume's CPU per recorded step ≤ 5 µs on PostgreSQL, 1k to 100k steps"),
+    ("case18", "SQLite", "Case 18: a resume's CPU per recorded step ≤ 5 µs on SQLite, 1k to 100k steps"),
 ]
 _TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
 

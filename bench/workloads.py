@@ -97,6 +97,24 @@ def recv_stamp() -> float:
     return stamp()
 
 
+@step
+def replayed(i: int) -> int:
+    """One of ``resumer``'s recorded steps (written straight into the table)."""
+    return i
+
+
+@workflow
+def resumer(n: int, resumes: int) -> int:
+    """``n`` recorded steps, then ``resumes`` times a ``recv("go")`` and the
+    step after it, stamped (case 18: what a resume costs per recorded step)."""
+    for i in range(n):
+        replayed(i)
+    for _ in range(resumes):
+        everystep.recv("go")
+        stamp()
+    return n
+
+
 @workflow
 def noop100(count: int) -> int:
     for _ in range(count):

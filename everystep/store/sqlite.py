@@ -16,11 +16,12 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from .. import serde
 from ..errors import EverystepError
+from ..models import ReplayRow
 from .base import Marker, NewStep, Row, Store, utcnow
 from .base.step_transactions import CommitGuard
 from .sqlite_claim import SQLiteClaim
@@ -157,6 +158,16 @@ class SQLiteStore(Store):
         with self.connection() as conn:
             wait = SQLiteClaim(conn, self.sql, params, self._queue_settings).next_due()
         return {"wait": wait} if wait is not None else None
+
+    def _replay_rows(self, conn: Any, params: dict[str, Any]) -> Iterable[ReplayRow]:
+        """Plain tuples, all at once, from a cursor of their own: no
+        ``sqlite3.Row`` made and turned into a tuple per step."""
+        cursor = conn.cursor()
+        cursor.row_factory = None
+        try:
+            return cursor.execute(self.sql["replay_steps"], params).fetchall()  # type: ignore[no-any-return]
+        finally:
+            cursor.close()
 
     @classmethod
     def accepts(cls, conn: Any) -> bool:

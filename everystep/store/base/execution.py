@@ -26,7 +26,7 @@ import dataclasses
 import datetime as dt
 import gc
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ... import serde
@@ -127,12 +127,22 @@ class Execution(StoreCore):
         of retried attempts is not read: a step row says its attempt and
         when the next one is due."""
         run = checked_run_id(run_id)
-        rows: dict[str, ReplayRow] = {}
         with self.connection() as conn, _collector.paused():
-            for row in conn.execute(self.sql["replay_steps"], {"id": run}):
-                values = tuple(row.values()) if isinstance(row, Mapping) else tuple(row)
-                rows[values[0]] = values
-        return Outcomes(run, rows, self._json, self._time)
+            rows = {values[0]: values for values in self._replay_rows(conn, {"id": run})}
+        return Outcomes(run, rows, self._replay_json, self._time)
+
+    def _replay_rows(self, conn: Any, params: dict[str, Any]) -> Iterable[ReplayRow]:
+        """``replay_steps``'s rows as tuples, one at a time (a backend whose
+        driver loads rows faster all at once overrides it)."""
+        for row in conn.execute(self.sql["replay_steps"], params):
+            yield tuple(row.values()) if isinstance(row, Mapping) else tuple(row)
+
+    @classmethod
+    def _replay_json(cls, value: Any) -> Any:
+        """A result or error of ``replay_steps``, decoded when the replay
+        reaches its step (the backend's ``_json`` unless its statement
+        reads them as text where its other statements do not)."""
+        return cls._json(value)
 
     def record_step(self, claim: Claim, step: NewStep, decoded: StepRecord | None = None,
                     markers: Sequence[Marker] = ()) -> StepWrite | None:

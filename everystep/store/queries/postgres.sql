@@ -88,7 +88,9 @@ SELECT {step_columns} FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 -- name: replay_steps
 -- What a replay needs of each step, and nothing more (not its arguments,
 -- its costs or when it ended): read once per claim of a run with history.
-SELECT step_id, name, status, result, error, attempt, started_at, wake_at
+-- Results and errors as text: decoded when the replay reaches their step
+-- (PostgresStore._replay_json), not each by psycopg's loader as read.
+SELECT step_id, name, status, result::text AS result, error::text AS error, attempt, started_at, wake_at
 FROM everystep_step WHERE workflow_id = %(id)s ORDER BY id
 
 -- name: ping
