@@ -77,10 +77,17 @@ def checked_out(rev: str) -> Iterator[Path]:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
 
 
-def _env(tree: Path) -> dict[str, str]:
+def env_for(tree: Path) -> dict[str, str]:
+    """The environment a process running ``tree``'s code gets."""
     environment = {key: value for key, value in os.environ.items() if key != "EVERYSTEP_DATABASE_URL"}
     environment["PYTHONPATH"] = str(tree)
     return environment
+
+
+def migrate(tree: Path, url: str) -> None:
+    """``url``'s schema as ``tree``'s code makes it."""
+    subprocess.run([sys.executable, "-c", "import sys; from everystep.store import connect; "
+                    "connect(sys.argv[1]).migrate()", url], env=env_for(tree), cwd=tree, check=True, timeout=300)
 
 
 def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str, options: Sequence[str] = ()) -> float:
@@ -89,7 +96,7 @@ def burst(tree: Path, url: str, runs: int, procs: int, socket_path: str, options
     with psycopg.connect(url, autocommit=True) as conn:
         with contextlib.suppress(psycopg.errors.UndefinedTable):
             conn.execute("TRUNCATE everystep_workflow CASCADE")
-    env = _env(tree)
+    env = env_for(tree)
     subprocess.run([sys.executable, "-c", _SCHEDULE, url, str(runs)], env=env, cwd=tree, check=True, timeout=600)
     subprocess.run([sys.executable, "-m", "supervisor.cli", "--app", "bench.workloads", "--procs", str(procs),
                     "--database", url, "--socket", socket_path, "--log-level", "warning", "--no-progress",

@@ -13,14 +13,20 @@ and of the server's (the harness's own backend excluded) until they are
 all completed, as case 10's windows do. The ratio is taken within each
 repetition.
 
-``python -m bench.cpu_pair [--a-args A] [--b-args B] [--runs N] [--reps R]
-[--procs P] [--database URL]``; for example
+``--a-rev REV`` runs side a from an earlier commit instead (checked out into
+a temporary worktree as ``against_commit`` does, its database migrated by
+its own code): the CPU half of a before/after that ``against_commit``
+measures in runs/s.
+
+``python -m bench.cpu_pair [--a-args A] [--b-args B] [--a-rev REV] [--runs N]
+[--reps R] [--procs P] [--database URL]``; for example
 ``--a-args="--claim-ahead 4"`` against this tree's default.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import subprocess
 import sys
@@ -35,20 +41,23 @@ if str(ROOT) not in sys.path:
 
 import psycopg  # noqa: E402
 
-from bench import bulk, esdb, fleet, pg, procs  # noqa: E402
+from bench import against_commit, bulk, esdb, fleet, pg, procs  # noqa: E402
 from bench.stats import Series  # noqa: E402
 
 RUN_NAME = "bench.workloads.noop3"
 WARM_RUNS = 300
 
 
-def window(url: str, runs: int, procs_: int, socket_path: str, options: Sequence[str]) -> dict[str, float]:
+def window(url: str, runs: int, procs_: int, socket_path: str, options: Sequence[str],
+           tree: Path = ROOT) -> dict[str, float]:
     """One side's repetition: CPU µs per run of the supervisor's tree and of
-    the server's, and runs/s, over ``runs`` runs after a warm-up."""
+    the server's, and runs/s, over ``runs`` runs after a warm-up; the
+    supervisor's code is ``tree``'s."""
     esdb.reset(url)
     cmd = procs.supervisor_cmd(url, procs_, socket_path, app=fleet.APP, burst=False,
                                extra=("--poll", "600", *options))
-    supervisor = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    supervisor = subprocess.Popen(cmd, cwd=tree, env=against_commit.env_for(tree), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
     try:
         procs.wait_children_idle(socket_path, procs_, timeout=60)
         bulk.load_scheduled(url, WARM_RUNS, RUN_NAME, notify=True)
@@ -96,13 +105,13 @@ def _wait(completed: Callable[[], int], target: int, supervisor: subprocess.Pope
 
 
 def measure(url_a: str, url_b: str, options: Mapping[str, Sequence[str]], runs: int, reps: int, procs_: int,
-            sockets: Path) -> dict[str, Series]:
+            sockets: Path, tree_a: Path = ROOT) -> dict[str, Series]:
     out = {key: Series() for key in ("a", "b", "ratio", "a_rate", "b_rate")}
-    sides = [("a", url_a), ("b", url_b)]
+    sides = [("a", url_a, tree_a), ("b", url_b, ROOT)]
     for rep in range(reps):
         got: dict[str, dict[str, float]] = {}
-        for side, url in sides if rep % 2 == 0 else list(reversed(sides)):
-            got[side] = window(url, runs, procs_, str(sockets / f"{side}.sock"), options[side])
+        for side, url, tree in sides if rep % 2 == 0 else list(reversed(sides)):
+            got[side] = window(url, runs, procs_, str(sockets / f"{side}.sock"), options[side], tree)
         out["a"].add(got["a"]["all"])
         out["b"].add(got["b"]["all"])
         out["ratio"].add(got["b"]["all"] / got["a"]["all"])
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu_pair", description=__doc__.splitlines()[0])
     parser.add_argument("--a-args", default="", metavar="A", help="supervisor options of side a")
     parser.add_argument("--b-args", default="", metavar="B", help="supervisor options of side b")
+    parser.add_argument("--a-rev", default=None, metavar="REV", help="run side a from this earlier commit")
     parser.add_argument("--runs", type=int, default=4000, help="runs per side and repetition")
     parser.add_argument("--reps", type=int, default=6, help="paired repetitions")
     parser.add_argument("--procs", type=int, default=2, help="the supervisor's --procs")
@@ -126,18 +136,24 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: $EVERYSTEP_BENCH_DATABASE_URL, else a durable throwaway cluster)")
     args = parser.parse_args(argv)
     options = {"a": shlex.split(args.a_args), "b": shlex.split(args.b_args)}
+    if args.a_rev and not against_commit.available(args.a_rev):
+        parser.error(f"--a-rev {args.a_rev}: no such commit here")
     server = pg.start(args.database)
     try:
         url_a, url_b = server.create_database("cpu_pair_a"), server.create_database("cpu_pair_b")
-        for url in (url_a, url_b):
-            esdb.migrate(url)
-        print(f"load average at start: {pg.load_average()}", flush=True)
-        with tempfile.TemporaryDirectory(prefix="everystep-sock-") as sockets:
-            out = measure(url_a, url_b, options, args.runs, args.reps, args.procs, Path(sockets))
+        with contextlib.ExitStack() as stack:
+            tree_a = stack.enter_context(against_commit.checked_out(args.a_rev)) if args.a_rev else ROOT
+            against_commit.migrate(tree_a, url_a)
+            esdb.migrate(url_b)
+            print(f"load average at start: {pg.load_average()}", flush=True)
+            sockets = stack.enter_context(tempfile.TemporaryDirectory(prefix="everystep-sock-"))
+            out = measure(url_a, url_b, options, args.runs, args.reps, args.procs, Path(sockets), tree_a)
         print(f"load average at end: {pg.load_average()}")
     finally:
         server.close()
     label = {side: " ".join(options[side]) or "the defaults" for side in ("a", "b")}
+    if args.a_rev:
+        label["a"] = f"{args.a_rev} {label['a']}"
     print(f"--procs {args.procs}, {args.runs} noop3 runs per side and repetition, {args.reps} paired repetitions")
     for side in ("a", "b"):
         print(f"{side} ({label[side]}): {out[side].cell(0)} µs of CPU per run, "
