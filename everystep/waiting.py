@@ -15,8 +15,7 @@ from .models import (
 )
 
 if TYPE_CHECKING:
-    from .store import Store
-    from .store.base.debounce import DebounceWindow
+    from .store import DebounceWindow, Store
 
 
 def is_waiting(run: Run, now: dt.datetime) -> bool:

@@ -228,3 +228,46 @@ def test_concurrent_schedulers_threads_and_processes_lose_no_call(
         assert before.first_claimed_at is not None and before.created_at is not None
         assert after.created_at is not None and before.first_claimed_at <= after.created_at
     assert all(run.status == RUNNING for run in runs)
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def everystep(db_url: str, tmp_path: Any, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    from tests.support.cli import run_in_process
+    return run_in_process(("--database", db_url, "--app", "tests.support.debounce_hammer", *args), env=env,
+                          cwd=tmp_path)
+
+
+def test_the_cli_folds_calls_and_shows_the_window(db_url: str, store: Store, tmp_path: Any,
+                                                  subprocess_env: dict[str, str]) -> None:
+    outputs = [everystep(db_url, tmp_path, subprocess_env, "schedule", NAME, json.dumps(["cli", n]),
+                         "--debounce", "user:42:30:60") for n in range(3)]
+    assert [out.returncode for out in outputs] == [0, 0, 0], outputs[0].stderr
+    ids = {out.stdout.split()[0] for out in outputs}
+    assert len(ids) == 1
+    assert 'waiting for its debounce window "user:42" to be quiet (3 calls folded in)' in outputs[-1].stdout
+    [run_id] = ids
+    assert store.get_run(run_id).args == ["cli", 2]
+    shown = everystep(db_url, tmp_path, subprocess_env, "show", run_id)
+    assert "debounce   key 'user:42': 3 calls folded in" in shown.stdout
+    assert 'waiting for its debounce window "user:42"' in shown.stdout
+    listed = everystep(db_url, tmp_path, subprocess_env, "runs", "--status", "waiting", "--json")
+    assert "(3 calls folded in)" in json.loads(listed.stdout)[0]["waiting"]
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("k:0", "debounce period must be a positive number of seconds"),
+    ("k:-1", "debounce period must be a positive number of seconds"),
+    ("k:5:2", "debounce max_wait (2 s) must not be shorter than its period (5 s)"),
+    ("k", "give KEY:PERIOD[:MAX]"),
+    ("k:soon", "give KEY:PERIOD[:MAX]"),
+    (":5", "debounce key must be a non-empty string"),
+])
+def test_the_cli_refuses_bad_windows_in_one_line_writing_nothing(
+        db_url: str, store: Store, tmp_path: Any, subprocess_env: dict[str, str], value: str, message: str) -> None:
+    out = everystep(db_url, tmp_path, subprocess_env, "schedule", NAME, '["cli", 1]', "--debounce", value)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and out.stdout == "" and len(lines) == 1, out
+    assert lines[0].startswith("everystep: error: ") and message in lines[0]
+    assert runs_of(store) == []
