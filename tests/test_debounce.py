@@ -271,3 +271,23 @@ def test_the_cli_refuses_bad_windows_in_one_line_writing_nothing(
     assert out.returncode == 2 and out.stdout == "" and len(lines) == 1, out
     assert lines[0].startswith("everystep: error: ") and message in lines[0]
     assert runs_of(store) == []
+
+
+# -- the console ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_the_console_shows_a_run_waiting_for_its_window(db_url: str, store: Store) -> None:
+    from tests.support.console import serve
+    for n in range(4):
+        run = schedule(debounced, "web", n, database=store, debounce=Debounce("burst", 60))
+    for console in serve(db_url, app_modules="tests.support.debounce_hammer"):
+        with console.client() as client:
+            client.load_page()
+            page = client.get(f"/api/runs/{run.id}").json()
+            assert page["run"]["waiting"].startswith('waiting for its debounce window "burst" to be quiet '
+                                                     '(4 calls folded in) until ')
+            assert page["run"]["args"] == ["web", 3]
+            listed = client.get("/api/runs?status=waiting").json()
+            [row] = [item for item in listed["runs"] if item["id"] == run.id]
+            assert "(4 calls folded in)" in row["waiting"]
