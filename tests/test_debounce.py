@@ -167,6 +167,7 @@ def claimer(store: Store, stop: threading.Event) -> None:
         time.sleep(0.002)
 
 
+@pytest.mark.pooled
 @pytest.mark.timeout(300)
 def test_concurrent_schedulers_threads_and_processes_lose_no_call(
         db_url: str, store: Store, python: str, subprocess_env: dict[str, str]) -> None:
