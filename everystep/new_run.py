@@ -269,5 +269,6 @@ def positive_seconds(value: float | dt.timedelta, what: str) -> float:
     return float(seconds)
 
 
-__all__ = ["MAX_DEBOUNCE_KEY", "Debounce", "NewRun", "aware", "checked_debounce", "check_arguments", "check_call", "decide", "not_before", "positive_seconds",
+__all__ = ["MAX_DEBOUNCE_KEY", "Debounce", "NewRun", "aware", "checked_debounce", "check_arguments", "check_call",
+           "decide", "not_before", "positive_seconds",
            "run_deadline", "schedule", "workflow_placement"]

@@ -14,6 +14,11 @@ wait early: ``<prefix>:<target>`` (``message:approved``,
   ``several`` and ``time``, ``GAUGE_LABELS``);
 - the graph: which step name is a wait of which kind (``by_step``).
 
+A kind may wait before any step (``DEBOUNCE``: a run's start, pushed back
+by each call folded in): it records no step (``step`` empty) and has no
+ready statement; its words come from the run's own columns
+(``Store.debounce_windows``, read by ``everystep.waiting``).
+
 A new kind: one ``WaitKind`` here, its ``ready`` statement in each backend's
 ``queries/*.sql`` (if none there fits), the function that waits
 (``everystep.waits``: ``recording.suspend`` with ``kind.key(target)``), and
@@ -108,4 +113,5 @@ def parse(wait_key: str) -> tuple[WaitKind, str] | None:
     return (kind, target) if kind is not None else None
 
 
-__all__ = ["CHILD", "DEBOUNCE", "EVENT", "GAUGE_LABELS", "KINDS", "MESSAGE", "RUN", "SEVERAL", "WaitKind", "by_step", "parse"]
+__all__ = ["CHILD", "DEBOUNCE", "EVENT", "GAUGE_LABELS", "KINDS", "MESSAGE", "RUN", "SEVERAL", "WaitKind", "by_step",
+           "parse"]

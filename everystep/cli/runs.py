@@ -149,7 +149,8 @@ def add_runs_arguments(parser: argparse.ArgumentParser, version_options: Sequenc
     # Plain strings: argparse lists the choices with repr() when refusing one.
     parser.add_argument("--status", choices=[str(status) for status in RUN_FILTERS], metavar="STATUS",
                         help=f"only runs in this status: {', '.join(RUN_FILTERS)} ({WAITING}: the scheduled runs "
-                        "not due yet, waiting for a message, a child, a sleep, a retry, a debounce window or a delayed start; "
+                        "not due yet, waiting for a message, a child, a sleep, a retry, a debounce window or a "
+                        "delayed start; "
                         "default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
     parser.add_argument("--parent", metavar="RUN",

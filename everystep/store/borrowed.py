@@ -172,5 +172,6 @@ def _run_id(run_id: str) -> str:
         raise RunNotFound(f"no run with id {run_id!r} (run ids are UUIDs)") from None
 
 
-__all__ = ["cursor", "get_run", "get_run_async", "get_steps", "is_async_connection", "migrate", "schedule", "schedule_debounced", "schedule_debounced_async",
+__all__ = ["cursor", "get_run", "get_run_async", "get_steps", "is_async_connection", "migrate", "schedule",
+           "schedule_debounced", "schedule_debounced_async",
            "schedule_async", "send_async"]

@@ -72,6 +72,7 @@ class Store(Continuations, Waits, Execution, Debounces, StepTransactions, Consol
 
 
 __all__ = [
-    "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "DebounceWindow", "Marker", "NewStep", "Notifications", "Row",
+    "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "DebounceWindow", "Marker", "NewStep",
+    "Notifications", "Row",
     "RunnerInfo", "Store", "StoreCore", "StepWrite", "id_prefix_range", "new_run_id", "utcnow",
 ]

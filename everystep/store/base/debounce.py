@@ -35,6 +35,10 @@ a call at a window's edge is either in the run the claim takes or in the
 next. Crash windows: none of our own; everything is one transaction, a
 rollback (the caller's, with ``conn=``) leaves the window as it was.
 
+Times (``now``, a window's ``first_at``, the not-before time) are the
+scheduler's clock, as ``schedule(delay=)``'s are: schedulers on several
+hosts need their clocks in step for ``max_wait`` to hold to the second.
+
 Key rows are not deleted when their run ends: one small row per key ever
 used; the next call for the key replaces its run.
 """
