@@ -143,6 +143,53 @@ def test_in_the_callers_transaction(db_url: str, store: Store) -> None:
     assert schedule(debounced, "own", 4, database=store, debounce=Debounce("k", 30)).id == run.id
 
 
+def test_schedule_async_on_a_callers_async_connection(pg_url: str) -> None:
+    import asyncio
+
+    from everystep import schedule_async
+
+    async def client() -> tuple[Run, Run]:
+        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+            with pytest.raises(RuntimeError):
+                async with conn.transaction():
+                    await schedule_async(debounced, "a", 0, conn=conn, debounce=Debounce("k", 30))
+                    raise RuntimeError("the handler failed")
+            async with conn.transaction():
+                first = await schedule_async(debounced, "a", 1, conn=conn, debounce=Debounce("k", 30))
+                folded = await schedule_async(debounced, "a", 2, conn=conn, debounce=Debounce("k", 30))
+            return first, folded
+
+    first, folded = asyncio.run(client())
+    assert first.id == folded.id and folded.debounce_calls == 2
+    store = connect(pg_url)
+    try:
+        [run] = runs_of(store)
+        assert run.args == ["a", 2]
+    finally:
+        store.close()
+
+
+def test_a_callers_open_transaction_holds_the_window_until_it_commits(pg_url: str) -> None:
+    """Another scheduler of the key waits for the caller's commit, then
+    folds into the run that commit made (never a second window)."""
+    store = connect(pg_url)
+    folded: list[Run] = []
+    try:
+        with psycopg.connect(pg_url) as conn:
+            first = schedule(debounced, "tx", 1, conn=conn, debounce=Debounce("k", 30))
+            other = threading.Thread(target=lambda: folded.append(
+                schedule(debounced, "other", 2, database=store, debounce=Debounce("k", 30))))
+            other.start()
+            other.join(timeout=0.5)
+            assert other.is_alive() and folded == []  # waiting for the key's row
+            conn.commit()
+        other.join(timeout=30)
+        assert [run.id for run in folded] == [first.id] and folded[0].debounce_calls == 2
+        assert store.get_run(first.id).args == ["other", 2]
+    finally:
+        store.close()
+
+
 def test_a_body_schedules_debounced_as_a_recorded_step(store: Store) -> None:
     from tests.support.runs import execute_run
     from tests.support import debounce_bodies
