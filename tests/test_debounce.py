@@ -311,10 +311,13 @@ def test_the_cli_folds_calls_and_shows_the_window(db_url: str, store: Store, tmp
     ("k", "give KEY:PERIOD[:MAX]"),
     ("k:soon", "give KEY:PERIOD[:MAX]"),
     (":5", "debounce key must be a non-empty string"),
+    ("k:5 --in 10s", "it cannot be combined with --at or --in"),
+    ("k:5 --idempotency-key x", "--debounce cannot be combined with --idempotency-key"),
+    ("k:5 --count 2", "it cannot be combined with --count"),
 ])
 def test_the_cli_refuses_bad_windows_in_one_line_writing_nothing(
         db_url: str, store: Store, tmp_path: Any, subprocess_env: dict[str, str], value: str, message: str) -> None:
-    out = everystep(db_url, tmp_path, subprocess_env, "schedule", NAME, '["cli", 1]', "--debounce", value)
+    out = everystep(db_url, tmp_path, subprocess_env, "schedule", NAME, '["cli", 1]', "--debounce", *value.split())
     lines = out.stderr.splitlines()
     assert out.returncode == 2 and out.stdout == "" and len(lines) == 1, out
     assert lines[0].startswith("everystep: error: ") and message in lines[0]

@@ -80,6 +80,11 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
     debounce = parse_debounce(args.debounce) if args.debounce is not None else None
     if debounce is not None and args.count > 1:
         raise EverystepError("--debounce folds each call into one run; it cannot be combined with --count")
+    if debounce is not None and args.idempotency_key is not None:
+        raise EverystepError("--debounce cannot be combined with --idempotency-key (a debounce key already makes one "
+                             "run per window)")
+    if debounce is not None and (args.at is not None or args.in_ is not None):
+        raise EverystepError("--debounce decides when the run starts; it cannot be combined with --at or --in")
     try:
         new = new_run.decide(args.workflow, positional, idempotency_key=args.idempotency_key,
                              run_at=_not_before(args.at, args.in_), queue=args.queue, priority=args.priority,
