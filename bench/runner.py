@@ -4,7 +4,7 @@ Each case is a module named by what it measures (``throughput``,
 ``pickup_latency``, ...); ``CASES`` gives each its number, the section id
 of the report (``## Case 2 — throughput``) and what ``--only`` takes.
 Order: cases 1 and 2 together (their repetitions interleave), then 3 to
-17, then cases 2 and 4 on MariaDB against a MariaDB baseline
+20, then cases 2 and 4 on MariaDB against a MariaDB baseline
 (``bench.on_mariadb``; ``--only mariadb`` runs just those). Case 9 prunes
 the history case 7 leaves in the shared scale database. A case that fails
 is reported as not measured, with its error; the others still run. The
@@ -25,9 +25,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from . import (async_io, child_memory, cpu_scaling, esdb, flow_control, history_depth, no_regression,
-               on_mariadb, overheads, peers, pg, pgbench_baseline, pickup_latency, pooler, resume_cost,
-               retention, run_profile, scale_out, throughput, transactional_steps, wait_latency)
+from . import (async_io, child_memory, cpu_scaling, debounce_rate, esdb, flow_control, history_depth,
+               no_regression, on_mariadb, overheads, peers, pg, pgbench_baseline, pickup_latency, pooler,
+               resume_cost, retention, run_profile, scale_out, throughput, transactional_steps, wait_latency)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -53,6 +53,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case16", "Case 16 — behind a pooler", pooler.run, pooler.section),
     ("case17", "Case 17 — a big app in every child", child_memory.run, child_memory.section),
     ("case18", "Case 18 — resume cost per recorded step", resume_cost.run, resume_cost.section),
+    ("case20", "Case 20 — debounced scheduling", debounce_rate.run, debounce_rate.section),
     ("mariadb", "MariaDB — cases 2 and 4", on_mariadb.run, on_mariadb.section),
 ]
 
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx.urls["against_here"] = server.create_database("bench_against_here")
         ctx.urls["memory"] = server.create_database("bench_memory")
         ctx.urls["resume"] = server.create_database("bench_resume")
+        ctx.urls["debounce"] = server.create_database("bench_debounce")
         for key in ("es", "es_async", "scale", "profile", "queues", "memory"):
             esdb.migrate(ctx.urls[key])
         server.enable_statement_stats(ctx.urls["profile"])

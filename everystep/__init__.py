@@ -66,6 +66,7 @@ from .errors import (
 )
 from .continuation import continue_as_new
 from .models import Run, StepRecord
+from .new_run import Debounce
 from .patches import deprecate_patch, patched
 from .provider import set_connection_provider
 from .transactional import step_connection
@@ -98,6 +99,7 @@ __all__ = [
     "start",
     "start_async",
     "ClaimLost",
+    "Debounce",
     "DrainOrphan",
     "EffectUncertain",
     "EverystepError",

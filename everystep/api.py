@@ -345,6 +345,7 @@ def schedule(
     deadline: dt.datetime | None = None,
     timeout: float | dt.timedelta | None = None,
     everystep_id: str | None = None,
+    debounce: new_run.Debounce | None = None,
 ) -> Run:
     """Schedule a run of ``wf`` with positional ``args``; returns the ``Run``.
 
@@ -381,9 +382,22 @@ def schedule(
     detached: no parent, not cancelled with the caller (a run that belongs
     to this one is a child: ``start``). ``conn`` and ``database`` are
     refused there.
+
+    ``debounce=Debounce(key, period, max_wait)``: many schedules, one run
+    after the burst. The first schedule of ``key`` (keys are per workflow)
+    creates a run that is not due until ``period`` seconds pass with no
+    further schedule of that key; each further schedule while that run has
+    not started replaces its arguments (the last call wins; its other
+    options are the first call's) and pushes its start back, never past
+    ``max_wait`` seconds after the first. A schedule after the run started
+    opens the next window. Returns the run the call was folded into. The
+    state is rows (any number of processes and hosts share a window);
+    with ``conn`` the fold is part of the caller's transaction. Not with
+    ``idempotency_key`` (the key already makes one run per window) nor
+    ``run_at``/``delay`` (the window decides the start).
     """
     new = _decided(wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline,
-                   timeout)
+                   timeout, debounce)
     ctx = body_calls.body_context("schedule", database=database, conn=conn)
     if ctx is not None:
         return body_calls.schedule(ctx, new, everystep_id)
@@ -393,12 +407,13 @@ def schedule(
 def _decided(wf: WorkflowFunction | str, args: tuple[Any, ...], idempotency_key: str | None,
              run_at: dt.datetime | None, delay: float | dt.timedelta | None, queue: str | None,
              priority: int | None, concurrency_key: str | None, app_version: str | None,
-             deadline: dt.datetime | None, timeout: float | dt.timedelta | None) -> new_run.NewRun:
+             deadline: dt.datetime | None, timeout: float | dt.timedelta | None,
+             debounce: new_run.Debounce | None = None) -> new_run.NewRun:
     """A new run's options as ``everystep.new_run.decide`` decides them for
     every way of starting one, checked before anything is written."""
     return new_run.decide(_workflow_name(wf), args, idempotency_key=idempotency_key, run_at=run_at, delay=delay,
                           queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
-                          deadline=deadline, timeout=timeout)
+                          deadline=deadline, timeout=timeout, debounce=debounce)
 
 
 @declare(BodyRule.RECORDED, 'A detached run inserted in the transaction that records the step; a replay returns the same run.',
@@ -418,6 +433,7 @@ async def schedule_async(
     deadline: dt.datetime | None = None,
     timeout: float | dt.timedelta | None = None,
     everystep_id: str | None = None,
+    debounce: new_run.Debounce | None = None,
 ) -> Run:
     """``schedule`` from async code; the same options and checks.
 
@@ -435,9 +451,9 @@ async def schedule_async(
         return await loops.in_thread(
             schedule, wf, *args, idempotency_key=idempotency_key, database=database, run_at=run_at, delay=delay,
             queue=queue, priority=priority, concurrency_key=concurrency_key, app_version=app_version,
-            deadline=deadline, timeout=timeout, everystep_id=everystep_id)
+            deadline=deadline, timeout=timeout, everystep_id=everystep_id, debounce=debounce)
     new = _decided(wf, args, idempotency_key, run_at, delay, queue, priority, concurrency_key, app_version, deadline,
-                   timeout)
+                   timeout, debounce)
     return await client.schedule_async(new, conn)
 
 

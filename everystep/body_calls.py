@@ -65,9 +65,10 @@ def schedule(ctx: Context, new: NewRun, name: str | None) -> Run:
     that records the step with that run."""
     return record_write(  # type: ignore[no-any-return]
         ctx, SCHEDULE_STEP, [new.name], name,
-        lambda ex, entry, markers: ex.store.record_schedule(ex.claim, entry, new.name, new.args_json,
-                                                            new.idempotency_key, new.not_before, new.placement,
-                                                            new.app_version, new.deadline, markers),
+        lambda ex, entry, markers: ex.store.record_schedule(
+            ex.claim, entry, new.name, new.args_json, new.idempotency_key, new.not_before, new.placement,
+            new.app_version, new.deadline, markers,
+            debounce=(new.debounce.key, *new.debounce.seconds()) if new.debounce is not None else None),
         run_of)
 
 

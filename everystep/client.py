@@ -41,6 +41,10 @@ class Borrowed:
         self.conn = conn
 
     def schedule(self, new: NewRun) -> Run:
+        if new.debounce is not None:
+            period, max_wait = new.debounce.seconds()
+            return borrowed.schedule_debounced(self.conn, new.name, new.args_json, new.debounce.key, period, max_wait,
+                                               new.placement, new.app_version, deadline=new.deadline)
         return borrowed.schedule(self.conn, new.name, new.args_json, new.idempotency_key, new.not_before,
                                  new.placement, new.app_version, deadline=new.deadline)
 
@@ -177,6 +181,10 @@ def child_result(child_id: str, timeout: float | None) -> Any:
 
 async def schedule_async(new: NewRun, conn: Any) -> Run:
     """``schedule`` in the open transaction of a caller's ``AsyncConnection``."""
+    if new.debounce is not None:
+        period, max_wait = new.debounce.seconds()
+        return await borrowed.schedule_debounced_async(conn, new.name, new.args_json, new.debounce.key, period,
+                                                       max_wait, new.placement, new.app_version, deadline=new.deadline)
     return await borrowed.schedule_async(conn, new.name, new.args_json, new.idempotency_key, new.not_before,
                                          new.placement, new.app_version, deadline=new.deadline)
 

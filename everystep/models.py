@@ -190,6 +190,10 @@ class Run:
     #: continues, and the run that continued it (a ``continued`` run's).
     continued_from: str | None = None
     continued_as: str | None = None
+    #: A debounced run's schedules folded into it so far (the first one
+    #: included), as of the read that returned it: ``schedule(...,
+    #: debounce=)`` returns it; None where not read (or not debounced).
+    debounce_calls: int | None = field(default=None, compare=False)
 
     @property
     def exception(self) -> BaseException | None:

@@ -19,7 +19,12 @@ of them, and a way of starting runs added later cannot forget one:
   workflow's code (``everystep.versions``);
 - deadline: ``deadline``, else ``timeout`` seconds from now, else the
   workflow's ``@workflow(timeout=)`` from now, else none; a child's is
-  bounded by its parent's.
+  bounded by its parent's;
+- debounce: ``Debounce(key, period, max_wait)``, checked here (a positive
+  period, a ``max_wait`` not below it); refused with an idempotency key
+  (the key already makes one run per window) and with ``run_at``/``delay``
+  (the window decides the start). The store folds the call into the key's
+  waiting run or opens the next window (``store/base/debounce.py``).
 
 A child's parent is read where the child is written, under the parent's
 row lock (``Store.start_child``): its version (when ``app_version`` is
@@ -40,10 +45,55 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import registry, serde, versions
+from .body_rules import BodyRule, declare
 from .errors import EverystepError, WorkflowArgumentsError
 from .models import Run
 from .queues import Placement
 from .store import Store, utcnow
+
+
+#: The longest debounce key (it is part of a primary key on MariaDB).
+MAX_DEBOUNCE_KEY = 255
+
+
+@declare(BodyRule.PLAIN, "A value: the debounce window a schedule() joins; building one reaches nothing.")
+@dataclass(frozen=True)
+class Debounce:
+    """Many schedules, one run after the burst: the first schedule of
+    ``key`` (per workflow) creates a run not due until ``period`` seconds
+    pass with no further schedule of it; each further one within the window
+    replaces the arguments (the last call wins) and pushes the start back,
+    never past ``max_wait`` seconds after the first (None: no bound, so a
+    steady stream of calls postpones the run for as long as it lasts)."""
+
+    key: str
+    period: float | dt.timedelta
+    max_wait: float | dt.timedelta | None = None
+
+    def checked(self) -> Debounce:
+        """This window with its times in seconds; refused
+        (``EverystepError``, one line) unless the key is a non-empty string
+        and the period is positive and ``max_wait`` not below it."""
+        if not isinstance(self.key, str) or not self.key:
+            raise EverystepError(f"debounce key must be a non-empty string, not {self.key!r}")
+        if len(self.key) > MAX_DEBOUNCE_KEY:
+            raise EverystepError(f"debounce key is longer than {MAX_DEBOUNCE_KEY} characters")
+        period = positive_seconds(self.period, "debounce period")
+        if self.max_wait is None:
+            return Debounce(self.key, period, None)
+        max_wait = positive_seconds(self.max_wait, "debounce max_wait")
+        if max_wait < period:
+            raise EverystepError(f"debounce max_wait ({max_wait:g} s) must not be shorter than its period "
+                                 f"({period:g} s)")
+        return Debounce(self.key, period, max_wait)
+
+    def seconds(self) -> tuple[float, float]:
+        """Its period and max_wait in seconds (max_wait unbounded: infinity), once ``checked``."""
+        period = self.period.total_seconds() if isinstance(self.period, dt.timedelta) else float(self.period)
+        if self.max_wait is None:
+            return period, math.inf
+        bound = self.max_wait.total_seconds() if isinstance(self.max_wait, dt.timedelta) else float(self.max_wait)
+        return period, bound
 
 
 @dataclass(frozen=True)
@@ -57,6 +107,8 @@ class NewRun:
     placement: Placement
     app_version: str | None
     deadline: dt.datetime | None
+    #: Checked (``Debounce.checked``); None: an ordinary run.
+    debounce: Debounce | None = None
 
 
 def decide(name: str, args: Sequence[Any], *, idempotency_key: str | None = None,
@@ -64,7 +116,7 @@ def decide(name: str, args: Sequence[Any], *, idempotency_key: str | None = None
            queue: str | None = None, priority: int | None = None, concurrency_key: str | None = None,
            app_version: str | None = None, deadline: dt.datetime | None = None,
            timeout: float | dt.timedelta | None = None, child: bool = False,
-           what: str | None = None) -> NewRun:
+           what: str | None = None, debounce: Debounce | None = None) -> NewRun:
     """The options of a new run of workflow ``name`` with positional
     ``args`` (see the module docstring for each default); ``child``: a run
     starts it as its child (``app_version`` None: the parent's); ``what``
@@ -75,15 +127,35 @@ def decide(name: str, args: Sequence[Any], *, idempotency_key: str | None = None
     args_json = serde.dumps(list(args), what or f"arguments of workflow {name}")
     if idempotency_key is not None and not isinstance(idempotency_key, str):
         raise EverystepError("idempotency_key must be a string")
+    if debounce is not None:
+        debounce = checked_debounce(debounce, idempotency_key, run_at, delay)
     placement = Placement.of(queue, priority, concurrency_key, defaults=workflow_placement(name))
     if app_version is None and not child:
         app_version = versions.version_for(name)
     return NewRun(name, args_json, idempotency_key, not_before(run_at, delay), placement, app_version,
-                  run_deadline(name, deadline, timeout))
+                  run_deadline(name, deadline, timeout), debounce)
+
+
+def checked_debounce(debounce: Any, idempotency_key: str | None, run_at: dt.datetime | None,
+                     delay: float | dt.timedelta | None) -> Debounce:
+    """``debounce`` checked, and refused beside the options it replaces."""
+    if not isinstance(debounce, Debounce):
+        raise EverystepError(f"debounce must be a Debounce(key, period, max_wait), not {debounce!r}")
+    if idempotency_key is not None:
+        raise EverystepError("give idempotency_key= or debounce=, not both (a debounce key already makes one run "
+                             "per window)")
+    if run_at is not None or delay is not None:
+        raise EverystepError("give run_at=/delay= or debounce=, not both (the debounce window decides the start)")
+    return debounce.checked()
 
 
 def schedule(store: Store, new: NewRun) -> Run:
-    """Insert ``new`` through ``store``'s own connection, committed at once."""
+    """Insert ``new`` through ``store``'s own connection, committed at once
+    (a debounced one folded into its key's waiting run, or opening the next window)."""
+    if new.debounce is not None:
+        period, max_wait = new.debounce.seconds()
+        return store.schedule_debounced(new.name, new.args_json, new.debounce.key, period, max_wait, new.placement,
+                                        new.app_version, deadline=new.deadline)
     return store.schedule(new.name, new.args_json, new.idempotency_key, new.not_before, new.placement,
                           new.app_version, deadline=new.deadline)
 
@@ -197,5 +269,6 @@ def positive_seconds(value: float | dt.timedelta, what: str) -> float:
     return float(seconds)
 
 
-__all__ = ["NewRun", "aware", "check_arguments", "check_call", "decide", "not_before", "positive_seconds",
+__all__ = ["MAX_DEBOUNCE_KEY", "Debounce", "NewRun", "aware", "checked_debounce", "check_arguments", "check_call",
+           "decide", "not_before", "positive_seconds",
            "run_deadline", "schedule", "workflow_placement"]

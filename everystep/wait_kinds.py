@@ -14,6 +14,11 @@ wait early: ``<prefix>:<target>`` (``message:approved``,
   ``several`` and ``time``, ``GAUGE_LABELS``);
 - the graph: which step name is a wait of which kind (``by_step``).
 
+A kind may wait before any step (``DEBOUNCE``: a run's start, pushed back
+by each call folded in): it records no step (``step`` empty) and has no
+ready statement; its words come from the run's own columns
+(``Store.debounce_windows``, read by ``everystep.waiting``).
+
 A new kind: one ``WaitKind`` here, its ``ready`` statement in each backend's
 ``queries/*.sql`` (if none there fits), the function that waits
 (``everystep.waits``: ``recording.suspend`` with ``kind.key(target)``), and
@@ -34,7 +39,8 @@ class WaitKind:
 
     #: Its word: the metric's label, the console's and the graph's.
     name: str
-    #: The step name a wait of this kind records.
+    #: The step name a wait of this kind records ("": a wait no body
+    #: enters, a run's own start: ``DEBOUNCE``).
     step: str
     #: ``wait_key`` is ``<prefix>:<target>``.
     prefix: str
@@ -75,7 +81,18 @@ EVENT = WaitKind(
     lambda run_id, target: dict(zip(("run_id", "key"), target.split(":", 1))),
     lambda args: f'event "{args[1] if len(args) > 1 else "?"}" of run {_first(args)}')
 
-KINDS: tuple[WaitKind, ...] = (MESSAGE, CHILD, RUN, EVENT)
+#: A debounced run not started until its key's window is quiet
+#: (``schedule(..., debounce=Debounce(key, period, max_wait))``): a wait
+#: before the first step, so no step records it and nothing ends it early;
+#: each call folded in pushes its not-before time back. Its target is the
+#: debounce key, its words are read from ``[key, calls folded in]``.
+DEBOUNCE = WaitKind(
+    "debounce", "", "debounce", (),
+    lambda run_id, key: {},
+    lambda args: (f'its debounce window "{_first(args)}" to be quiet'
+                  + (f" ({args[1]} call{'' if args[1] == 1 else 's'} folded in)" if len(args) > 1 else "")))
+
+KINDS: tuple[WaitKind, ...] = (MESSAGE, CHILD, RUN, EVENT, DEBOUNCE)
 
 #: ``wait_key`` of a run whose scopes wait for different things: any wake ends its wait.
 SEVERAL = "*"
@@ -84,7 +101,7 @@ SEVERAL = "*"
 #: a sleep, a retry's backoff).
 GAUGE_LABELS: tuple[str, ...] = (*(kind.name for kind in KINDS), "several", "time")
 
-by_step: dict[str, WaitKind] = {kind.step: kind for kind in KINDS}
+by_step: dict[str, WaitKind] = {kind.step: kind for kind in KINDS if kind.step}
 _by_prefix: dict[str, WaitKind] = {kind.prefix: kind for kind in KINDS}
 
 
@@ -96,4 +113,5 @@ def parse(wait_key: str) -> tuple[WaitKind, str] | None:
     return (kind, target) if kind is not None else None
 
 
-__all__ = ["CHILD", "EVENT", "GAUGE_LABELS", "KINDS", "MESSAGE", "RUN", "SEVERAL", "WaitKind", "by_step", "parse"]
+__all__ = ["CHILD", "DEBOUNCE", "EVENT", "GAUGE_LABELS", "KINDS", "MESSAGE", "RUN", "SEVERAL", "WaitKind", "by_step",
+           "parse"]

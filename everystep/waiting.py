@@ -15,7 +15,7 @@ from .models import (
 )
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store import DebounceWindow, Store
 
 
 def is_waiting(run: Run, now: dt.datetime) -> bool:
@@ -29,13 +29,18 @@ def in_status(run: Run, status: str, now: dt.datetime) -> bool:
     return is_waiting(run, now) if status == WAITING else run.status == status
 
 
-def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = None) -> str | None:
+def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = None,
+                debounce: DebounceWindow | None = None) -> str | None:
     """What a scheduled run whose not-before time is ahead waits for: a
-    message, a child run, a durable sleep, a retry's backoff, or its
-    delayed start (None otherwise)."""
+    message, a child run, a durable sleep, a retry's backoff, its debounce
+    window (``debounce``, for a run never claimed yet: ``Store.debounce_windows``)
+    or its delayed start (None otherwise)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     if not is_waiting(run, now) or run.not_before is None:
         return None
+    if debounce is not None and run.first_claimed_at is None and not steps:
+        what = wait_kinds.DEBOUNCE.describe([debounce.key, debounce.calls])
+        return f"waiting for {what} until {run.not_before.isoformat()}"
     waits = [describe_wait(step) for step in steps if step.status == STEP_AWAITING]
     if waits:
         return " and ".join(waits)
@@ -57,7 +62,8 @@ def waits_of(store: Store, runs: Sequence[Run]) -> dict[str, str]:
     if not waiting:
         return {}
     steps = store.steps_of_runs([run.id for run in waiting], waiting_only=True)
-    found = {run.id: waiting_for(run, steps.get(run.id, []), now) for run in waiting}
+    windows = store.debounce_windows([run.id for run in waiting if run.first_claimed_at is None])
+    found = {run.id: waiting_for(run, steps.get(run.id, []), now, windows.get(run.id)) for run in waiting}
     return {run_id: text for run_id, text in found.items() if text}
 
 

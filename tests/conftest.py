@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_message", "everystep_event",
                   "everystep_workflow", "everystep_runner",
-                  "everystep_request", "everystep_cron", "everystep_queue", "everystep_queue_claim")
+                  "everystep_request", "everystep_cron", "everystep_queue", "everystep_queue_claim",
+                  "everystep_debounce")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -256,7 +257,7 @@ def _truncate(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE everystep_attempt, everystep_step, everystep_message, everystep_event, "
                      "everystep_workflow, everystep_runner, "
-                     "everystep_request, everystep_cron, everystep_queue, everystep_queue_claim")
+                     "everystep_request, everystep_cron, everystep_queue, everystep_queue_claim, everystep_debounce")
 
 
 @pytest.fixture(scope="session")

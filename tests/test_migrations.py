@@ -250,9 +250,10 @@ TABLES = ("everystep_workflow", "everystep_step", "everystep_attempt", "everyste
 
 
 #: Columns the newest migration adds, with the value an upgrade leaves in
-#: every old row (the newest, 0018, changes the status checks only; 0017
-#: added ``everystep_workflow.history``, left NULL).
-ADDED_COLUMNS: dict[str, dict[str, Any]] = {}
+#: every old row (the newest, 0020, adds ``everystep_workflow.debounce_calls``,
+#: left NULL: no old run was debounced, and its table ``everystep_debounce``
+#: starts empty).
+ADDED_COLUMNS: dict[str, dict[str, Any]] = {"everystep_workflow": {"debounce_calls": None}}
 
 
 def rows(url: str, added: dict[str, dict[str, Any]] | None = None) -> dict[str, list[tuple[Any, ...]]]:

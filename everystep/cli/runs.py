@@ -17,8 +17,8 @@ from .. import admin, new_run, registry, retention
 from ..cliutil import count, format_table, print_json, seconds
 from ..errors import EverystepError, WorkflowArgumentsError
 from ..models import RUN_FILTERS, RUNNING, WAITING, Run
-from ..store import Store
-from ..waiting import in_status, waits_of
+from ..store import DebounceWindow, Store
+from ..waiting import in_status, waiting_for, waits_of
 from .command import Command, add_json_flag, add_run_argument, parse_json
 
 MAX_COUNT = 1_000_000
@@ -50,6 +50,11 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
                       help="not before this time, with its offset: 2030-01-01T09:00+01:00 (default: now)")
     when.add_argument("--in", dest="in_", metavar="DURATION",
                       help="not before this long from now: 90s, 10m, 2h, 30d (default: now)")
+    parser.add_argument("--debounce", metavar="KEY:PERIOD[:MAX]",
+                        help="fold this call into the run of KEY (per workflow) that waits for its window: the run "
+                             "starts once KEY has had no call for PERIOD seconds, at most MAX seconds after the "
+                             "window's first call (default: no bound); the last call's arguments win. The key is "
+                             "what precedes the last one or two numbers (a key ending in :<number> needs MAX)")
     ends = parser.add_mutually_exclusive_group()
     ends.add_argument("--timeout", type=seconds(0.001), metavar="S",
                       help="cancel each run still unfinished S seconds after it is scheduled "
@@ -72,22 +77,54 @@ def cmd_schedule(store: Store, args: argparse.Namespace) -> int:
             raise EverystepError("--idempotency-key must not be empty")
         if args.count > 1:
             raise EverystepError("--idempotency-key schedules one run; it cannot be combined with --count")
+    debounce = parse_debounce(args.debounce) if args.debounce is not None else None
+    if debounce is not None and args.count > 1:
+        raise EverystepError("--debounce folds each call into one run; it cannot be combined with --count")
+    if debounce is not None and args.idempotency_key is not None:
+        raise EverystepError("--debounce cannot be combined with --idempotency-key (a debounce key already makes one "
+                             "run per window)")
+    if debounce is not None and (args.at is not None or args.in_ is not None):
+        raise EverystepError("--debounce decides when the run starts; it cannot be combined with --at or --in")
     try:
         new = new_run.decide(args.workflow, positional, idempotency_key=args.idempotency_key,
                              run_at=_not_before(args.at, args.in_), queue=args.queue, priority=args.priority,
                              concurrency_key=args.concurrency_key, app_version=args.app_version or None,
-                             deadline=_iso_time(args.deadline, "--deadline"), timeout=args.timeout, what="ARGS_JSON")
+                             deadline=_iso_time(args.deadline, "--deadline"), timeout=args.timeout, what="ARGS_JSON",
+                             debounce=debounce)
     except WorkflowArgumentsError as exc:
         raise EverystepError(f"{exc} (ARGS_JSON is the JSON array of its positional arguments: "
                              "'[[1, 2]]' passes one list)") from None
     runs = [new_run.schedule(store, new) for _ in range(args.count)]
     if args.json:
         print_json([run.id for run in runs])
+    elif debounce is not None:
+        run = runs[0]
+        window = DebounceWindow(debounce.key, run.debounce_calls or 1)
+        print(f"{run.id} {waiting_for(run, [], debounce=window) or 'due now (its max_wait has passed)'}")
     elif len(runs) == 1:
         print(runs[0].id)
     else:
         print(f"scheduled {len(runs)} runs of {args.workflow} ({runs[0].id} … {runs[-1].id}; --json lists every id)")
     return 0
+
+
+def parse_debounce(text: str) -> new_run.Debounce:
+    """``--debounce KEY:PERIOD[:MAX]`` (seconds): the key is what precedes
+    the last one or two numbers; checked whole by ``Debounce.checked``."""
+    parts = text.rsplit(":", 2)
+    numbers: list[float] = []
+    for part in reversed(parts[1:]):
+        try:
+            numbers.insert(0, float(part))
+        except ValueError:
+            break
+    if not numbers or len(numbers) == len(parts):
+        raise EverystepError(f"--debounce {text!r}: give KEY:PERIOD[:MAX], PERIOD and MAX in seconds (e.g. "
+                             "user-42:5:60)")
+    key = ":".join(parts[:len(parts) - len(numbers)])
+    if len(numbers) == 1:
+        return new_run.Debounce(key, numbers[0]).checked()
+    return new_run.Debounce(key, numbers[0], numbers[1]).checked()
 
 
 def _not_before(at: str | None, within: str | None) -> dt.datetime | None:
@@ -117,7 +154,8 @@ def add_runs_arguments(parser: argparse.ArgumentParser, version_options: Sequenc
     # Plain strings: argparse lists the choices with repr() when refusing one.
     parser.add_argument("--status", choices=[str(status) for status in RUN_FILTERS], metavar="STATUS",
                         help=f"only runs in this status: {', '.join(RUN_FILTERS)} ({WAITING}: the scheduled runs "
-                        "not due yet, waiting for a message, a child, a sleep, a retry or a delayed start; "
+                        "not due yet, waiting for a message, a child, a sleep, a retry, a debounce window or a "
+                        "delayed start; "
                         "default: all)")
     parser.add_argument("--workflow", metavar="NAME", help="only runs of this workflow (default: all)")
     parser.add_argument("--parent", metavar="RUN",

@@ -40,12 +40,14 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     run = store.find_run(args.run_id)
     page = step_pages.read_page(store, run.id, args.after, args.limit or None)
     steps = sorted(page.steps, key=lambda step: step_sort_key(step.step_id))
-    waiting = waiting_for(run, store.steps_of_runs([run.id], waiting_only=True)[run.id])
+    window = store.debounce_windows([run.id]).get(run.id)
+    waiting = waiting_for(run, store.steps_of_runs([run.id], waiting_only=True)[run.id], debounce=window)
     cost = store.run_cost(run.id)
     forks = store.forks_of(run.id)
     if args.json:
         links = store.links(run.id)
         print_json({"run": {**run.to_dict(), "waiting": waiting, "forks": [fork.id for fork in forks],
+                            "debounce": {"key": window.key, "calls": window.calls} if window else None,
                             "parent_id": links.parent_id,
                             "deadline": links.deadline.isoformat() if links.deadline else None},
                     "children": [{"id": c.id, "status": c.status, "name": c.name} for c in store.children(run.id)],
@@ -64,6 +66,8 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     print(f"args       {json.dumps(serde.to_jsonable(run.args))}")
     print(f"queue      {run.queue} (priority {run.priority}"
           + (f", concurrency key {run.concurrency_key})" if run.concurrency_key else ")"))
+    if window:
+        print(f"debounce   key {window.key!r}: {window.calls} call{'' if window.calls == 1 else 's'} folded in")
     if run.claimed_by:
         print(f"claimed by {run.claimed_by}")
     print(f"version    {run.app_version or '-'}")

@@ -20,7 +20,9 @@ from typing import Any
 
 from ..errors import EverystepError
 from . import pooling
-from .base import LOST, ClaimState, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow
+from .base import (
+    LOST, ClaimState, DebounceWindow, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow,
+)
 
 DEFAULT_URL = "sqlite:///everystep.db"
 ENV_VAR = "EVERYSTEP_DATABASE_URL"
@@ -121,6 +123,7 @@ __all__ = [
     "ENV_VAR",
     "LOST",
     "ClaimState",
+    "DebounceWindow",
     "Marker",
     "NewStep",
     "Notifications",

@@ -51,6 +51,15 @@ def schedule(conn: Any, name: str, args_json: str, idempotency_key: str | None,
                                                     app_version, deadline=deadline)
 
 
+def schedule_debounced(conn: Any, name: str, args_json: str, key: str, period: float, max_wait: float,
+                       placement: Placement | None = None, app_version: str | None = None, *,
+                       deadline: dt.datetime | None = None) -> Run:
+    """A debounced schedule (``Store.schedule_debounced``) in ``conn``'s open
+    transaction: the key's window stays locked until the owner commits."""
+    return backend_for_connection(conn).schedule_debounced_on(conn, name, args_json, key, period, max_wait,
+                                                              placement, app_version, deadline=deadline)
+
+
 def send(conn: Any, run_id: str, topic: str, payload_json: str, idempotency_key: str | None) -> int:
     """Store a message in ``conn``'s open transaction: it exists, and wakes
     its run, once the owner commits."""
@@ -86,6 +95,16 @@ async def schedule_async(conn: Any, name: str, args_json: str, idempotency_key: 
                                           deadline=deadline)
     async with store_class.caller_cursor_async(conn) as cur:
         return await statements.run_async(cur, store_class._schedule_statements(params))
+
+
+async def schedule_debounced_async(conn: Any, name: str, args_json: str, key: str, period: float, max_wait: float,
+                                   placement: Placement | None = None, app_version: str | None = None, *,
+                                   deadline: dt.datetime | None = None) -> Run:
+    """``schedule_debounced`` in the open transaction of a caller's ``AsyncConnection``."""
+    store_class = _async_postgres(conn)
+    async with store_class.caller_cursor_async(conn) as cur:
+        return await statements.run_async(cur, store_class._debounce_statements(
+            name, args_json, key, period, max_wait, placement, app_version, deadline))
 
 
 async def send_async(conn: Any, run_id: str, topic: str, payload_json: str, idempotency_key: str | None) -> int:
@@ -154,4 +173,5 @@ def _run_id(run_id: str) -> str:
 
 
 __all__ = ["cursor", "get_run", "get_run_async", "get_steps", "is_async_connection", "migrate", "schedule",
+           "schedule_debounced", "schedule_debounced_async",
            "schedule_async", "send_async"]

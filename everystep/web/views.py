@@ -359,7 +359,8 @@ class Views:
             steps=[_step_row(run, full[step_id], copied) for step_id in first if step_id in full],
             next_after=first[-1] if len(outline) > len(first) else None,
             graph=graph, copied=len(copied),
-            waiting=waiting_for(run, [full[step_id] for step_id in waits if step_id in full]),
+            waiting=waiting_for(run, [full[step_id] for step_id in waits if step_id in full],
+                                debounce=self.store.debounce_windows([run.id]).get(run.id)),
             uncertain=[step for step in outline if step.status == STEP_STARTED],
             last=outline[-1] if outline else None,
             read_at=time.monotonic(), cost=time.monotonic() - started)

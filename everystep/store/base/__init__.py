@@ -39,6 +39,7 @@ over ``core.StoreCore``; ``Store`` composes them, so callers see one class
 ``step_transactions``  transactional steps: their writes and record in one transaction
 ``waits``              messages, events, child runs, and releases that wait for them
 ``continuations``      a run that continues as new: its end and its successor, one write
+``debounce``           debounced schedules: a key's window folded into one run
 =====================  ==========================================================
 """
 
@@ -48,6 +49,7 @@ from .console import ConsoleReads
 from .continuations import Continuations
 from .core import MAX_IDLE_CONNECTIONS, Row, StoreCore
 from .cron import Cron
+from .debounce import DebounceWindow, Debounces
 from .execution import Execution
 from .histories import Histories
 from .operator_requests import OperatorRequests
@@ -64,12 +66,13 @@ from .values import (
 )
 
 
-class Store(Continuations, Waits, Execution, StepTransactions, ConsoleReads, Histories, Runs, Runners, Queues,
-            OperatorRequests, Retention, Cron, Schema, StoreCore):
+class Store(Continuations, Waits, Execution, Debounces, StepTransactions, ConsoleReads, Histories, Runs, Runners,
+            Queues, OperatorRequests, Retention, Cron, Schema, StoreCore):
     """Base class; see ``postgres.PostgresStore`` and ``sqlite.SQLiteStore``."""
 
 
 __all__ = [
-    "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "Marker", "NewStep", "Notifications", "Row",
+    "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "DebounceWindow", "Marker", "NewStep",
+    "Notifications", "Row",
     "RunnerInfo", "Store", "StoreCore", "StepWrite", "id_prefix_range", "new_run_id", "utcnow",
 ]

@@ -300,6 +300,8 @@ class StoreCore(abc.ABC):
             forked_from=str(row["forked_from"]) if "forked_from" in row.keys() and row["forked_from"] else None,
             continued_from=_id_or_none(row, "continued_from"),
             continued_as=_id_or_none(row, "continued_as"),
+            debounce_calls=int(row["debounce_calls"]) if "debounce_calls" in row.keys()
+            and row["debounce_calls"] is not None else None,
         )
 
     @classmethod

@@ -47,8 +47,8 @@ from ...models import ACTIVE_STATUSES, CONTINUED, STEP_AWAITING, Claim, Run, Ste
 from ...wait_kinds import EVENT, MESSAGE
 from . import statements
 from .core import Row
+from .debounce import Debounces
 from .execution import Execution
-from .runs import Runs
 from .values import LOST, Marker, NewStep, StepWrite, checked_run_id, utcnow
 
 
@@ -120,9 +120,9 @@ class _NothingWritten(Exception):
     """Rolls back a transaction of which one write was refused."""
 
 
-class Waits(Execution, Runs):
+class Waits(Execution, Debounces):
     """Messages, events, child runs and the releases that wait for them
-    (over the step records of ``Execution`` and the scheduling of ``Runs``)."""
+    (over the step records of ``Execution`` and the scheduling of ``Runs``, debounced or not)."""
 
     # -- sending -----------------------------------------------------------
 
@@ -275,13 +275,21 @@ class Waits(Execution, Runs):
 
     def record_schedule(self, claim: Claim, step: NewStep, name: str, args_json: str, idempotency_key: str | None,
                         not_before: dt.datetime | None, placement: Any, app_version: str | None,
-                        deadline: dt.datetime | None, markers: Sequence[Marker] = ()) -> StepWrite | None:
+                        deadline: dt.datetime | None, markers: Sequence[Marker] = (), *,
+                        debounce: tuple[str, float, float] | None = None) -> StepWrite | None:
         """A body's ``schedule``: a detached run (no parent: not cancelled
         with this one) inserted and the step recorded with that run as its
-        result, in one transaction fenced by ``claim``."""
+        result, in one transaction fenced by ``claim``; ``debounce`` (key,
+        period, max_wait): folded into the key's window instead
+        (``store/base/debounce.py``), in the same transaction."""
         def schedule(conn: Any) -> str:
-            run = self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement,
-                                         app_version, deadline=deadline)
+            if debounce is not None:
+                key, period, max_wait = debounce
+                run = statements.run(conn, self._debounce_statements(
+                    name, args_json, key, period, max_wait, placement, app_version, deadline))
+            else:
+                run = self._schedule_through(conn, name, args_json, idempotency_key, not_before, placement,
+                                             app_version, deadline=deadline)
             return serde.dumps(row_fields(run), "scheduled run")
 
         return self._record_with(claim, step, schedule, markers)

@@ -955,3 +955,38 @@ SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_s
 SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
        max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
 FROM everystep_step WHERE workflow_id = %(id)s
+
+-- -- Debounced scheduling (migration 0020; store/base/debounce.py) --
+
+-- name: debounce_take
+-- See queries/postgres.sql. ON DUPLICATE KEY UPDATE takes the existing
+-- row's exclusive lock at once (INSERT IGNORE's shared lock, upgraded
+-- later, would deadlock two schedulers of one key); the SELECT reads the
+-- row this transaction holds.
+INSERT INTO everystep_debounce (name, debounce_key, run_id, first_at)
+VALUES (%(name)s, %(debounce_key)s, %(id)s, %(now)s)
+ON DUPLICATE KEY UPDATE calls = calls + 1;
+SELECT run_id, first_at FROM everystep_debounce WHERE name = %(name)s AND debounce_key = %(debounce_key)s
+
+-- name: debounce_fold
+SELECT id FROM everystep_workflow
+WHERE id = %(run_id)s AND status = 'scheduled' AND first_claimed_at IS NULL AND debounce_calls IS NOT NULL
+FOR UPDATE;
+UPDATE everystep_workflow SET args = %(args)s, not_before = %(not_before)s, debounce_calls = debounce_calls + 1
+WHERE id IN %(picked)s;
+SELECT {run_columns}, debounce_calls FROM everystep_workflow WHERE id IN %(picked)s
+
+-- name: debounce_move
+UPDATE everystep_debounce SET run_id = %(id)s, first_at = %(now)s
+WHERE name = %(name)s AND debounce_key = %(debounce_key)s
+
+-- name: debounce_open
+INSERT INTO everystep_workflow (id, name, args, status, created_at, not_before, queue, priority,
+                                concurrency_key, app_version, deadline, wait_key, debounce_calls)
+VALUES (%(id)s, %(name)s, %(args)s, 'scheduled', UTC_TIMESTAMP(6), %(not_before)s, %(queue)s, %(priority)s,
+        %(concurrency_key)s, %(app_version)s, %(deadline)s, %(wait_key)s, 1)
+RETURNING {run_columns}, debounce_calls
+
+-- name: debounce_windows
+SELECT id, wait_key, debounce_calls FROM everystep_workflow
+WHERE id IN %(ids)s AND debounce_calls IS NOT NULL

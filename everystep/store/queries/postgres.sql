@@ -1128,3 +1128,47 @@ SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_s
 SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
        max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
 FROM everystep_step WHERE workflow_id = %(id)s
+
+-- -- Debounced scheduling (migration 0020; store/base/debounce.py) --
+
+-- name: debounce_take
+-- The window of (name, debounce_key), its row locked to the commit: opened
+-- for the new run `id` when the key has none (run_id = id on return), else
+-- the run of the window last opened and when that window began.
+INSERT INTO everystep_debounce (name, debounce_key, run_id, first_at)
+VALUES (%(name)s, %(debounce_key)s, %(id)s::uuid, %(now)s)
+ON CONFLICT (name, debounce_key) DO UPDATE SET calls = everystep_debounce.calls + 1
+RETURNING run_id, first_at
+
+-- name: debounce_fold
+-- A call folded into the window's run while it has not started: still
+-- scheduled and never claimed (a claim holding the row makes this wait,
+-- then match nothing). The arguments replaced, the start pushed back.
+UPDATE everystep_workflow
+SET args = %(args)s::json, not_before = %(not_before)s, debounce_calls = debounce_calls + 1
+WHERE id = %(run_id)s::uuid AND status = 'scheduled' AND first_claimed_at IS NULL AND debounce_calls IS NOT NULL
+RETURNING {run_columns}, debounce_calls
+
+-- name: debounce_move
+-- The window's run has started (or ended, or is gone): the key's row
+-- points at the new run `id`, whose window begins now.
+UPDATE everystep_debounce SET run_id = %(id)s::uuid, first_at = %(now)s
+WHERE name = %(name)s AND debounce_key = %(debounce_key)s
+RETURNING run_id
+
+-- name: debounce_open
+-- The run of a new window: `schedule`'s insert, with the window's wait key
+-- and its first call counted; not due before the window's end (not_before).
+WITH inserted AS (
+    INSERT INTO everystep_workflow (id, name, args, status, created_at, not_before, queue, priority,
+                                    concurrency_key, app_version, deadline, wait_key, debounce_calls)
+    VALUES (%(id)s, %(name)s, %(args)s::json, 'scheduled', clock_timestamp(), %(not_before)s, %(queue)s,
+            %(priority)s, %(concurrency_key)s, %(app_version)s, %(deadline)s::timestamptz, %(wait_key)s, 1)
+    RETURNING {run_columns}, debounce_calls
+)
+SELECT inserted.*, pg_notify('{scheduled_channel}', inserted.name)::text AS notified FROM inserted
+
+-- name: debounce_windows
+-- The debounced runs among ids: their key (in wait_key) and calls folded.
+SELECT id, wait_key, debounce_calls FROM everystep_workflow
+WHERE id = ANY(%(ids)s::uuid[]) AND debounce_calls IS NOT NULL

@@ -890,3 +890,36 @@ SELECT max(history) AS records FROM everystep_workflow WHERE status IN {active_s
 SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
        max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
 FROM everystep_step WHERE workflow_id = :id
+
+-- -- Debounced scheduling (migration 0020; store/base/debounce.py) --
+
+-- name: debounce_take
+-- See queries/postgres.sql. The upsert is the first write of the
+-- transaction: it takes SQLite's one write lock, so schedulers of any key
+-- run one after another from here to their commit.
+INSERT INTO everystep_debounce (name, debounce_key, run_id, first_at)
+VALUES (:name, :debounce_key, :id, :now)
+ON CONFLICT (name, debounce_key) DO UPDATE SET calls = everystep_debounce.calls + 1
+RETURNING run_id, first_at
+
+-- name: debounce_fold
+UPDATE everystep_workflow
+SET args = :args, not_before = :not_before, debounce_calls = debounce_calls + 1
+WHERE id = :run_id AND status = 'scheduled' AND first_claimed_at IS NULL AND debounce_calls IS NOT NULL
+RETURNING {run_columns}, debounce_calls
+
+-- name: debounce_move
+UPDATE everystep_debounce SET run_id = :id, first_at = :now
+WHERE name = :name AND debounce_key = :debounce_key
+RETURNING run_id
+
+-- name: debounce_open
+INSERT INTO everystep_workflow (id, name, args, status, created_at, not_before, queue, priority,
+                                concurrency_key, app_version, deadline, wait_key, debounce_calls)
+VALUES (:id, :name, :args, 'scheduled', :now, :not_before, :queue, :priority, :concurrency_key, :app_version,
+        :deadline, :wait_key, 1)
+RETURNING {run_columns}, debounce_calls
+
+-- name: debounce_windows
+SELECT id, wait_key, debounce_calls FROM everystep_workflow
+WHERE id IN (SELECT value FROM json_each(:ids)) AND debounce_calls IS NOT NULL
