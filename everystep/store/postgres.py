@@ -17,8 +17,9 @@ server that stopped answering can never freeze its loop).
 
 Behind a transaction pooler (``?pooler=transaction``, ``pooling``) nothing
 is prepared: the step records (``FUNCTION_FORMS``) are then calls of their
-PL/pgSQL functions, planned once per server session, and the statement timeout (and a read-only store's read-only
-mode) is set inside each transaction rather than for the session: a
+PL/pgSQL functions, planned once per server session, and the statement
+timeout (and a read-only store's read-only mode) is set inside each
+transaction rather than for the session: a
 statement outside a transaction is sent after ``set_config(..., true)`` in
 one pipeline, which is one implicit transaction and one round trip, and an
 explicit transaction sets it first. ``listen()`` then needs a URL of its

@@ -5,8 +5,9 @@
 -- Why. A direct connection prepares these statements once per session
 -- (store/postgres_hot.py) and runs them on generic plans. Behind a
 -- transaction pooler nothing stays prepared, so each one was sent whole and
--- PostgreSQL parsed and planned it on every call: 0.7 ms of the server's
--- CPU per 3-step run, more than executing them (case 16). A PL/pgSQL
+-- PostgreSQL parsed and planned it on every call: planning alone took
+-- 0.7 ms of the server's time per 3-step run, about what executing them
+-- takes (case 16; docs/explanation/performance.md). A PL/pgSQL
 -- function's statements are parsed once per server session and their plans
 -- kept there (as a prepared statement's), whichever client's transaction
 -- calls it, so through the pooler only the short call is parsed.
