@@ -10,7 +10,9 @@ mode PgBouncer is used as a direct connection is, LISTEN included.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import select
 import subprocess
 import sys
@@ -23,8 +25,9 @@ import pytest
 from everystep import schedule
 from everystep.errors import EverystepError, StoreUnavailable
 from everystep.models import COMPLETED
-from everystep.store import NewStep, connect, pooling, utcnow
+from everystep.store import LOST, Marker, NewStep, connect, functions, pooling, utcnow
 from everystep.store.channels import SCHEDULED_CHANNEL
+from everystep.store.postgres import FUNCTION_FORMS, function_call
 from everystep.worker import Worker
 from tests.apps.pooled import hops
 from tests.support.pgbouncer import PgBouncer, libpq_url
@@ -111,6 +114,50 @@ def test_nothing_is_prepared_and_settings_stay_inside_each_transaction(pooled_ur
                 assert other.execute("SHOW statement_timeout").fetchone() == ("0",)
     finally:
         store.close()
+
+
+def test_behind_the_pooler_the_step_records_are_calls_of_functions_taking_their_statements_parameters(
+        pooled_url: str, pg_url: str) -> None:
+    # Nothing stays prepared behind the pooler, so the step records are
+    # PL/pgSQL functions, whose plans the server keeps per session: each
+    # takes exactly its statement's parameters, named p_..., in their order.
+    pooled, direct = connect(pooled_url), connect(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for name in FUNCTION_FORMS:
+            statement = dict.__getitem__(direct.sql, name)
+            assert dict.__getitem__(pooled.sql, name) == function_call(name, statement)
+            arguments = conn.execute(
+                "SELECT array(SELECT a.name FROM unnest(p.proargnames, p.proargmodes) AS a(name, mode) "
+                "WHERE a.mode = 'i') FROM pg_proc AS p WHERE p.proname = %s", (f"everystep_{name}",)).fetchone()
+            assert arguments is not None, f"everystep_{name} is missing"
+            parameters = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+            assert arguments[0] == [f"p_{parameter}" for parameter in parameters]
+    assert functions.as_function_body("id = %(run_id)s AND x LIKE 'a%%'") == "id = p_run_id AND x LIKE 'a%'"
+    with pytest.raises(KeyError):
+        functions.render("{statement:no_such_statement}", "postgres")
+
+
+def test_behind_the_pooler_each_step_record_writes_what_its_statement_writes(pooled_url: str) -> None:
+    store = connect(pooled_url)
+    run = schedule(hops, 1, database=store)
+    claim = store.claim("pooled", 10, [run.name])[0].claim
+
+    def step(step_id: str) -> NewStep:
+        return NewStep(step_id, "x", "[1]", "{}", utcnow(), status="done", result_json=f'"{step_id}"')
+
+    marker = Marker("patch:p", "everystep.patched", '["p"]', "true")
+    written = store.record_step(claim, step("a"))
+    assert written is not LOST and written is not None and written.ours and written.record.result == "a"
+    assert store.record_step(claim, step("b"), markers=[marker]) is not LOST
+    stale = dataclasses.replace(claim, epoch=claim.epoch - 1)
+    assert store.record_step(stale, step("c")) is LOST
+    assert store.finish_run_with_step(stale, step("c"), COMPLETED, result_json="3") is LOST
+    assert store.finish_run_with_step(claim, step("c"), COMPLETED, result_json="3",
+                                      markers=[marker._replace(step_id="patch:q")]) is not LOST
+    assert store.get_run(run.id).status == COMPLETED
+    steps = {record.step_id: record for record in store.get_steps(run.id)}
+    assert sorted(steps) == ["a", "b", "c", "patch:p", "patch:q"]
+    assert steps["c"].result == "c" and steps["patch:p"].result is True
 
 
 def test_a_read_only_store_behind_the_pooler_reads_and_refuses_writes(pooled_url: str) -> None:

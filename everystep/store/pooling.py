@@ -8,7 +8,11 @@ ending in ``?pooler=transaction`` says that one is in between, and the
 store then relies on none of them:
 
 - no server-side prepared statements (psycopg's ``prepare_threshold=None``;
-  ``postgres_hot``, which prepares per session, is off);
+  ``postgres_hot`` sends its statements whole, unnamed), and the step
+  records a runner writes for every run are calls of PL/pgSQL functions
+  (``functions/postgres/step_records.sql``), whose plans the server keeps
+  per session whichever client's transaction calls them, so only the short
+  call is parsed and planned each time;
 - settings go inside each transaction (``set_config(..., true)``, the
   function form of ``SET LOCAL``), sent with its statements in one round
   trip, never in the ``options`` startup parameter that a stock PgBouncer

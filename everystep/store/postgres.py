@@ -16,8 +16,10 @@ and opening one (the supervisor parent sets it, so a stuck lock or a
 server that stopped answering can never freeze its loop).
 
 Behind a transaction pooler (``?pooler=transaction``, ``pooling``) nothing
-is prepared, and the statement timeout (and a read-only store's read-only
-mode) is set inside each transaction rather than for the session: a
+is prepared: the step records (``FUNCTION_FORMS``) are then calls of their
+PL/pgSQL functions, planned once per server session, and the statement
+timeout (and a read-only store's read-only mode) is set inside each
+transaction rather than for the session: a
 statement outside a transaction is sent after ``set_config(..., true)`` in
 one pipeline, which is one implicit transaction and one round trip, and an
 explicit transaction sets it first. ``listen()`` then needs a URL of its
@@ -55,6 +57,11 @@ log = logging.getLogger(__name__)
 #: What a runner sends for every run: these go through ``postgres_hot``.
 HOT_STATEMENTS = ("claim", "record_step", "finish_run_with_step", "record_step_marked",
                   "finish_run_with_step_marked")
+#: Hot statements that behind a transaction pooler are called as the
+#: PL/pgSQL function of the same name (``everystep_NAME``, in
+#: ``functions/postgres/step_records.sql``), whose plans the server keeps
+#: per session; the claim is a function already.
+FUNCTION_FORMS = ("record_step", "finish_run_with_step", "record_step_marked", "finish_run_with_step_marked")
 
 
 #: Connection failures that are a configuration the server or libpq
@@ -98,7 +105,11 @@ class PostgresStore(Store):
         self.connect_timeout = min(10.0, statement_timeout) if statement_timeout else 10.0
         self.application_name = application_name
         pooled = self.pooler == pooling.TRANSACTION
-        self._hot = _hot_statements(self.statements())
+        statements = dict(self.sql)
+        if pooled:
+            # Whichever path sends them (the hot one, a transaction's cursor).
+            self.sql.update({name: function_call(name, statements[name]) for name in FUNCTION_FORMS})
+        self._hot = _hot_statements(dict(self.sql))
         self.wakes = not pooled or self.listen_url is not None
         if not self.wakes:
             self.listen_unavailable = ("LISTEN needs a direct connection; pass --listen-database "
@@ -321,6 +332,16 @@ def _hot_statements(sql: Mapping[str, str]) -> dict[str, postgres_hot.HotStateme
                   psycopg.__version__, ", ".join(lacking))
         return {}
     return {name: postgres_hot.HotStatement(number, sql[name]) for number, name in enumerate(HOT_STATEMENTS, 1)}
+
+
+def function_call(name: str, statement: str) -> str:
+    """``statement`` (the named statement ``name``) as a call of its
+    function, ``everystep_NAME``, its parameters passed by name
+    (``p_run_id => %(run_id)s``): the function's arguments are the
+    statement's parameters (``functions/postgres/step_records.sql``)."""
+    params = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    arguments = ", ".join(f"p_{param} => %({param})s" for param in params)
+    return f"SELECT * FROM everystep_{name}({arguments})"
 
 
 class _Connection(CommitGuard, psycopg.Connection[Any]):

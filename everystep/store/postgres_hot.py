@@ -23,6 +23,9 @@ statement is sent whole, as an unnamed statement the server parses every
 time (``Prepared(named=False)``), with this path's parameters, and its
 columns are read as they come (a type this path does not read is read by
 psycopg's own loader for it, since the statement cannot be sent again).
+What is sent there for a step record is a call of its PL/pgSQL function
+(``PostgresStore``: ``FUNCTION_FORMS``), so the server parses the call,
+not the statement, whose plan it keeps in the session.
 
 Whatever this path cannot do exactly as psycopg would (a session not in
 ISO DateStyle or not in UTF-8, a parameter or column type it does not

@@ -38,6 +38,13 @@ re-applies the file: that is how ``statuses.sql``, each backend's check of
 what a status column may hold, follows the enums without a numbered
 migration or a table rebuild (on PostgreSQL the functions its CHECK
 constraints call; on SQLite and MariaDB, triggers).
+
+A file may also take a named statement of the backend's queries whole
+(``{statement:record_step}``), its ``%(name)s`` parameters turned into the
+function's ``p_name`` arguments: a function that only wraps a statement (so
+that its plan is kept per server session, ``step_records.sql``) then never
+holds a second copy of it, and a change to the statement changes the
+file's text, so the migrator re-applies it.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from importlib import resources
 from typing import Any
 
 from ... import models
+from .. import queries
 from ..migrations import split_statements
 from ..queries import STATUS_SETS, sql_list
 
@@ -65,21 +73,34 @@ STATUS_DOMAINS: dict[str, tuple[str, ...]] = {
 
 #: Only these are rendered (a PL/pgSQL body has braces of its own: '{}');
 #: a misspelt one is caught, not left for the database to choke on.
-_PLACEHOLDER = re.compile(r"\{(\w*status\w*)\}")
+_PLACEHOLDER = re.compile(r"\{(\w*status\w*)\}|\{statement:(\w+)\}")
+#: A named statement's parameter (psycopg's style), or its escaped ``%``.
+_PARAMETER = re.compile(r"%\((\w+)\)s|%%")
 
 
-def render(text: str) -> str:
+def render(text: str, backend: str | None = None) -> str:
     """``text`` with each status placeholder replaced by its set as an SQL
-    list, read from the models now. An unknown one is an error, never left
-    in a body the database would reject later."""
+    list, read from the models now, and each ``{statement:NAME}`` by the
+    backend's named statement (``as_function_body``). An unknown one is an
+    error, never left in a body the database would reject later."""
     known = {**STATUS_SETS, **STATUS_DOMAINS}
 
     def rendered(match: re.Match[str]) -> str:
+        if match[2] is not None:
+            if backend is None:
+                raise LookupError(f"{match[0]}: no backend to read the statement from")
+            return as_function_body(queries.load(backend)[match[2]])
         if match[1] not in known:
             raise LookupError(f"unknown status placeholder {match[0]}; known: {', '.join(sorted(known))}")
         return sql_list(known[match[1]])
 
     return _PLACEHOLDER.sub(rendered, text)
+
+
+def as_function_body(statement: str) -> str:
+    """A named statement as a function's body runs it: each ``%(name)s``
+    parameter the argument ``p_name``, ``%%`` a ``%``."""
+    return _PARAMETER.sub(lambda match: "%" if match[1] is None else f"p_{match[1]}", statement)
 
 
 @dataclass(frozen=True)
@@ -103,7 +124,7 @@ def available(backend: str) -> list[Function]:
     folder = resources.files(__package__).joinpath(backend)
     if not folder.is_dir():
         return []
-    found = [Function(entry.name.removesuffix(".sql"), render(entry.read_text(encoding="utf-8")))
+    found = [Function(entry.name.removesuffix(".sql"), render(entry.read_text(encoding="utf-8"), backend))
              for entry in folder.iterdir() if entry.name.endswith(".sql")]
     return sorted(found, key=lambda function: function.name)
 
