@@ -11,11 +11,12 @@ import asyncio
 import datetime as dt
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from . import async_steps, body_calls, client, forks, loops, new_run, registry, resources, sleeps, steps, waits
+from . import stream_reader, streams
 from .store import step_pages
 from . import transactional as transactional_steps
 from .body_rules import BodyRule, declare
@@ -26,6 +27,7 @@ from .models import Run, StepRecord
 from .new_run import aware, positive_seconds
 from .queues import Placement
 from .retry import RetryPolicy
+from .refusals import refused_in_body
 from .store import Store, utcnow
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -714,6 +716,96 @@ async def wait_async(run_id: str, timeout: float | None = 60.0, poll: float = 0.
     return await client.wait_async(run_id, timeout, poll, database, conn)
 
 
+
+# -- streams ---------------------------------------------------------------------
+
+
+@declare(BodyRule.RECORDED, "In a body, a step: the value is written in the transaction that records it, and a replay "
+         "writes nothing. From a step's code, part of that step's attempt: a later attempt withdraws it.",
+         records=(streams.WRITE_STEP,))
+def write_stream(key: str, value: Any, everystep_id: str | None = None) -> int:
+    """Inside a workflow (its body or a step's code): append ``value``
+    (JSON-serialisable, as step results are) to this run's stream ``key``,
+    for readers outside to see at once (``read_stream``, the console's
+    run page); returns its position in the stream (1, 2, …).
+
+    From a body it is a durable step (``everystep_id`` names it): a replay
+    does not write it again. From a step's code it commits at once as part
+    of that step's attempt: if the attempt never records its outcome (its
+    process was killed), the next attempt's first write withdraws its
+    values, so readers never see them beside the retry's (see the how-to
+    "Streams"). ``StreamRefused`` past the size bounds or after
+    ``close_stream``; a value that is not JSON is refused before anything
+    is written."""
+    return streams.write(key, value, everystep_id)
+
+
+@declare(BodyRule.RECORDED, "In a body, a step: the stream is closed in the transaction that records it.",
+         records=(streams.CLOSE_STEP,))
+def close_stream(key: str, everystep_id: str | None = None) -> int:
+    """Inside a workflow: close this run's stream ``key``; its readers stop
+    after the values before it, and a later write to it is refused. A run's
+    streams end with the run anyway (readers stop once it has ended), so
+    closing is for a stream that is done before its run is. A step from a
+    body, as ``write_stream``; closing a closed stream does nothing."""
+    return streams.close(key, everystep_id)
+
+
+@declare(BodyRule.RECORDED, "write_stream() in an async workflow or step: the same step, the same rule.",
+         records=(streams.WRITE_STEP,))
+async def write_stream_async(key: str, value: Any, everystep_id: str | None = None) -> int:
+    """``write_stream`` from async code (its write in a worker thread)."""
+    return await loops.in_thread(write_stream, key, value, everystep_id)
+
+
+@declare(BodyRule.RECORDED, "close_stream() in an async workflow or step: the same step.",
+         records=(streams.CLOSE_STEP,))
+async def close_stream_async(key: str, everystep_id: str | None = None) -> int:
+    """``close_stream`` from async code."""
+    return await loops.in_thread(close_stream, key, everystep_id)
+
+
+@refused_in_body("a step whose code reads it (read_stream blocks and is not recorded), or get_event",
+                 "Reading a stream blocks for values as they come, and is not recorded.")
+def read_stream(run_id: str, key: str, *, timeout: float | dt.timedelta | None = None, after: int = 0,
+                items: bool = False, database: str | Store | None = None) -> Any:
+    """Every value run ``run_id`` writes to its stream ``key``, in order:
+    an iterator that blocks for the next value (up to ``timeout`` seconds
+    each: ``TimeoutError`` past it; None: as long as it takes) and ends
+    when the stream is closed or the run has ended. ``after``: start after
+    that position (a reader resuming). ``items=True`` yields ``StreamItem``
+    rows instead (``seq``, ``value``, ``step_id``, ``epoch``: which step
+    and which execution of it wrote the value). ``RunNotFound`` at the
+    call for an unknown run. On PostgreSQL the reader is woken by each
+    write's commit (LISTEN); elsewhere it polls every 20 ms."""
+    seconds = None if timeout is None else waits.finite_seconds(timeout, "read_stream timeout")
+    streams.key_checked(key, "read_stream")
+    return stream_reader.read(client.store_for(database), run_id, key, seconds, _position(after), items)
+
+
+@refused_in_body("a step whose code reads it, or get_event_async",
+                 "Reading a stream waits for values as they come, and is not recorded.")
+async def read_stream_async(run_id: str, key: str, *, timeout: float | dt.timedelta | None = None, after: int = 0,
+                            items: bool = False, database: str | Store | None = None) -> AsyncIterator[Any]:
+    """``read_stream`` from async code: awaited, it checks the run
+    (``RunNotFound``) and returns an async iterator (``async for value in
+    await read_stream_async(...)``), whose reads run in worker threads and
+    whose waits are on the loop (PostgreSQL's LISTEN socket watched by
+    it)."""
+    seconds = None if timeout is None else waits.finite_seconds(timeout, "read_stream timeout")
+    streams.key_checked(key, "read_stream")
+    reader = stream_reader.StreamReader(client.store_for(database), run_id, key, _position(after))
+    await asyncio.to_thread(reader.open)
+    return stream_reader.read_async(reader, seconds, items)
+
+
+def _position(after: Any) -> int:
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise EverystepError(f"read_stream's after= is a position in the stream, 0 or more, not {after!r}")
+    return after
+
 __all__ = ["StepFunction", "WorkflowFunction", "call", "call_async", "gather", "get_event", "get_event_async",
            "get_run", "get_steps", "get_steps_async", "get_run_async", "parallel", "recv", "recv_async", "schedule", "schedule_async", "send", "send_async", "set_event", "set_event_async", "sleep",
-           "sleep_async", "sleep_until", "sleep_until_async", "start", "start_async", "step", "wait", "wait_async", "workflow"]
+           "sleep_async", "sleep_until", "sleep_until_async", "start", "start_async", "step", "wait", "wait_async", "workflow",
+           "write_stream", "write_stream_async", "close_stream", "close_stream_async", "read_stream",
+           "read_stream_async"]

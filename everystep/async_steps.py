@@ -50,12 +50,13 @@ async def step_call(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str,
         return await result if inspect.isawaitable(result) else result
     if not step.is_async:
         return await asyncio.to_thread(steps.run_step, ctx, step, args, kwargs, name)
-    phases = steps.step_phases(ctx, step, args, kwargs, recording.next_step_id(ctx.execution, ctx, name))
+    step_id = recording.next_step_id(ctx.execution, ctx, name)
+    phases = steps.step_phases(ctx, step, args, kwargs, step_id)
     done, gauge = steps.advance(phases, None)
     if done:
         return gauge  # replayed: the recorded outcome
     try:
-        ended = await _invoke(step, args, kwargs, gauge)
+        ended = await _invoke(step, args, kwargs, gauge, step_id)
     except BaseException:
         phases.close()  # the task was cancelled, the process is going away: nothing is recorded
         raise
@@ -72,10 +73,10 @@ async def step_call(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str,
 
 
 async def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  gauge: StepGauge | None) -> tuple[Any, Exception | None]:
+                  gauge: StepGauge | None, step_id: str) -> tuple[Any, Exception | None]:
     """Await the step's coroutine, inside the step (nested step calls are
     plain calls): (its result, None) or (None, its exception)."""
-    token = IN_STEP.set(True)
+    token = IN_STEP.set(step_id)
     try:
         return await step.fn(*args, **kwargs), None
     except MemoryError as exc:

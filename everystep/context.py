@@ -250,6 +250,10 @@ class Execution:
     patch_calls: dict[str, str] = field(default_factory=dict)
     #: A dry replay only: told of each step as it is matched (``everystep replay``).
     replay_log: ReplayLog | None = None
+    #: Steps whose code wrote to a stream in this execution: the first such
+    #: write withdrew what earlier executions of that step wrote
+    #: (``everystep.streams``).
+    streamed: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -402,8 +406,10 @@ def validate_name(name: Any) -> str:
 #: The running scope of this thread or task (``current()``): set by whatever
 #: runs a body or a branch of it, reset when it ends.
 SCOPE: contextvars.ContextVar[Context | None] = contextvars.ContextVar("everystep_context", default=None)
-#: True while a step's own function runs: step calls made there are plain calls.
-IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("everystep_in_step", default=False)
+#: The id of the step whose own function runs now (None outside one): step
+#: calls made there are plain calls, and a stream write made there is part
+#: of that step's attempt (``everystep.streams``).
+IN_STEP: contextvars.ContextVar[str | None] = contextvars.ContextVar("everystep_in_step", default=None)
 
 
 def current() -> Context | None:

@@ -65,7 +65,7 @@ def run_step(ctx: Context, step: DeclaredStep, args: tuple[Any, ...], kwargs: di
     done, gauge = advance(phases, None)
     if done:
         return gauge  # replayed: the recorded outcome
-    done, value = advance(phases, _invoke(step, args, kwargs, gauge))
+    done, value = advance(phases, _invoke(step, args, kwargs, gauge, step_id))
     assert done, "a step's phases yield once"
     return value
 
@@ -290,8 +290,8 @@ def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: t
 
 
 def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any],
-            gauge: StepGauge | None = None) -> tuple[Any, Exception | None]:
-    token = IN_STEP.set(True)
+            gauge: StepGauge | None = None, step_id: str = "?") -> tuple[Any, Exception | None]:
+    token = IN_STEP.set(step_id)
     fn = loops.blocking(step.fn) if step.is_async else step.fn
     try:
         if gauge is not None:

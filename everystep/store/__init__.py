@@ -20,7 +20,10 @@ from typing import Any
 
 from ..errors import EverystepError
 from . import pooling
-from .base import LOST, ClaimState, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow
+from .base import (
+    LOST, ClaimState, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, StreamBounds, StreamItem, StreamSummary,
+    new_run_id, utcnow,
+)
 
 DEFAULT_URL = "sqlite:///everystep.db"
 ENV_VAR = "EVERYSTEP_DATABASE_URL"
@@ -126,7 +129,7 @@ __all__ = [
     "Notifications",
     "RunnerInfo",
     "Store",
-    "StepWrite",
+    "StepWrite", "StreamBounds", "StreamItem", "StreamSummary",
     "backend_for_connection",
     "close_default_stores",
     "connect",

@@ -1,0 +1,163 @@
+"""Streams: values a running run writes for readers outside, as rows.
+
+A stream is the rows of ``everystep_stream`` of one run and key, ordered by
+``seq`` (1, 2, 3 …; a seq is never reused, so a reader resumes after the
+last one it saw). Two writers, one rule each (``everystep.streams`` says
+why):
+
+- a body's write is a recorded step: the row and the step's record commit
+  in one transaction under the run's row lock, fenced by the claim
+  (``record_stream_write``); a replay finds the step and writes nothing;
+- a write from a step's own code commits at once, alone, fenced by the
+  claim (``append_to_stream``), tagged with the step's id and the claim
+  epoch of the execution that wrote it. The first such write of a step in
+  an execution first withdraws the rows earlier executions wrote for that
+  step (an attempt that was killed or failed before its record): their
+  seqs stay taken, their values are dropped, readers skip them.
+
+The seq is the tail's plus one, read in the writing transaction; a writer
+that races another for the same seq inserts nothing and reads the tail
+again (READ COMMITTED on PostgreSQL and MariaDB sees the other's commit;
+SQLite has one writer at a time), so seqs commit in order and a reader
+reading past its last seq misses none. On PostgreSQL each insert notifies
+``everystep_stream`` with the run's id, delivered at the commit.
+
+Crash windows: a crash before a write's commit writes nothing; a crash of
+a step after some of its writes committed leaves those rows, tagged with
+the dead execution's epoch, until the step's next execution writes (they
+are withdrawn then) or the run is pruned (the rows go with it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from ... import serde
+from ...errors import StreamRefused
+from ...models import Claim
+from .core import Row
+from .values import LOST, Marker, NewStep, Notifications, StepWrite, checked_run_id
+from .waits import Waits
+
+#: How many times a writer reads the tail again after losing a seq to a
+#: concurrent writer of the same stream (parallel branches of one run).
+_RACES = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamItem:
+    """One row of a stream as a reader sees it: its ``seq``, its ``value``,
+    the step that wrote it and, for a write from a step's code, the claim
+    epoch of the execution whose attempt wrote it (None: a body's write,
+    a recorded step). The closing marker has ``closed`` and no value."""
+
+    seq: int
+    value: Any
+    step_id: str
+    epoch: int | None
+    closed: bool
+    written_at: dt.datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "value": serde.to_jsonable(self.value), "step_id": self.step_id,
+                "epoch": self.epoch, "closed": self.closed,
+                "written_at": self.written_at.isoformat() if self.written_at else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSummary:
+    """A run's stream as the console and ``show`` list it."""
+
+    key: str
+    last_seq: int
+    closed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "last_seq": self.last_seq, "closed": self.closed}
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamBounds:
+    """The size bounds a write is held to: bytes of one value's JSON, and
+    values (seqs) one stream may hold."""
+
+    value_bytes: int
+    values: int
+
+
+class Streams(Waits):
+    """Writing and reading streams (over the step records and the run row
+    locks of ``Waits``)."""
+
+    def append_to_stream(self, claim: Claim, key: str, value_json: str | None, step_id: str, bounds: StreamBounds,
+                         withdraw: bool) -> int | None:
+        """A write from step ``step_id``'s code (``value_json`` None: the
+        closing marker), in a transaction of its own fenced by ``claim``;
+        with ``withdraw``, earlier executions' rows of that step are
+        withdrawn first in it. Returns the value's seq, ``LOST`` (None) when
+        the claim moved on (nothing written); ``StreamRefused`` past a
+        bound or on a closed stream. Closing a closed stream writes nothing."""
+        params = self._params(**self._claim_params(claim), key=key, step_id=step_id, epoch=claim.epoch)
+        with self.connection() as conn, self._transaction(conn):
+            if withdraw:
+                conn.execute(self.sql["stream_withdraw"], params)
+            return self._append(conn, params, value_json, bounds)
+
+    def record_stream_write(self, claim: Claim, step: NewStep, key: str, value_json: str | None,
+                            bounds: StreamBounds, markers: tuple[Marker, ...] = ()) -> StepWrite | None:
+        """A body's write as the step ``step``: the row and the step's record
+        (its result the seq) in one transaction under the run's row lock,
+        fenced by ``claim``. Returns like ``record_step``; ``StreamRefused``
+        (nothing written) past a bound or on a closed stream."""
+        def write(conn: Any, owned: Row) -> str:
+            params = self._params(**self._claim_params(claim), key=key, step_id=step.step_id, epoch=None)
+            seq = self._append(conn, params, value_json, bounds)
+            return serde.dumps(seq, "stream seq")
+
+        return self._record_with(claim, step, write, markers, locked=True)
+
+    def _append(self, conn: Any, params: dict[str, Any], value_json: str | None, bounds: StreamBounds) -> int | None:
+        """Insert at the tail's seq plus one, inside the caller's
+        transaction, reading the tail again after a lost race."""
+        key = params["key"]
+        for _ in range(_RACES):
+            tail = conn.execute(self.sql["stream_tail"], params).fetchone()
+            if tail is None:
+                return LOST  # the claim moved on: nothing is written
+            last = int(tail["seq"] or 0)
+            if tail["closed"]:
+                if value_json is None:
+                    return last  # closing a closed stream: nothing more to say
+                raise StreamRefused(f"run {params['run_id']}: stream {key!r} is closed; nothing was written")
+            if last >= bounds.values:
+                raise StreamRefused(
+                    f"run {params['run_id']}: stream {key!r} holds its bound of {bounds.values} values "
+                    "(EVERYSTEP_STREAM_MAX_VALUES); nothing was written")
+            seq = last + 1
+            added = conn.execute(self.sql["stream_append"],
+                                 {**params, "seq": seq, "value": value_json, "closed": value_json is None})
+            if added.rowcount:
+                return seq
+        raise StreamRefused(f"run {params['run_id']}: stream {key!r} lost the race for its next seq "
+                            f"{_RACES} times; nothing was written")
+
+    def stream_items(self, run_id: str, key: str, after: int = 0, limit: int = 1000) -> list[StreamItem]:
+        """Run ``run_id``'s stream ``key`` after seq ``after``, oldest first,
+        at most ``limit`` rows (withdrawn ones left out)."""
+        rows = self._fetchall("stream_read", {"run_id": checked_run_id(run_id), "key": key, "after": after,
+                                              "limit": limit})
+        return [StreamItem(int(row["seq"]), self._json(row["value"]), str(row["step_id"]),
+                           None if row["epoch"] is None else int(row["epoch"]), bool(row["closed"]),
+                           self._time(row["written_at"])) for row in rows]
+
+    def streams_of(self, run_id: str) -> list[StreamSummary]:
+        """Run ``run_id``'s streams, by key."""
+        rows = self._fetchall("stream_keys", {"run_id": checked_run_id(run_id)})
+        return [StreamSummary(str(row["key"]), int(row["seq"]), bool(row["closed"])) for row in rows]
+
+    def listen_streams(self) -> Notifications | None:
+        """A dedicated connection woken by every stream write's commit (the
+        caller's own), or None where there is none (readers poll)."""
+        return None

@@ -1,0 +1,157 @@
+"""Streams in-process, on every backend: a body's writes are recorded
+steps (a replay writes nothing), a step's writes belong to its attempt (a
+crashed attempt's values are withdrawn by the retry's first write), readers
+see every value in order and stop at the close or the run's end, bounds
+refuse with one line, and the rows go with their run."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+from typing import Any
+
+import pytest
+
+import everystep
+from everystep import EverystepError, RunNotFound, schedule
+from everystep.models import COMPLETED, FAILED, STEP_DONE, STEP_FAILED
+from everystep.runner import Outcome
+from everystep.store import Store, utcnow
+from everystep.streams import CLOSE_STEP, MAX_VALUES_ENV, MAX_VALUE_BYTES_ENV, WRITE_STEP
+from tests.apps import streams as apps
+from tests.support.runs import crash_at, execute_run, resume
+
+pytestmark = pytest.mark.pooled
+
+
+def values(store: Store, run_id: str, key: str, **options: Any) -> list[Any]:
+    return list(everystep.read_stream(run_id, key, timeout=10, database=store, **options))
+
+
+def test_a_body_writes_recorded_steps_and_readers_see_them_in_order(store: Store) -> None:
+    run = schedule(apps.reporter, 3, database=store)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    assert values(store, run.id, "progress") == [{"done": 1, "of": 3}, {"done": 2, "of": 3}, {"done": 3, "of": 3}]
+    steps = store.get_steps(run.id)
+    assert [(s.name, s.status, s.result) for s in steps] == [
+        (WRITE_STEP, STEP_DONE, 1), (WRITE_STEP, STEP_DONE, 2), (WRITE_STEP, STEP_DONE, 3),
+        (CLOSE_STEP, STEP_DONE, 4), ("tests.apps.streams.note", STEP_DONE, 3)]
+    [summary] = store.streams_of(run.id)
+    assert (summary.key, summary.last_seq, summary.closed) == ("progress", 4, True)
+
+
+def test_a_replay_after_a_crash_writes_no_value_again(store: Store) -> None:
+    run = schedule(apps.reporter, 3, database=store)
+    crash_at("3")  # the third write's transaction never happens
+    with pytest.raises(everystep.SimulatedCrash):
+        execute_run(store, run.id)
+    assert [item.seq for item in store.stream_items(run.id, "progress")] == [1, 2]
+    assert resume(store, run.id) == Outcome.COMPLETED
+    items = store.stream_items(run.id, "progress")
+    assert [(item.seq, item.value["done"], item.epoch) for item in items if not item.closed] == [
+        (1, 1, None), (2, 2, None), (3, 3, None)]
+
+
+def test_a_crashed_step_attempts_values_are_withdrawn_by_its_retry(store: Store) -> None:
+    run = schedule(apps.producing, 3, database=store)
+    crash_at("1")  # after the step's code (its three writes committed), before its record
+    with pytest.raises(everystep.SimulatedCrash):
+        execute_run(store, run.id)
+    first = store.stream_items(run.id, "lines")
+    assert [(item.seq, item.value, item.step_id) for item in first] == [(1, 0, "1"), (2, 1, "1"), (3, 2, "1")]
+    seen_live = first[:2]  # a reader read two of them while the attempt ran
+
+    assert resume(store, run.id) == Outcome.COMPLETED
+    retried = store.stream_items(run.id, "lines")
+    assert [(item.seq, item.value) for item in retried] == [(4, 0), (5, 1), (6, 2)]
+    assert {item.epoch for item in retried} == {store.get_run(run.id).claim_epoch}
+    assert all(item.epoch != seen_live[0].epoch for item in retried)
+    # A new reader sees the retry's values once; one resuming after seq 2
+    # is not sent the withdrawn third, and knows the retry's by its epoch.
+    assert values(store, run.id, "lines") == [0, 1, 2]
+    resumed = values(store, run.id, "lines", after=2, items=True)
+    assert [(item.seq, item.value) for item in resumed] == [(4, 0), (5, 1), (6, 2)]
+
+
+def test_a_write_after_close_is_refused_and_recorded(store: Store) -> None:
+    run = schedule(apps.write_after_close, database=store)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    result = store.get_run(run.id).result
+    assert "stream 's' is closed; nothing was written" in result
+    assert values(store, run.id, "s") == [1]
+    assert store.get_steps(run.id)[-1].status == STEP_FAILED  # the refusal, replayed as it is
+
+
+def test_an_unstorable_value_writes_nothing(store: Store) -> None:
+    run = schedule(apps.unstorable, database=store)
+    execute_run(store, run.id)
+    failed = store.get_run(run.id)
+    assert failed.status == FAILED and "stream 's'" in failed.error["message"]
+    assert "\n" not in failed.error["message"]
+    assert store.stream_items(run.id, "s") == [] and store.get_steps(run.id) == []
+
+    run = schedule(apps.unstorable_from_step, database=store)
+    execute_run(store, run.id)
+    assert store.get_run(run.id).status == FAILED
+    assert store.stream_items(run.id, "s") == []
+
+
+def test_a_value_past_its_bound_is_refused(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MAX_VALUE_BYTES_ENV, "100")
+    run = schedule(apps.oversized, 200, database=store)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    assert "past the bound of 100 bytes (EVERYSTEP_STREAM_MAX_VALUE_BYTES)" in store.get_run(run.id).result
+    assert store.stream_items(run.id, "s") == []
+
+
+def test_a_stream_past_its_bound_is_refused(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MAX_VALUES_ENV, "3")
+    run = schedule(apps.bounded, 5, database=store)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    assert "holds its bound of 3 values (EVERYSTEP_STREAM_MAX_VALUES)" in store.get_run(run.id).result
+    assert values(store, run.id, "s") == [0, 1, 2]
+
+
+def test_a_reader_follows_a_run_in_flight_and_ends_with_it(store: Store) -> None:
+    run = schedule(apps.producing, 50, database=store)
+    reader = everystep.read_stream(run.id, "lines", timeout=30, database=store)
+    seen: list[Any] = []
+    thread = threading.Thread(target=lambda: seen.extend(reader))
+    thread.start()
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    thread.join(30)
+    assert not thread.is_alive() and seen == list(range(50))
+
+
+def test_a_silent_stream_times_out_and_an_unknown_run_is_refused(store: Store) -> None:
+    run = schedule(apps.producing, 1, database=store)  # scheduled, nothing written
+    with pytest.raises(TimeoutError, match="no value on stream 'lines' within 0.2s"):
+        next(iter(everystep.read_stream(run.id, "lines", timeout=0.2, database=store)))
+    with pytest.raises(RunNotFound):
+        everystep.read_stream("00000000-0000-0000-0000-000000000001", "lines", database=store)
+    with pytest.raises(EverystepError, match="needs a key"):
+        everystep.read_stream(run.id, "", database=store)
+
+
+def test_writes_outside_a_workflow_and_reads_in_a_body_are_refused(store: Store) -> None:
+    with pytest.raises(EverystepError, match="no run to write to"):
+        everystep.write_stream("k", 1)
+
+
+def test_async_twins(store: Store) -> None:
+    run = schedule(apps.async_producing, 3, database=store)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+
+    async def read() -> list[Any]:
+        return [value async for value in await everystep.read_stream_async(run.id, "a", timeout=10, database=store)]
+
+    assert asyncio.run(read()) == ["start", 0, 1, 2]
+
+
+def test_streams_are_pruned_with_their_run(store: Store) -> None:
+    run = schedule(apps.reporter, 2, database=store)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    assert store.get_run(run.id).status == COMPLETED
+    assert store.prune_batch(utcnow() + dt.timedelta(seconds=1), [COMPLETED], 10) == (1, 4)
+    assert store.stream_items(run.id, "progress") == []
