@@ -774,8 +774,8 @@ def read_stream(run_id: str, key: str, *, timeout: float | dt.timedelta | None =
     each: ``TimeoutError`` past it; None: as long as it takes) and ends
     when the stream is closed or the run has ended. ``after``: start after
     that position (a reader resuming). ``items=True`` yields ``StreamItem``
-    rows instead (``seq``, ``value``, ``step_id``, ``epoch``: which step
-    and which execution of it wrote the value). ``RunNotFound`` at the
+    rows instead (``seq``, ``value``, ``step_id``, ``attempt``: which
+    step and which execution of it wrote the value). ``RunNotFound`` at the
     call for an unknown run. On PostgreSQL the reader is woken by each
     write's commit (LISTEN); elsewhere it polls every 20 ms."""
     seconds = None if timeout is None else waits.finite_seconds(timeout, "read_stream timeout")

@@ -24,6 +24,7 @@ import datetime as dt
 import itertools
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -254,6 +255,10 @@ class Execution:
     #: write withdrew what earlier executions of that step wrote
     #: (``everystep.streams``).
     streamed: set[str] = field(default_factory=set)
+    #: This execution's id on the stream rows its steps' code writes: when
+    #: it began, in nanoseconds (a claim epoch would not do: a supervisor
+    #: hands a run whose child died to the next child under the same claim).
+    attempt_id: int = field(default_factory=time.time_ns)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:

@@ -12,7 +12,8 @@ by one rule per writer:
   commit writes neither; the replay writes the value then.
 - **From a step's code, a write is part of that step's attempt.** It
   commits at once (a long step shows its progress live), tagged with the
-  step and the claim epoch of the execution running it. If that attempt
+  step and the id of the execution running it (its ``attempt``: a
+  supervisor's next child, even under the same claim, is a new one). If that attempt
   never records (its process was killed, the runner lost the run), the
   step runs again in a later execution, and that execution's first write
   of the step withdraws every earlier execution's values of it, in the
@@ -20,7 +21,7 @@ by one rule per writer:
   the retry's values only, never a half-attempt's beside them. A reader
   that already read some values of the dead attempt keeps them (seqs only
   grow: it is not sent them again, nor told of the withdrawal, except by
-  ``read_stream(..., items=True)``, whose items carry the step and epoch,
+  ``read_stream(..., items=True)``, whose items carry the step and attempt,
   so it can tell the retry's values from the first attempt's). An
   attempt that failed with its exception recorded (a retry policy's
   ``retrying``, or ``failed``) keeps its values the same way until its
@@ -156,7 +157,7 @@ def _from_step(call: str, key: str, text: str | None, limits: StreamBounds) -> i
     ex = ctx.execution
     withdraw = step_id not in ex.streamed
     try:
-        seq = ex.store.append_to_stream(ex.claim, key, text, step_id, limits, withdraw)
+        seq = ex.store.append_to_stream(ex.claim, key, text, step_id, ex.attempt_id, limits, withdraw)
     except StreamRefused:
         raise
     except EverystepError as exc:

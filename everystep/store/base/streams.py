@@ -9,8 +9,8 @@ why):
   in one transaction under the run's row lock, fenced by the claim
   (``record_stream_write``); a replay finds the step and writes nothing;
 - a write from a step's own code commits at once, alone, fenced by the
-  claim (``append_to_stream``), tagged with the step's id and the claim
-  epoch of the execution that wrote it. The first such write of a step in
+  claim (``append_to_stream``), tagged with the step's id and the id of
+  the execution that wrote it (``attempt``). The first such write of a step in
   an execution first withdraws the rows earlier executions wrote for that
   step (an attempt that was killed or failed before its record): their
   seqs stay taken, their values are dropped, readers skip them.
@@ -24,7 +24,7 @@ reading past its last seq misses none. On PostgreSQL each insert notifies
 
 Crash windows: a crash before a write's commit writes nothing; a crash of
 a step after some of its writes committed leaves those rows, tagged with
-the dead execution's epoch, until the step's next execution writes (they
+the dead execution's id, until the step's next execution writes (they
 are withdrawn then) or the run is pruned (the rows go with it).
 """
 
@@ -49,20 +49,21 @@ _RACES = 50
 @dataclasses.dataclass(frozen=True)
 class StreamItem:
     """One row of a stream as a reader sees it: its ``seq``, its ``value``,
-    the step that wrote it and, for a write from a step's code, the claim
-    epoch of the execution whose attempt wrote it (None: a body's write,
-    a recorded step). The closing marker has ``closed`` and no value."""
+    the step that wrote it (``step_id``) and, for a write from a step's
+    code, the ``attempt`` that wrote it: the id of the execution running
+    that step (when it began, in nanoseconds; None: a body's write, a
+    recorded step). The closing marker has ``closed`` and no value."""
 
     seq: int
     value: Any
     step_id: str
-    epoch: int | None
+    attempt: int | None
     closed: bool
     written_at: dt.datetime | None
 
     def to_dict(self) -> dict[str, Any]:
         return {"seq": self.seq, "value": serde.to_jsonable(self.value), "step_id": self.step_id,
-                "epoch": self.epoch, "closed": self.closed,
+                "attempt": self.attempt, "closed": self.closed,
                 "written_at": self.written_at.isoformat() if self.written_at else None}
 
 
@@ -91,15 +92,15 @@ class Streams(Waits):
     """Writing and reading streams (over the step records and the run row
     locks of ``Waits``)."""
 
-    def append_to_stream(self, claim: Claim, key: str, value_json: str | None, step_id: str, bounds: StreamBounds,
-                         withdraw: bool) -> int | None:
+    def append_to_stream(self, claim: Claim, key: str, value_json: str | None, step_id: str, attempt: int,
+                         bounds: StreamBounds, withdraw: bool) -> int | None:
         """A write from step ``step_id``'s code (``value_json`` None: the
-        closing marker), in a transaction of its own fenced by ``claim``;
-        with ``withdraw``, earlier executions' rows of that step are
-        withdrawn first in it. Returns the value's seq, ``LOST`` (None) when
+        closing marker) by execution ``attempt``, in a transaction of its
+        own fenced by ``claim``; with ``withdraw``, other executions' rows
+        of that step are withdrawn first in it. Returns the value's seq, ``LOST`` (None) when
         the claim moved on (nothing written); ``StreamRefused`` past a
         bound or on a closed stream. Closing a closed stream writes nothing."""
-        params = self._params(**self._claim_params(claim), key=key, step_id=step_id, epoch=claim.epoch)
+        params = self._params(**self._claim_params(claim), key=key, step_id=step_id, attempt=attempt)
         with self.connection() as conn, self._transaction(conn):
             if withdraw:
                 conn.execute(self.sql["stream_withdraw"], params)
@@ -112,7 +113,7 @@ class Streams(Waits):
         fenced by ``claim``. Returns like ``record_step``; ``StreamRefused``
         (nothing written) past a bound or on a closed stream."""
         def write(conn: Any, owned: Row) -> str:
-            params = self._params(**self._claim_params(claim), key=key, step_id=step.step_id, epoch=None)
+            params = self._params(**self._claim_params(claim), key=key, step_id=step.step_id, attempt=None)
             seq = self._append(conn, params, value_json, bounds)
             return serde.dumps(seq, "stream seq")
 
@@ -149,7 +150,7 @@ class Streams(Waits):
         rows = self._fetchall("stream_read", {"run_id": checked_run_id(run_id), "key": key, "after": after,
                                               "limit": limit})
         return [StreamItem(int(row["seq"]), self._json(row["value"]), str(row["step_id"]),
-                           None if row["epoch"] is None else int(row["epoch"]), bool(row["closed"]),
+                           None if row["attempt"] is None else int(row["attempt"]), bool(row["closed"]),
                            self._time(row["written_at"])) for row in rows]
 
     def streams_of(self, run_id: str) -> list[StreamSummary]:

@@ -969,15 +969,15 @@ WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
 
 -- name: stream_withdraw
 UPDATE everystep_stream SET withdrawn = 1, value = NULL
-WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND epoch IS NOT NULL
-  AND epoch <> %(claim_epoch)s AND NOT withdrawn
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND attempt IS NOT NULL
+  AND attempt <> %(attempt)s AND NOT withdrawn
 
 -- name: stream_append
-INSERT IGNORE INTO everystep_stream (workflow_id, `key`, seq, value, step_id, epoch, closed, written_at)
-VALUES (%(run_id)s, %(key)s, %(seq)s, %(value)s, %(step_id)s, %(epoch)s, %(closed)s, UTC_TIMESTAMP(6))
+INSERT IGNORE INTO everystep_stream (workflow_id, `key`, seq, value, step_id, attempt, closed, written_at)
+VALUES (%(run_id)s, %(key)s, %(seq)s, %(value)s, %(step_id)s, %(attempt)s, %(closed)s, UTC_TIMESTAMP(6))
 
 -- name: stream_read
-SELECT seq, value, step_id, epoch, closed, written_at FROM everystep_stream
+SELECT seq, value, step_id, attempt, closed, written_at FROM everystep_stream
 WHERE workflow_id = %(run_id)s AND `key` = %(key)s AND seq > %(after)s AND NOT withdrawn
 ORDER BY seq LIMIT %(limit)s
 

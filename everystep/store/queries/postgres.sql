@@ -1148,23 +1148,23 @@ WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
 -- it, by an attempt that never recorded), withdrawn before this
 -- execution's first value of that step: their seqs stay taken.
 UPDATE everystep_stream SET withdrawn = true, value = NULL
-WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND epoch IS NOT NULL
-  AND epoch <> %(claim_epoch)s AND NOT withdrawn
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND attempt IS NOT NULL
+  AND attempt <> %(attempt)s AND NOT withdrawn
 
 -- name: stream_append
 -- One value (or the closing marker) at `seq`; nothing when a concurrent
 -- writer took that seq first (the caller reads the tail again). Readers
 -- of the run are woken by the commit.
 WITH added AS (
-    INSERT INTO everystep_stream (workflow_id, key, seq, value, step_id, epoch, closed, written_at)
-    VALUES (%(run_id)s, %(key)s, %(seq)s, %(value)s::json, %(step_id)s, %(epoch)s, %(closed)s, clock_timestamp())
+    INSERT INTO everystep_stream (workflow_id, key, seq, value, step_id, attempt, closed, written_at)
+    VALUES (%(run_id)s, %(key)s, %(seq)s, %(value)s::json, %(step_id)s, %(attempt)s, %(closed)s, clock_timestamp())
     ON CONFLICT DO NOTHING
     RETURNING workflow_id
 )
 SELECT pg_notify('{stream_channel}', workflow_id::text) AS notified FROM added
 
 -- name: stream_read
-SELECT seq, value, step_id, epoch, closed, written_at FROM everystep_stream
+SELECT seq, value, step_id, attempt, closed, written_at FROM everystep_stream
 WHERE workflow_id = %(run_id)s AND key = %(key)s AND seq > %(after)s AND NOT withdrawn
 ORDER BY seq LIMIT %(limit)s
 

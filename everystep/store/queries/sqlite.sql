@@ -903,16 +903,16 @@ WHERE w.id = :run_id AND w.status = 'running' AND w.claimed_by = :claimer AND w.
 
 -- name: stream_withdraw
 UPDATE everystep_stream SET withdrawn = 1, value = NULL
-WHERE workflow_id = :run_id AND step_id = :step_id AND epoch IS NOT NULL
-  AND epoch <> :claim_epoch AND NOT withdrawn
+WHERE workflow_id = :run_id AND step_id = :step_id AND attempt IS NOT NULL
+  AND attempt <> :attempt AND NOT withdrawn
 
 -- name: stream_append
-INSERT INTO everystep_stream (workflow_id, key, seq, value, step_id, epoch, closed, written_at)
-VALUES (:run_id, :key, :seq, :value, :step_id, :epoch, :closed, :now)
+INSERT INTO everystep_stream (workflow_id, key, seq, value, step_id, attempt, closed, written_at)
+VALUES (:run_id, :key, :seq, :value, :step_id, :attempt, :closed, :now)
 ON CONFLICT DO NOTHING
 
 -- name: stream_read
-SELECT seq, value, step_id, epoch, closed, written_at FROM everystep_stream
+SELECT seq, value, step_id, attempt, closed, written_at FROM everystep_stream
 WHERE workflow_id = :run_id AND key = :key AND seq > :after AND NOT withdrawn
 ORDER BY seq LIMIT :limit
 

@@ -7,7 +7,7 @@ CREATE TABLE IF NOT EXISTS everystep_stream (
     seq         BIGINT NOT NULL,
     value       LONGTEXT,
     step_id     VARCHAR(300) NOT NULL,
-    epoch       BIGINT,
+    attempt     BIGINT,
     closed      TINYINT NOT NULL DEFAULT 0,
     withdrawn   TINYINT NOT NULL DEFAULT 0,
     written_at  DATETIME(6) NOT NULL,

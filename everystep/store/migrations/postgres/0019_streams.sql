@@ -3,8 +3,9 @@
 -- One row per value, ordered per run and key by `seq` (1, 2, 3 …, never
 -- reused: a reader resumes after the last seq it saw). `step_id` is the
 -- step that wrote it: a body's write is a recorded step of its own
--- (`epoch` NULL); a write from inside a step's code carries the claim epoch
--- of the execution whose attempt wrote it (`epoch`). When a later
+-- (`attempt` NULL); a write from inside a step's code carries the id of
+-- the execution whose attempt of the step wrote it (`attempt`: when that
+-- execution began, in nanoseconds since the epoch). When a later
 -- execution of that step writes, the earlier executions' rows of it are
 -- withdrawn (`withdrawn`, their value dropped) in the transaction of that
 -- first write, so a reader that comes later never sees a killed attempt's
@@ -17,7 +18,7 @@ CREATE TABLE everystep_stream (
     seq         bigint NOT NULL,
     value       json,
     step_id     text NOT NULL,
-    epoch       bigint,
+    attempt     bigint,
     closed      boolean NOT NULL DEFAULT false,
     withdrawn   boolean NOT NULL DEFAULT false,
     written_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -25,4 +26,4 @@ CREATE TABLE everystep_stream (
 );
 
 -- The withdrawal of an earlier execution's values of one step.
-CREATE INDEX everystep_stream_step ON everystep_stream (workflow_id, step_id) WHERE epoch IS NOT NULL;
+CREATE INDEX everystep_stream_step ON everystep_stream (workflow_id, step_id) WHERE attempt IS NOT NULL;

@@ -6,11 +6,11 @@ CREATE TABLE everystep_stream (
     seq         INTEGER NOT NULL,
     value       TEXT,
     step_id     TEXT NOT NULL,
-    epoch       INTEGER,
+    attempt     INTEGER,
     closed      INTEGER NOT NULL DEFAULT 0,
     withdrawn   INTEGER NOT NULL DEFAULT 0,
     written_at  TEXT NOT NULL,
     PRIMARY KEY (workflow_id, key, seq)
 );
 
-CREATE INDEX everystep_stream_step ON everystep_stream (workflow_id, step_id) WHERE epoch IS NOT NULL;
+CREATE INDEX everystep_stream_step ON everystep_stream (workflow_id, step_id) WHERE attempt IS NOT NULL;
