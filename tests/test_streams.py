@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from everystep.runner import Outcome
 from everystep.store import Store, utcnow
 from everystep.streams import CLOSE_STEP, MAX_VALUES_ENV, MAX_VALUE_BYTES_ENV, WRITE_STEP
 from tests.apps import streams as apps
+from tests.support.cli import run_in_process
 from tests.support.runs import crash_at, execute_run, resume
 
 pytestmark = pytest.mark.pooled
@@ -155,3 +158,35 @@ def test_streams_are_pruned_with_their_run(store: Store) -> None:
     assert store.get_run(run.id).status == COMPLETED
     assert store.prune_batch(utcnow() + dt.timedelta(seconds=1), [COMPLETED], 10) == (1, 4)
     assert store.stream_items(run.id, "progress") == []
+
+
+# -- the command line ---------------------------------------------------------------
+
+
+def cli(db_url: str, tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return run_in_process([*args, "--database", db_url], env, tmp_path)
+
+
+def test_the_stream_command_prints_json_lines_and_lists_streams(
+        db_url: str, store: Store, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    run = schedule(apps.reporter, 2, database=store)
+    assert execute_run(store, run.id) == Outcome.COMPLETED
+    printed = cli(db_url, tmp_path, subprocess_env, "stream", run.id, "progress")
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.splitlines() == ['{"done":1,"of":2}', '{"done":2,"of":2}']
+    followed = cli(db_url, tmp_path, subprocess_env, "stream", run.id[:8], "progress", "--follow", "--after", "1")
+    assert followed.stdout.splitlines() == ['{"done":2,"of":2}']
+    listed = cli(db_url, tmp_path, subprocess_env, "stream", run.id)
+    assert listed.returncode == 0 and "progress" in listed.stdout and "closed" in listed.stdout
+
+
+def test_the_stream_command_refuses_bad_input_in_one_line(
+        db_url: str, store: Store, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    unknown = cli(db_url, tmp_path, subprocess_env, "stream", "00000000-0000-0000-0000-00000000abcd", "k")
+    assert unknown.returncode == 2 and unknown.stdout == "" and len(unknown.stderr.strip().splitlines()) == 1
+    assert "no run" in unknown.stderr
+    run = schedule(apps.reporter, 1, database=store)
+    empty_key = cli(db_url, tmp_path, subprocess_env, "stream", run.id, "")
+    assert empty_key.returncode == 2 and len(empty_key.stderr.strip().splitlines()) == 1
+    negative = cli(db_url, tmp_path, subprocess_env, "stream", run.id, "k", "--after", "-1")
+    assert negative.returncode == 2 and len(negative.stderr.strip().splitlines()) == 1
