@@ -104,7 +104,7 @@ class Streams(Waits):
         with self.connection() as conn, self._transaction(conn):
             if withdraw:
                 conn.execute(self.sql["stream_withdraw"], params)
-            return self._append(conn, params, value_json, bounds)
+            return self._append(conn, params, value_json, bounds, live=True)
 
     def record_stream_write(self, claim: Claim, step: NewStep, key: str, value_json: str | None,
                             bounds: StreamBounds, markers: tuple[Marker, ...] = ()) -> StepWrite | None:
@@ -119,12 +119,15 @@ class Streams(Waits):
 
         return self._record_with(claim, step, write, markers, locked=True)
 
-    def _append(self, conn: Any, params: dict[str, Any], value_json: str | None, bounds: StreamBounds) -> int | None:
+    def _append(self, conn: Any, params: dict[str, Any], value_json: str | None, bounds: StreamBounds,
+                live: bool = False) -> int | None:
         """Insert at the tail's seq plus one, inside the caller's
-        transaction, reading the tail again after a lost race."""
+        transaction, reading the tail again after a lost race. ``live``: a
+        write from a step's code, whose commit need not wait for its flush
+        on PostgreSQL (``stream_tail_live`` says why)."""
         key = params["key"]
         for _ in range(_RACES):
-            tail = conn.execute(self.sql["stream_tail"], params).fetchone()
+            tail = conn.execute(self.sql["stream_tail_live" if live else "stream_tail"], params).fetchone()
             if tail is None:
                 return LOST  # the claim moved on: nothing is written
             last = int(tail["seq"] or 0)

@@ -1143,6 +1143,24 @@ FROM everystep_workflow AS w
 WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
   AND w.claim_epoch = %(claim_epoch)s
 
+-- name: stream_tail_live
+-- `stream_tail` for a write from a step's code, whose transaction commits
+-- without waiting for its WAL flush (synchronous_commit off, for this
+-- transaction only): a value of an attempt in flight. WAL is written in
+-- order, so the step's record, flushed at its own commit, makes every value
+-- the step wrote before it durable too; a database crash before that loses
+-- the step's record as well, and the step runs again.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+SELECT (SELECT seq FROM everystep_stream WHERE workflow_id = w.id AND key = %(key)s
+        ORDER BY seq DESC LIMIT 1) AS seq,
+       (SELECT CASE WHEN closed AND NOT withdrawn THEN 1 ELSE 0 END FROM everystep_stream
+        WHERE workflow_id = w.id AND key = %(key)s ORDER BY seq DESC LIMIT 1) AS closed
+FROM everystep_workflow AS w, async_commit
+WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
+  AND w.claim_epoch = %(claim_epoch)s
+
 -- name: stream_withdraw
 -- An earlier execution's values of step `step_id` (written from inside
 -- it, by an attempt that never recorded), withdrawn before this

@@ -901,6 +901,15 @@ SELECT (SELECT seq FROM everystep_stream WHERE workflow_id = w.id AND key = :key
 FROM everystep_workflow AS w
 WHERE w.id = :run_id AND w.status = 'running' AND w.claimed_by = :claimer AND w.claim_epoch = :claim_epoch
 
+-- name: stream_tail_live
+-- `stream_tail` for a write from a step's code (see postgres.sql).
+SELECT (SELECT seq FROM everystep_stream WHERE workflow_id = w.id AND key = :key
+        ORDER BY seq DESC LIMIT 1) AS seq,
+       (SELECT CASE WHEN closed AND NOT withdrawn THEN 1 ELSE 0 END FROM everystep_stream
+        WHERE workflow_id = w.id AND key = :key ORDER BY seq DESC LIMIT 1) AS closed
+FROM everystep_workflow AS w
+WHERE w.id = :run_id AND w.status = 'running' AND w.claimed_by = :claimer AND w.claim_epoch = :claim_epoch
+
 -- name: stream_withdraw
 UPDATE everystep_stream SET withdrawn = 1, value = NULL
 WHERE workflow_id = :run_id AND step_id = :step_id AND attempt IS NOT NULL
