@@ -723,44 +723,49 @@ async def wait_async(run_id: str, timeout: float | None = 60.0, poll: float = 0.
 @declare(BodyRule.RECORDED, "In a body, a step: the value is written in the transaction that records it, and a replay "
          "writes nothing. From a step's code, part of that step's attempt: a later attempt withdraws it.",
          records=(streams.WRITE_STEP,))
-def write_stream(key: str, value: Any, everystep_id: str | None = None) -> int:
+def write_stream(key: str, value: Any, everystep_id: str | None = None) -> int | None:
     """Inside a workflow (its body or a step's code): append ``value``
     (JSON-serialisable, as step results are) to this run's stream ``key``,
     for readers outside to see at once (``read_stream``, the console's
-    run page); returns its position in the stream (1, 2, …).
+    run page).
 
-    From a body it is a durable step (``everystep_id`` names it): a replay
-    does not write it again. From a step's code it commits at once as part
-    of that step's attempt: if the attempt never records its outcome (its
-    process was killed), the next attempt's first write withdraws its
-    values, so readers never see them beside the retry's (see the how-to
-    "Streams"). ``StreamRefused`` past the size bounds or after
-    ``close_stream``; a value that is not JSON is refused before anything
-    is written."""
+    From a body it is a durable step (``everystep_id`` names it) that
+    returns the value's position in the stream (1, 2, …): a replay does
+    not write it again. From a step's code it is queued and returns None:
+    a thread of the run's execution commits the queue at once, in batches
+    (one commit for the values written while the last one committed), and
+    the step's values are all committed before its outcome is recorded.
+    They are part of that step's attempt: if the attempt never records its
+    outcome (its process was killed), the next attempt's first write
+    withdraws them, so readers never see them beside the retry's (see the
+    how-to "Streams"). ``StreamRefused`` past the size bounds or after
+    ``close_stream`` (from a step's code: at its next write or its end);
+    a value that is not JSON is refused before anything is written."""
     return streams.write(key, value, everystep_id)
 
 
 @declare(BodyRule.RECORDED, "In a body, a step: the stream is closed in the transaction that records it.",
          records=(streams.CLOSE_STEP,))
-def close_stream(key: str, everystep_id: str | None = None) -> int:
+def close_stream(key: str, everystep_id: str | None = None) -> int | None:
     """Inside a workflow: close this run's stream ``key``; its readers stop
     after the values before it, and a later write to it is refused. A run's
     streams end with the run anyway (readers stop once it has ended), so
     closing is for a stream that is done before its run is. A step from a
-    body, as ``write_stream``; closing a closed stream does nothing."""
+    body (its position returned), queued from a step's code, as
+    ``write_stream``; closing a closed stream does nothing."""
     return streams.close(key, everystep_id)
 
 
 @declare(BodyRule.RECORDED, "write_stream() in an async workflow or step: the same step, the same rule.",
          records=(streams.WRITE_STEP,))
-async def write_stream_async(key: str, value: Any, everystep_id: str | None = None) -> int:
+async def write_stream_async(key: str, value: Any, everystep_id: str | None = None) -> int | None:
     """``write_stream`` from async code (its write in a worker thread)."""
     return await loops.in_thread(write_stream, key, value, everystep_id)
 
 
 @declare(BodyRule.RECORDED, "close_stream() in an async workflow or step: the same step.",
          records=(streams.CLOSE_STEP,))
-async def close_stream_async(key: str, everystep_id: str | None = None) -> int:
+async def close_stream_async(key: str, everystep_id: str | None = None) -> int | None:
     """``close_stream`` from async code."""
     return await loops.in_thread(close_stream, key, everystep_id)
 

@@ -36,7 +36,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import forks, recording, steps
+from . import forks, recording, stream_batches, steps
 from .context import Context, StepGauge, SCOPE, IN_STEP, recording_context
 from .errors import EverystepError
 from .registry import DeclaredStep
@@ -78,10 +78,19 @@ async def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, A
     plain calls): (its result, None) or (None, its exception)."""
     token = IN_STEP.set(step_id)
     try:
-        return await step.fn(*args, **kwargs), None
+        result = await step.fn(*args, **kwargs)
+        # The values its code wrote to streams commit before its record
+        # (``stream_batches``); a refusal of them is its failure.
+        if stream_batches.active():
+            await asyncio.to_thread(stream_batches.settle, step_id)
+        return result, None
     except MemoryError as exc:
+        if stream_batches.active():
+            await asyncio.to_thread(stream_batches.settle, step_id, True)
         return None, gauge.failed(exc) if gauge is not None else exc
     except Exception as exc:
+        if stream_batches.active():
+            await asyncio.to_thread(stream_batches.settle, step_id, True)
         return None, exc
     finally:
         IN_STEP.reset(token)

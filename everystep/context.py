@@ -259,6 +259,9 @@ class Execution:
     #: it began, in nanoseconds (a claim epoch would not do: a supervisor
     #: hands a run whose child died to the next child under the same claim).
     attempt_id: int = field(default_factory=time.time_ns)
+    #: The queue of values its steps' code wrote, and the thread committing
+    #: them in batches (``everystep.stream_batches``); None until the first.
+    stream_batches: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:

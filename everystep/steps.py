@@ -36,7 +36,7 @@ import logging
 from collections.abc import Generator
 from typing import Any
 
-from . import loops, recording, serde, transactional
+from . import loops, recording, serde, stream_batches, transactional
 from .context import Context, Execution, StepAttempt, StepGauge, IN_STEP
 from .errors import STORE_FAILURES, EverystepError, SimulatedCrash, StepTimeout, Terminal
 from .last_step import HeldRecord, is_last_act
@@ -297,9 +297,15 @@ def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any],
         if gauge is not None:
             # Inside this ``try``: whatever the gauge raises on the step's
             # behalf (StepResourceExceeded) is the step's failure.
-            return gauge.call(fn, args, kwargs), None
-        return fn(*args, **kwargs), None
+            result = gauge.call(fn, args, kwargs)
+        else:
+            result = fn(*args, **kwargs)
+        # The values its code wrote to streams commit before its record;
+        # a refusal of them is its failure.
+        stream_batches.settle(step_id)
+        return result, None
     except Exception as exc:
+        stream_batches.settle(step_id, quietly=True)
         return None, exc
     finally:
         IN_STEP.reset(token)

@@ -11,7 +11,10 @@ by one rule per writer:
   replay finds the step and writes nothing again. A crash before the
   commit writes neither; the replay writes the value then.
 - **From a step's code, a write is part of that step's attempt.** It
-  commits at once (a long step shows its progress live), tagged with the
+  commits at once, in a batch with the values written while the previous
+  batch committed (``stream_batches``: a long step shows its progress
+  live, and a step's values are all committed before its outcome is
+  recorded), tagged with the
   step and the id of the execution running it (its ``attempt``: a
   supervisor's next child, even under the same claim, is a new one). If that attempt
   never records (its process was killed, the runner lost the run), the
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import os
 
-from . import body_calls, recording, serde
+from . import body_calls, serde, stream_batches
 from .context import IN_STEP, Context, current, recording_context
 from .errors import EverystepError, StreamRefused
 from .store import StreamBounds
@@ -103,25 +106,29 @@ def value_json(key: str, value: object, limits: StreamBounds) -> str:
     return text
 
 
-def write(key: str, value: object, everystep_id: str | None) -> int:
-    """See ``everystep.write_stream``: the value's seq."""
+def write(key: str, value: object, everystep_id: str | None) -> int | None:
+    """See ``everystep.write_stream``: the value's seq (None from a step's
+    code: the value is queued)."""
     key_checked(key, "write_stream")
     limits = bounds()
     ctx = recording_context()
     if ctx is not None:
         text = _checked_in_body(ctx, key, value, limits)
         return _recorded(ctx, WRITE_STEP, key, text, limits, everystep_id, [key, value])
-    return _from_step("write_stream", key, value_json(key, value, limits), limits)
+    _from_step("write_stream", key, value_json(key, value, limits), limits)
+    return None
 
 
-def close(key: str, everystep_id: str | None) -> int:
-    """See ``everystep.close_stream``: the closing marker's seq."""
+def close(key: str, everystep_id: str | None) -> int | None:
+    """See ``everystep.close_stream``: the closing marker's seq (None from
+    a step's code)."""
     key_checked(key, "close_stream")
     limits = bounds()
     ctx = recording_context()
     if ctx is not None:
         return _recorded(ctx, CLOSE_STEP, key, None, limits, everystep_id, [key])
-    return _from_step("close_stream", key, None, limits)
+    _from_step("close_stream", key, None, limits)
+    return None
 
 
 def _checked_in_body(ctx: Context, key: str, value: object, limits: StreamBounds) -> str:
@@ -146,26 +153,16 @@ def _recorded(ctx: Context, step_name: str, key: str, text: str | None, limits: 
         lambda ex, entry, markers: ex.store.record_stream_write(ex.claim, entry, key, text, limits, markers)))
 
 
-def _from_step(call: str, key: str, text: str | None, limits: StreamBounds) -> int:
+def _from_step(call: str, key: str, text: str | None, limits: StreamBounds) -> None:
     """A write from a step's own code: part of that step's attempt (see the
-    module). Outside any workflow there is no stream to write to."""
+    module), queued for its execution's writer (``stream_batches``).
+    Outside any workflow there is no stream to write to."""
     step_id = IN_STEP.get()
     ctx = current()
     if step_id is None or ctx is None:
         raise EverystepError(f"everystep.{call} is called from a workflow body or a step's code, where a run "
                              "is running; outside one, there is no run to write to")
-    ex = ctx.execution
-    withdraw = step_id not in ex.streamed
-    try:
-        seq = ex.store.append_to_stream(ex.claim, key, text, step_id, ex.attempt_id, limits, withdraw)
-    except StreamRefused:
-        raise
-    except EverystepError as exc:
-        raise ex.interrupt_with(exc) from None
-    if seq is None:
-        raise ex.interrupt_with(recording.refused(ex))
-    ex.streamed.add(step_id)
-    return seq
+    stream_batches.of(ctx.execution).put(step_id, key, text, limits)
 
 
 __all__ = ["CLOSE_STEP", "DEFAULT_MAX_VALUES", "DEFAULT_MAX_VALUE_BYTES", "MAX_KEY_LENGTH", "MAX_VALUES_ENV",

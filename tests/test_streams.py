@@ -190,3 +190,15 @@ def test_the_stream_command_refuses_bad_input_in_one_line(
     assert empty_key.returncode == 2 and len(empty_key.stderr.strip().splitlines()) == 1
     negative = cli(db_url, tmp_path, subprocess_env, "stream", run.id, "k", "--after", "-1")
     assert negative.returncode == 2 and len(negative.stderr.strip().splitlines()) == 1
+
+
+def test_a_refusal_of_a_steps_values_is_that_steps_failure(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MAX_VALUES_ENV, "3")
+    run = schedule(apps.producing, 5, database=store)
+    execute_run(store, run.id)
+    failed = store.get_run(run.id)
+    assert failed.status == FAILED
+    assert "holds its bound of 3 values (EVERYSTEP_STREAM_MAX_VALUES)" in failed.error["message"]
+    [step] = store.get_steps(run.id)
+    assert step.status == STEP_FAILED and step.error["type"] == "everystep.errors.StreamRefused"
+    assert values(store, run.id, "lines") in ([], [0, 1, 2])  # a refused batch writes none of its values

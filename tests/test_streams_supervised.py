@@ -42,6 +42,7 @@ def test_a_child_killed_mid_step_leaves_no_duplicate_for_readers(
     follower.start()
 
     wait_until(lambda: written(tmp_path), "the first attempt's three lines")
+    wait_until(lambda: len(store.stream_items(run.id, "log")) == 3, "the first attempt's lines committed")
     [first_pid] = written(tmp_path)
     child = sup.busy_child(run.id, step_id="1")
     assert child["pid"] == first_pid
@@ -49,6 +50,8 @@ def test_a_child_killed_mid_step_leaves_no_duplicate_for_readers(
     wait_for_pids_gone([first_pid])
 
     wait_until(lambda: len(written(tmp_path)) == 2, "the retry's three lines", timeout=120)
+    wait_until(lambda: [item.seq for item in store.stream_items(run.id, "log")] == [4, 5, 6],
+               "the retry's lines committed, the first attempt's withdrawn")
     [second_pid] = [pid for pid in written(tmp_path) if pid != first_pid]
     (tmp_path / "gate").touch()
     assert wait_run(store, run.id, (COMPLETED,), timeout=120, supervisor=sup).result == "written"

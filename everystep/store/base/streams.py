@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ... import serde
@@ -88,23 +89,45 @@ class StreamBounds:
     values: int
 
 
+class _Lost(Exception):
+    """Rolls back a batch whose claim moved on."""
+
+
 class Streams(Waits):
     """Writing and reading streams (over the step records and the run row
     locks of ``Waits``)."""
 
-    def append_to_stream(self, claim: Claim, key: str, value_json: str | None, step_id: str, attempt: int,
-                         bounds: StreamBounds, withdraw: bool) -> int | None:
-        """A write from step ``step_id``'s code (``value_json`` None: the
-        closing marker) by execution ``attempt``, in a transaction of its
-        own fenced by ``claim``; with ``withdraw``, other executions' rows
-        of that step are withdrawn first in it. Returns the value's seq, ``LOST`` (None) when
-        the claim moved on (nothing written); ``StreamRefused`` past a
-        bound or on a closed stream. Closing a closed stream writes nothing."""
-        params = self._params(**self._claim_params(claim), key=key, step_id=step_id, attempt=attempt)
-        with self.connection() as conn, self._transaction(conn):
-            if withdraw:
-                conn.execute(self.sql["stream_withdraw"], params)
-            return self._append(conn, params, value_json, bounds, live=True)
+    def append_batch(self, claim: Claim, attempt: int, rows: Sequence[tuple[str, str, str | None]],
+                     bounds: StreamBounds, withdraw: Collection[str] = ()) -> bool:
+        """Values written from steps' code by execution ``attempt``, as
+        (step id, key, value JSON; None: the closing marker), in order, in
+        one transaction fenced by ``claim``; the rows of the steps in
+        ``withdraw`` that other executions wrote are withdrawn first in it.
+        False when the claim moved on (nothing written); ``StreamRefused``
+        (nothing written) past a bound or on a closed stream. Closing a
+        closed stream writes nothing."""
+        base = self._params(**self._claim_params(claim), attempt=attempt)
+        tails: dict[str, int] = {}
+        closed: set[str] = set()
+        try:
+            with self.connection() as conn, self._transaction(conn):
+                for step_id in sorted(withdraw):
+                    conn.execute(self.sql["stream_withdraw"], {**base, "step_id": step_id})
+                for step_id, key, value_json in rows:
+                    if key in closed:
+                        if value_json is None:
+                            continue
+                        raise StreamRefused(f"run {claim.run_id}: stream {key!r} is closed; nothing was written")
+                    params = {**base, "key": key, "step_id": step_id}
+                    seq = self._append(conn, params, value_json, bounds, live=True, tail=tails.get(key))
+                    if seq is None:
+                        raise _Lost
+                    tails[key] = seq
+                    if value_json is None:
+                        closed.add(key)
+        except _Lost:
+            return False
+        return True
 
     def record_stream_write(self, claim: Claim, step: NewStep, key: str, value_json: str | None,
                             bounds: StreamBounds, markers: tuple[Marker, ...] = ()) -> StepWrite | None:
@@ -120,18 +143,25 @@ class Streams(Waits):
         return self._record_with(claim, step, write, markers, locked=True)
 
     def _append(self, conn: Any, params: dict[str, Any], value_json: str | None, bounds: StreamBounds,
-                live: bool = False) -> int | None:
+                live: bool = False, tail: int | None = None) -> int | None:
         """Insert at the tail's seq plus one, inside the caller's
         transaction, reading the tail again after a lost race. ``live``: a
         write from a step's code, whose commit need not wait for its flush
-        on PostgreSQL (``stream_tail_live`` says why)."""
+        on PostgreSQL (``stream_tail_live`` says why). ``tail``: the seq
+        this transaction wrote last to the stream (its tail was read, and
+        the claim checked, for its first value), so the next goes after it
+        without reading the tail again, unless a concurrent writer took it."""
         key = params["key"]
         for _ in range(_RACES):
-            tail = conn.execute(self.sql["stream_tail_live" if live else "stream_tail"], params).fetchone()
-            if tail is None:
-                return LOST  # the claim moved on: nothing is written
-            last = int(tail["seq"] or 0)
-            if tail["closed"]:
+            if tail is not None:
+                last, closed = tail, False  # the batch says whether it closed the stream
+                tail = None
+            else:
+                found = conn.execute(self.sql["stream_tail_live" if live else "stream_tail"], params).fetchone()
+                if found is None:
+                    return LOST  # the claim moved on: nothing is written
+                last, closed = int(found["seq"] or 0), bool(found["closed"])
+            if closed:
                 if value_json is None:
                     return last  # closing a closed stream: nothing more to say
                 raise StreamRefused(f"run {params['run_id']}: stream {key!r} is closed; nothing was written")
