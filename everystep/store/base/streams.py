@@ -8,12 +8,13 @@ why):
 - a body's write is a recorded step: the row and the step's record commit
   in one transaction under the run's row lock, fenced by the claim
   (``record_stream_write``); a replay finds the step and writes nothing;
-- a write from a step's own code commits at once, alone, fenced by the
-  claim (``append_to_stream``), tagged with the step's id and the id of
-  the execution that wrote it (``attempt``). The first such write of a step in
-  an execution first withdraws the rows earlier executions wrote for that
-  step (an attempt that was killed or failed before its record): their
-  seqs stay taken, their values are dropped, readers skip them.
+- values written from steps' code commit in batches (``append_batch``:
+  one transaction fenced by the claim; ``everystep.stream_batches`` makes
+  the batches), each tagged with its step's id and the id of the
+  execution that wrote it (``attempt``). The first batch of an execution
+  holding a step's values first withdraws the rows other executions wrote
+  for that step (an attempt that was killed or failed before its record):
+  their seqs stay taken, their values are dropped, readers skip them.
 
 The seq is the tail's plus one, read in the writing transaction; a writer
 that races another for the same seq inserts nothing and reads the tail
