@@ -201,4 +201,5 @@ def test_a_refusal_of_a_steps_values_is_that_steps_failure(store: Store, monkeyp
     assert "holds its bound of 3 values (EVERYSTEP_STREAM_MAX_VALUES)" in failed.error["message"]
     [step] = store.get_steps(run.id)
     assert step.status == STEP_FAILED and step.error["type"] == "everystep.errors.StreamRefused"
-    assert values(store, run.id, "lines") in ([], [0, 1, 2])  # a refused batch writes none of its values
+    seen = values(store, run.id, "lines")  # the batches before the refused one, which writes none of its values
+    assert seen == [0, 1, 2][:len(seen)]
