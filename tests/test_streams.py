@@ -23,7 +23,7 @@ from everystep.store import Store, utcnow
 from everystep.streams import CLOSE_STEP, MAX_VALUES_ENV, MAX_VALUE_BYTES_ENV, WRITE_STEP
 from tests.apps import streams as apps
 from tests.support.cli import run_in_process
-from tests.support.runs import crash_at, execute_run, resume
+from tests.support.runs import crash_at, execute_run, resume, run_until_settled
 
 pytestmark = pytest.mark.pooled
 
@@ -203,3 +203,13 @@ def test_a_refusal_of_a_steps_values_is_that_steps_failure(store: Store, monkeyp
     assert step.status == STEP_FAILED and step.error["type"] == "everystep.errors.StreamRefused"
     seen = values(store, run.id, "lines")  # the batches before the refused one, which writes none of its values
     assert seen == [0, 1, 2][:len(seen)]
+
+
+def test_a_retried_attempts_values_are_withdrawn_by_the_next_attempt(store: Store) -> None:
+    apps.FLAKY_ATTEMPTS.clear()
+    run = schedule(apps.retried, database=store)
+    assert execute_run(store, run.id) == Outcome.RELEASED  # the first attempt failed, recorded `retrying`
+    assert [item.value for item in store.stream_items(run.id, "log")] == ["attempt 1 line 1", "attempt 1 line 2"]
+    assert run_until_settled(store, run.id)[-1] == Outcome.COMPLETED
+    assert values(store, run.id, "log") == ["attempt 2 line 1", "attempt 2 line 2"]
+    assert [item.seq for item in store.stream_items(run.id, "log")] == [3, 4]

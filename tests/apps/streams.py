@@ -132,3 +132,24 @@ def paced(count: int, pause: float) -> int:
         everystep.write_stream("log", f"line {index + 1}")
         time.sleep(pause)
     return count
+
+
+#: Attempts of ``flaky_lines`` so far, in this process.
+FLAKY_ATTEMPTS: list[int] = []
+
+
+@step(retries=1, backoff=0, jitter=False)
+def flaky_lines() -> int:
+    """Writes two lines, and fails on its first attempt."""
+    FLAKY_ATTEMPTS.append(len(FLAKY_ATTEMPTS) + 1)
+    attempt = len(FLAKY_ATTEMPTS)
+    everystep.write_stream("log", f"attempt {attempt} line 1")
+    everystep.write_stream("log", f"attempt {attempt} line 2")
+    if attempt == 1:
+        raise RuntimeError("first attempt fails")
+    return attempt
+
+
+@workflow
+def retried() -> int:
+    return int(flaky_lines())
