@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import subprocess
 import threading
 from pathlib import Path
@@ -178,6 +179,9 @@ def test_the_stream_command_prints_json_lines_and_lists_streams(
     assert followed.stdout.splitlines() == ['{"done":2,"of":2}']
     listed = cli(db_url, tmp_path, subprocess_env, "stream", run.id)
     assert listed.returncode == 0 and "progress" in listed.stdout and "closed" in listed.stdout
+    shown = cli(db_url, tmp_path, subprocess_env, "show", run.id, "--json")
+    assert json.loads(shown.stdout)["streams"] == [{"key": "progress", "last_seq": 3, "closed": True}]
+    assert f"everystep stream {run.id} KEY" in cli(db_url, tmp_path, subprocess_env, "show", run.id).stdout
 
 
 def test_the_stream_command_refuses_bad_input_in_one_line(
