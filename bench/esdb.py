@@ -35,7 +35,7 @@ def reset(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         tables = [row[0] for row in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
-            " AND tablename IN ('everystep_attempt', 'everystep_step', 'everystep_message', 'everystep_event',"
+            " AND tablename IN ('everystep_stream', 'everystep_attempt', 'everystep_step', 'everystep_message', 'everystep_event',"
             " 'everystep_workflow', 'everystep_runner')"
         )]
         if tables:

@@ -36,7 +36,7 @@ from .stats import Series, fmt, fmt_ratio, percentile
 from .workloads import noop3, payload
 
 APP = "bench.workloads"
-QUEUE_TABLES = "everystep_attempt, everystep_step, everystep_message, everystep_event, everystep_workflow, everystep_runner, everystep_queue, " \
+QUEUE_TABLES = "everystep_stream, everystep_attempt, everystep_step, everystep_message, everystep_event, everystep_workflow, everystep_runner, everystep_queue, " \
                "everystep_queue_claim"
 
 

@@ -198,8 +198,8 @@ def run(ctx: Context) -> None:
     for size in s.depth_history:
         url = history_url(ctx, size)
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("TRUNCATE everystep_attempt, everystep_step, everystep_message, everystep_event, "
-                         "everystep_workflow, everystep_runner")
+            conn.execute("TRUNCATE everystep_stream, everystep_attempt, everystep_step, everystep_message, "
+                         "everystep_event, everystep_workflow, everystep_runner")
         if size:
             seconds = bulk.load_history(url, size)
             vacuum = bulk.vacuum_analyze(url)

@@ -39,8 +39,8 @@ from .workloads import noop3, payload, stamp1
 
 APP = "bench.workloads"
 LATENCY_PROCS = 2
-TABLES = ("everystep_attempt", "everystep_step", "everystep_message", "everystep_event", "everystep_workflow",
-          "everystep_runner", "everystep_request", "everystep_cron")
+TABLES = ("everystep_stream", "everystep_attempt", "everystep_step", "everystep_message", "everystep_event",
+          "everystep_workflow", "everystep_runner", "everystep_request", "everystep_cron")
 
 
 def _raw(url: str, autocommit: bool = True) -> Any:

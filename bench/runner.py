@@ -27,7 +27,8 @@ from pathlib import Path
 
 from . import (async_io, child_memory, cpu_scaling, debounce_rate, esdb, flow_control, history_depth,
                no_regression, on_mariadb, overheads, peers, pg, pgbench_baseline, pickup_latency, pooler,
-               resume_cost, retention, run_profile, scale_out, throughput, transactional_steps, wait_latency)
+               resume_cost, retention, run_profile, scale_out, stream_latency, throughput, transactional_steps,
+               wait_latency)
 from .context import Context, Settings
 from .procs import Workdir
 from .report import ChartSeries, Section, failed_section, write_chart
@@ -53,6 +54,7 @@ CASES: list[tuple[str, str, Callable[[Context], None] | None, Callable[[Context]
     ("case16", "Case 16 — behind a pooler", pooler.run, pooler.section),
     ("case17", "Case 17 — a big app in every child", child_memory.run, child_memory.section),
     ("case18", "Case 18 — resume cost per recorded step", resume_cost.run, resume_cost.section),
+    ("case19", "Case 19 — streams", stream_latency.run, stream_latency.section),
     ("case20", "Case 20 — debounced scheduling", debounce_rate.run, debounce_rate.section),
     ("mariadb", "MariaDB — cases 2 and 4", on_mariadb.run, on_mariadb.section),
 ]
@@ -197,6 +199,8 @@ TARGETS = [
     ("case17", "cost per run", "Case 17: the freeze's cost per run ≤ 1 %, paired"),
     ("case18", "PostgreSQL", "Case 18: a resume's CPU per recorded step ≤ 5 µs on PostgreSQL, 1k to 100k steps"),
     ("case18", "SQLite", "Case 18: a resume's CPU per recorded step ≤ 5 µs on SQLite, 1k to 100k steps"),
+    ("case19", "write to read", "Case 19: a step's stream write to a reader, p50 ≤ 5 ms and p99 ≤ 25 ms"),
+    ("case19", "writes/s from one step", "Case 19: writes/s from one step ≥ 2,000"),
 ]
 _TARGET_NOTE = re.compile(r"^Target \((?P<what>.+?)\)[^:]*: \*\*(?P<verdict>met|missed)\*\* \((?P<value>.*)\)\.$")
 

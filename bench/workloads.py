@@ -125,3 +125,56 @@ def noop100(count: int) -> int:
 @step
 def noop_plain() -> None:
     return None
+
+
+# -- case 19: streams -----------------------------------------------------------------
+
+
+@step
+def stream_stamps(count: int, gap_low: float, gap_high: float, seed: int) -> int:
+    """Writes ``count`` values to stream "stamps" from its code, each the
+    time just before its write, with random gaps between them."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(count):
+        time.sleep(rng.uniform(gap_low, gap_high))
+        everystep.write_stream("stamps", time.time())
+    return count
+
+
+@workflow
+def streamer(count: int, gap_low: float, gap_high: float, seed: int) -> int:
+    """Case 19's latency run: one step writing stamped values."""
+    return stream_stamps(count, gap_low, gap_high, seed)
+
+
+@step
+def stream_burst_step(count: int) -> float:
+    """Writes ``count`` values to stream "burst" from its code as fast as it
+    can; returns when it began (``time.time()``: the last value's
+    ``written_at`` says when they were all written)."""
+    started = time.time()
+    for i in range(count):
+        everystep.write_stream("burst", i)
+    return started
+
+
+@workflow
+def stream_burst(count: int) -> float:
+    """Case 19's rate run, in one step."""
+    return stream_burst_step(count)
+
+
+@step
+def now() -> float:
+    return time.time()
+
+
+@workflow
+def stream_burst_body(count: int) -> float:
+    """Case 19's rate run from the body: each write a recorded step."""
+    started = now()
+    for i in range(count):
+        everystep.write_stream("burst", i)
+    return started

@@ -36,7 +36,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import forks, recording, steps
+from . import forks, recording, stream_batches, steps
 from .context import Context, StepGauge, SCOPE, IN_STEP, recording_context
 from .errors import EverystepError
 from .registry import DeclaredStep
@@ -50,12 +50,13 @@ async def step_call(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str,
         return await result if inspect.isawaitable(result) else result
     if not step.is_async:
         return await asyncio.to_thread(steps.run_step, ctx, step, args, kwargs, name)
-    phases = steps.step_phases(ctx, step, args, kwargs, recording.next_step_id(ctx.execution, ctx, name))
+    step_id = recording.next_step_id(ctx.execution, ctx, name)
+    phases = steps.step_phases(ctx, step, args, kwargs, step_id)
     done, gauge = steps.advance(phases, None)
     if done:
         return gauge  # replayed: the recorded outcome
     try:
-        ended = await _invoke(step, args, kwargs, gauge)
+        ended = await _invoke(step, args, kwargs, gauge, step_id)
     except BaseException:
         phases.close()  # the task was cancelled, the process is going away: nothing is recorded
         raise
@@ -72,15 +73,24 @@ async def step_call(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str,
 
 
 async def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  gauge: StepGauge | None) -> tuple[Any, Exception | None]:
+                  gauge: StepGauge | None, step_id: str) -> tuple[Any, Exception | None]:
     """Await the step's coroutine, inside the step (nested step calls are
     plain calls): (its result, None) or (None, its exception)."""
-    token = IN_STEP.set(True)
+    token = IN_STEP.set(step_id)
     try:
-        return await step.fn(*args, **kwargs), None
+        result = await step.fn(*args, **kwargs)
+        # The values its code wrote to streams commit before its record
+        # (``stream_batches``); a refusal of them is its failure.
+        if stream_batches.active():
+            await asyncio.to_thread(stream_batches.settle, step_id)
+        return result, None
     except MemoryError as exc:
+        if stream_batches.active():
+            await asyncio.to_thread(stream_batches.settle, step_id, True)
         return None, gauge.failed(exc) if gauge is not None else exc
     except Exception as exc:
+        if stream_batches.active():
+            await asyncio.to_thread(stream_batches.settle, step_id, True)
         return None, exc
     finally:
         IN_STEP.reset(token)

@@ -1,7 +1,9 @@
 """What runs say to each other, and what a caller asks of a run: messages
 (``recv``, ``send``), events (``set_event``, ``get_event``), children
-(``start``, ``call``, ``ChildHandle``), and reading and waiting for runs
-(``get_run``, ``get_steps``, ``wait``), each with its async twin.
+(``start``, ``call``, ``ChildHandle``), reading and waiting for runs
+(``get_run``, ``get_steps``, ``wait``) and streams out of a run
+(``write_stream``, ``close_stream``, ``read_stream``), each with its async
+twin.
 
 Each is declared with its class in a body (``body_rules``): recorded, or a
 wait that holds no process. Outside a body they are the client's calls
@@ -11,14 +13,18 @@ in ``everystep.api``.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import body_calls, client, loops, new_run, waits
+from . import body_calls, client, loops, new_run, stream_reader, streams, waits
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
+from .errors import EverystepError
 from .models import Run, StepRecord
+from .refusals import refused_in_body
 from .store import Store, step_pages
 from .api import WorkflowFunction, workflow_name
 
@@ -293,4 +299,97 @@ async def wait_async(run_id: str, timeout: float | None = 60.0, poll: float = 0.
     return await client.wait_async(run_id, timeout, poll, database, conn)
 
 
-__all__ = ["ChildHandle", "call", "call_async", "get_event", "get_event_async", "get_run", "get_run_async", "get_steps", "get_steps_async", "recv", "recv_async", "send", "send_async", "set_event", "set_event_async", "start", "start_async", "wait", "wait_async"]
+# -- streams ---------------------------------------------------------------------
+
+
+@declare(BodyRule.RECORDED, "In a body, a step: the value is written in the transaction that records it, and a replay "
+         "writes nothing. From a step's code, part of that step's attempt: a later attempt withdraws it.",
+         records=(streams.WRITE_STEP,))
+def write_stream(key: str, value: Any, everystep_id: str | None = None) -> int | None:
+    """Inside a workflow (its body or a step's code): append ``value``
+    (JSON-serialisable, as step results are) to this run's stream ``key``,
+    for readers outside to see at once (``read_stream``, the console's
+    run page).
+
+    From a body it is a durable step (``everystep_id`` names it) that
+    returns the value's position in the stream (1, 2, …): a replay does
+    not write it again. From a step's code it is queued and returns None:
+    a thread of the run's execution commits the queue at once, in batches
+    (one commit for the values written while the last one committed), and
+    the step's values are all committed before its outcome is recorded.
+    They are part of that step's attempt: if the attempt never records its
+    outcome (its process was killed), the next attempt's first write
+    withdraws them, so readers never see them beside the retry's (see the
+    how-to "Streams"). ``StreamRefused`` past the size bounds or after
+    ``close_stream`` (from a step's code: at its next write or its end);
+    a value that is not JSON is refused before anything is written."""
+    return streams.write(key, value, everystep_id)
+
+
+@declare(BodyRule.RECORDED, "In a body, a step: the stream is closed in the transaction that records it.",
+         records=(streams.CLOSE_STEP,))
+def close_stream(key: str, everystep_id: str | None = None) -> int | None:
+    """Inside a workflow: close this run's stream ``key``; its readers stop
+    after the values before it, and a later write to it is refused. A run's
+    streams end with the run anyway (readers stop once it has ended), so
+    closing is for a stream that is done before its run is. A step from a
+    body (its position returned), queued from a step's code, as
+    ``write_stream``; closing a closed stream does nothing."""
+    return streams.close(key, everystep_id)
+
+
+@declare(BodyRule.RECORDED, "write_stream() in an async workflow or step: the same step, the same rule.",
+         records=(streams.WRITE_STEP,))
+async def write_stream_async(key: str, value: Any, everystep_id: str | None = None) -> int | None:
+    """``write_stream`` from async code (its write in a worker thread)."""
+    return await loops.in_thread(write_stream, key, value, everystep_id)
+
+
+@declare(BodyRule.RECORDED, "close_stream() in an async workflow or step: the same step.",
+         records=(streams.CLOSE_STEP,))
+async def close_stream_async(key: str, everystep_id: str | None = None) -> int | None:
+    """``close_stream`` from async code."""
+    return await loops.in_thread(close_stream, key, everystep_id)
+
+
+@refused_in_body("a step whose code reads it (read_stream blocks and is not recorded), or get_event",
+                 "Reading a stream blocks for values as they come, and is not recorded.")
+def read_stream(run_id: str, key: str, *, timeout: float | dt.timedelta | None = None, after: int = 0,
+                items: bool = False, database: str | Store | None = None) -> Any:
+    """Every value run ``run_id`` writes to its stream ``key``, in order:
+    an iterator that blocks for the next value (up to ``timeout`` seconds
+    each: ``TimeoutError`` past it; None: as long as it takes) and ends
+    when the stream is closed or the run has ended. ``after``: start after
+    that position (a reader resuming). ``items=True`` yields ``StreamItem``
+    rows instead (``seq``, ``value``, ``step_id``, ``attempt``: which
+    step and which execution of it wrote the value). ``RunNotFound`` at the
+    call for an unknown run. On PostgreSQL the reader is woken by each
+    write's commit (LISTEN); elsewhere it polls every 20 ms."""
+    seconds = None if timeout is None else waits.finite_seconds(timeout, "read_stream timeout")
+    streams.key_checked(key, "read_stream")
+    return stream_reader.read(client.store_for(database), run_id, key, seconds, _position(after), items)
+
+
+@refused_in_body("a step whose code reads it, or get_event_async",
+                 "Reading a stream waits for values as they come, and is not recorded.")
+async def read_stream_async(run_id: str, key: str, *, timeout: float | dt.timedelta | None = None, after: int = 0,
+                            items: bool = False, database: str | Store | None = None) -> AsyncIterator[Any]:
+    """``read_stream`` from async code: awaited, it checks the run
+    (``RunNotFound``) and returns an async iterator (``async for value in
+    await read_stream_async(...)``), whose reads run in worker threads and
+    whose waits are on the loop (PostgreSQL's LISTEN socket watched by
+    it)."""
+    seconds = None if timeout is None else waits.finite_seconds(timeout, "read_stream timeout")
+    streams.key_checked(key, "read_stream")
+    reader = stream_reader.StreamReader(client.store_for(database), run_id, key, _position(after))
+    await asyncio.to_thread(reader.open)
+    return stream_reader.read_async(reader, seconds, items)
+
+
+def _position(after: Any) -> int:
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise EverystepError(f"read_stream's after= is a position in the stream, 0 or more, not {after!r}")
+    return after
+
+
+__all__ = ["close_stream", "close_stream_async", "read_stream", "read_stream_async", "write_stream", "write_stream_async", "ChildHandle", "call", "call_async", "get_event", "get_event_async", "get_run", "get_run_async", "get_steps", "get_steps_async", "recv", "recv_async", "send", "send_async", "set_event", "set_event_async", "start", "start_async", "wait", "wait_async"]

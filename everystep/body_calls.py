@@ -34,7 +34,7 @@ from typing import Any
 
 from . import recording, serde
 from .context import Context, Execution, recording_context
-from .errors import STORE_FAILURES, BodyCallRefused, EverystepError, RunNotFound, SendRefused
+from .errors import STORE_FAILURES, BodyCallRefused, EverystepError, RunNotFound, SendRefused, StreamRefused
 from .models import STEP_DONE, STEP_FAILED, Run, StepRecord, row_fields, row_from_fields
 from .new_run import NewRun
 from .store import Marker, NewStep, Store, StepWrite, step_pages, utcnow
@@ -47,7 +47,7 @@ GET_STEPS_STEP = "everystep.get_steps"
 GET_EVENT_STEP = EVENT.step  # while it waits (with a timeout), an event wait
 
 #: What a read may end with that the body sees and every replay sees again.
-RECORDED_FAILURES: tuple[type[Exception], ...] = (RunNotFound, SendRefused, TimeoutError)
+RECORDED_FAILURES: tuple[type[Exception], ...] = (RunNotFound, SendRefused, StreamRefused, TimeoutError)
 
 
 def send(ctx: Context, run_id: str, topic: str, payload_json: str, idempotency_key: str | None,

@@ -24,6 +24,7 @@ import datetime as dt
 import itertools
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -250,6 +251,17 @@ class Execution:
     patch_calls: dict[str, str] = field(default_factory=dict)
     #: A dry replay only: told of each step as it is matched (``everystep replay``).
     replay_log: ReplayLog | None = None
+    #: Steps whose code wrote to a stream in this execution: the first such
+    #: write withdrew what earlier executions of that step wrote
+    #: (``everystep.streams``).
+    streamed: set[str] = field(default_factory=set)
+    #: This execution's id on the stream rows its steps' code writes: when
+    #: it began, in nanoseconds (a claim epoch would not do: a supervisor
+    #: hands a run whose child died to the next child under the same claim).
+    attempt_id: int = field(default_factory=time.time_ns)
+    #: The queue of values its steps' code wrote, and the thread committing
+    #: them in batches (``everystep.stream_batches``); None until the first.
+    stream_batches: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -402,8 +414,10 @@ def validate_name(name: Any) -> str:
 #: The running scope of this thread or task (``current()``): set by whatever
 #: runs a body or a branch of it, reset when it ends.
 SCOPE: contextvars.ContextVar[Context | None] = contextvars.ContextVar("everystep_context", default=None)
-#: True while a step's own function runs: step calls made there are plain calls.
-IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("everystep_in_step", default=False)
+#: The id of the step whose own function runs now (None outside one): step
+#: calls made there are plain calls, and a stream write made there is part
+#: of that step's attempt (``everystep.streams``).
+IN_STEP: contextvars.ContextVar[str | None] = contextvars.ContextVar("everystep_in_step", default=None)
 
 
 def current() -> Context | None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import everystep
 
-from . import cliutil, history_bound, metrics, wait_kinds
+from . import cliutil, history_bound, metrics, streams, wait_kinds
 from .body_rules import BodyRule, declaration_of
 from .cli import build_parser
 from .store import connect
@@ -356,6 +356,12 @@ ENVIRONMENT: tuple[Variable, ...] = (
              "the history warning when no `--history-warning` or `history_warning=` is given: a run whose history "
              f"passes this many step records is said once in the log, pointing at `continue_as_new` (default "
              f"{history_bound.DEFAULT}; 0: never)"),
+    Variable(streams.MAX_VALUE_BYTES_ENV, "the library (a stream write)",
+             "the most bytes one stream value's JSON may take (default "
+             f"{streams.DEFAULT_MAX_VALUE_BYTES:,}); a larger one is refused with `StreamRefused`"),
+    Variable(streams.MAX_VALUES_ENV, "the library (a stream write)",
+             f"the most values one stream may hold (default {streams.DEFAULT_MAX_VALUES:,}); the next is refused "
+             "with `StreamRefused`"),
     Variable(metrics.MULTIPROC_ENV, "the library's metrics",
              "prometheus_client's multiprocess directory; the supervisor sets it to a private directory when "
              "`--metrics-port` is given, so every child's values are aggregated"),

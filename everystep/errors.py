@@ -253,6 +253,15 @@ class SendRefused(EverystepError):
     blocked (``everystep show RUN`` says which)."""
 
 
+class StreamRefused(EverystepError):
+    """A stream write was refused and nothing was written: its value is
+    past the size bound of one value, its stream past the bound of values
+    it may hold (``EVERYSTEP_STREAM_MAX_VALUE_BYTES``,
+    ``EVERYSTEP_STREAM_MAX_VALUES``), or it was closed. In a workflow body
+    the refusal is recorded as the write's outcome, so every replay raises
+    it again; from a step's code it is that attempt's exception."""
+
+
 class BodyCallRefused(EverystepError):
     """A function a workflow body must not call was called from one: it
     would repeat on every replay, or hold the run's process. Nothing was

@@ -36,7 +36,7 @@ import logging
 from collections.abc import Generator
 from typing import Any
 
-from . import loops, recording, serde, transactional
+from . import loops, recording, serde, stream_batches, transactional
 from .context import Context, Execution, StepAttempt, StepGauge, IN_STEP
 from .errors import STORE_FAILURES, EverystepError, SimulatedCrash, StepTimeout, Terminal
 from .last_step import HeldRecord, is_last_act
@@ -65,7 +65,7 @@ def run_step(ctx: Context, step: DeclaredStep, args: tuple[Any, ...], kwargs: di
     done, gauge = advance(phases, None)
     if done:
         return gauge  # replayed: the recorded outcome
-    done, value = advance(phases, _invoke(step, args, kwargs, gauge))
+    done, value = advance(phases, _invoke(step, args, kwargs, gauge, step_id))
     assert done, "a step's phases yield once"
     return value
 
@@ -290,16 +290,22 @@ def _retry_later(ex: Execution, ctx: Context, name: str, entry: NewStep, args: t
 
 
 def _invoke(step: DeclaredStep, args: tuple[Any, ...], kwargs: dict[str, Any],
-            gauge: StepGauge | None = None) -> tuple[Any, Exception | None]:
-    token = IN_STEP.set(True)
+            gauge: StepGauge | None = None, step_id: str = "?") -> tuple[Any, Exception | None]:
+    token = IN_STEP.set(step_id)
     fn = loops.blocking(step.fn) if step.is_async else step.fn
     try:
         if gauge is not None:
             # Inside this ``try``: whatever the gauge raises on the step's
             # behalf (StepResourceExceeded) is the step's failure.
-            return gauge.call(fn, args, kwargs), None
-        return fn(*args, **kwargs), None
+            result = gauge.call(fn, args, kwargs)
+        else:
+            result = fn(*args, **kwargs)
+        # The values its code wrote to streams commit before its record;
+        # a refusal of them is its failure.
+        stream_batches.settle(step_id)
+        return result, None
     except Exception as exc:
+        stream_batches.settle(step_id, quietly=True)
         return None, exc
     finally:
         IN_STEP.reset(token)

@@ -42,7 +42,7 @@ from tests.support.watchdog import Watchdog, grace_from_environment, timeout_of
 if TYPE_CHECKING:
     from tests.support.mariadbserver import MariaDBServer
 
-MARIADB_TABLES = ("everystep_attempt", "everystep_step", "everystep_message", "everystep_event",
+MARIADB_TABLES = ("everystep_stream", "everystep_attempt", "everystep_step", "everystep_message", "everystep_event",
                   "everystep_workflow", "everystep_runner",
                   "everystep_request", "everystep_cron", "everystep_queue", "everystep_queue_claim",
                   "everystep_debounce")
@@ -255,7 +255,7 @@ def pg_session_url(pg_server: PgServer) -> Iterator[str]:
 
 def _truncate(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE everystep_attempt, everystep_step, everystep_message, everystep_event, "
+        conn.execute("TRUNCATE everystep_stream, everystep_attempt, everystep_step, everystep_message, everystep_event, "
                      "everystep_workflow, everystep_runner, "
                      "everystep_request, everystep_cron, everystep_queue, everystep_queue_claim, everystep_debounce")
 

@@ -38,7 +38,7 @@ def test_quick_benchmark_writes_report_and_chart(tmp_path: Path) -> None:
     assert bench.returncode == 0, output
 
     report = (tmp_path / "RESULTS.md").read_text()
-    for case in [*range(1, 11), 12, 13, 14, 16, 17, 18, 20]:
+    for case in [*range(1, 11), 12, 13, 14, 16, 17, 18, 19, 20]:
         match = re.search(rf"^## Case {case} .*?(?=^## |\Z)", report, re.M | re.S)
         assert match, f"case {case} missing from RESULTS.md\n{output}"
         assert re.search(r"^\|---", match.group(0), re.M), f"case {case} has no table"

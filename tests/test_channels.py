@@ -21,9 +21,13 @@ def test_no_statement_spells_a_channel_out() -> None:
 
 
 def test_a_runner_listens_on_every_channel_the_statements_notify() -> None:
+    """Runners listen on every channel but the streams' (only stream readers
+    listen to that one: a value written wakes no runner)."""
     statements = queries.load("postgres")
-    listened = {line.split()[1].rstrip(";") for line in statements["listen"].splitlines() if line.startswith("LISTEN")}
+    listened = {line.split()[1].rstrip(";") for name in ("listen", "listen_streams")
+                for line in statements[name].splitlines() if line.startswith("LISTEN")}
     assert listened == set(channels.PLACEHOLDERS.values())
+    assert channels.STREAM_CHANNEL not in statements["listen"]
     notified = {channel for channel in channels.PLACEHOLDERS.values()
                 if any(f"pg_notify('{channel}'" in text for text in statements.values())}
     assert notified == listened

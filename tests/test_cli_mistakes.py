@@ -243,6 +243,7 @@ def test_every_command_that_names_a_run_takes_a_unique_prefix_of_its_id(cli: Cli
 
     done = {
         "show": cli("show", prefix(finished.id), *app),
+        "stream": cli("stream", prefix(finished.id), *app),
         "replay": cli("replay", prefix(finished.id), *app),
         "send": cli("send", prefix(waiting.id), "go", "1", *app),
         "fork": cli("fork", prefix(finished.id), "--from-step", "2", *app),

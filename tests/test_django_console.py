@@ -243,6 +243,22 @@ def test_the_stream_under_wsgi_is_off_by_default_and_bridged_when_asked(viewer: 
         response.close()
 
 
+def test_a_runs_stream_is_served_where_the_console_streams(viewer: Client, store: Store) -> None:
+    from tests.apps import streams as stream_apps
+
+    run = everystep.schedule(stream_apps.reporter, 2, database=store)
+    assert execute_run(store, run.id) == COMPLETED
+    path = f"{PREFIX}/api/runs/{run.id}/streams/progress"
+    off = viewer.get(path)
+    assert off.status_code == 404 and "CONSOLE_STREAM" in off.json()["error"]
+    with override_settings(EVERYSTEP={**EVERYSTEP_SETTINGS, "CONSOLE_STREAM": True}):
+        assert viewer.get(f"{PREFIX}/api/runs/00000000-0000-0000-0000-00000000abcd/streams/k").status_code == 404
+        response = viewer.get(path, HTTP_LAST_EVENT_ID="1")
+        assert response.status_code == 200 and response["Content-Type"].startswith("text/event-stream")
+        body = b"".join(response.streaming_content).decode()
+        assert body.split("\n\n")[1:3] == ['id: 2\nevent: value\ndata: {"done":2,"of":2}', "id: 3\nevent: end\ndata: {}"]
+
+
 # -- settings and permissions --------------------------------------------------------------
 
 

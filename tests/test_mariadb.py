@@ -243,14 +243,15 @@ def test_a_migration_cut_off_half_way_is_finished_by_the_next(fresh_url: str) ->
 
 def test_every_statement_the_other_backends_name_exists_here() -> None:
     """The base Store calls statements by name: MariaDB's file answers every
-    name PostgreSQL's does, save PostgreSQL's own (LISTEN, NOTIFY, its
+    name PostgreSQL's does, save PostgreSQL's own (LISTEN for runners and for
+    stream readers, NOTIFY, its
     advisory lock, its expired-runner CTE, its one-statement recv and the
     asynchronous commit of a recv's transaction: here the transaction does
     both; and its statements carrying a patch marker: here a marker is
     record_marker in the transaction of the write it goes with)."""
     from everystep.store import queries
 
-    own = {"listen", "notify_fenced", "recover_expired", "take_message", "async_commit",
+    own = {"listen", "listen_streams", "notify_fenced", "recover_expired", "take_message", "async_commit",
            "finish_run_with_step_marked", "record_step_marked"}
     missing = set(queries.load("postgres")) - set(queries.load("mariadb")) - own
     assert not missing

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 
 from ..cliutil import EXIT_CODES, LOG_LEVELS, OneLineParser, exit_codes_epilog, version
-from . import deploy, operations, queues, runs, serve, show
+from . import deploy, operations, queues, runs, serve, show, streams
 from .command import Command
 
 #: Every command, in the order ``everystep --help`` and the reference list them.
 COMMANDS: tuple[Command, ...] = (
-    operations.MIGRATE, runs.SCHEDULE, queues.QUEUE, queues.QUEUES, runs.RUNS, show.SHOW, runs.SEND,
+    operations.MIGRATE, runs.SCHEDULE, queues.QUEUE, queues.QUEUES, runs.RUNS, show.SHOW, streams.STREAM, runs.SEND,
     runs.RESOLVE_STEP, deploy.FORK, deploy.REPLAY, runs.CANCEL, operations.SCHEDULES, runs.REQUEUE,
     operations.RUNNERS, deploy.CHECK_DEPLOY, operations.REMOTE, serve.UI, operations.PRUNE, serve.WORKER,
 )

@@ -1,5 +1,5 @@
-"""``everystep show RUN``: one run in full, its steps, children, events and
-messages, as text or as JSON."""
+"""``everystep show RUN``: one run in full, its steps, children, events,
+messages and streams, as text or as JSON."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
                     "children": [{"id": c.id, "status": c.status, "name": c.name} for c in store.children(run.id)],
                     "events": [event.to_dict() for event in store.events(run.id)],
                     "messages": [message.to_dict() for message in store.messages(run.id)],
+                    "streams": [summary.to_dict() for summary in store.streams_of(run.id)],
                     "steps": [{**step.to_dict(), "effect_uncertain": effect_uncertain(run, step),
                                "wait_ended": ended_wait(run, step),
                                "kind": patches.KIND_PATCH if patches.is_marker(step) else "step"}
@@ -120,7 +121,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
 
 
 def _show_family(store: Store, run_id: str) -> None:
-    """``show``'s sections on a run's children, events and messages."""
+    """``show``'s sections on a run's children, events, messages and streams."""
     children = store.children(run_id)
     if children:
         print()
@@ -137,6 +138,12 @@ def _show_family(store: Store, run_id: str) -> None:
         print(format_table(("MESSAGE", "TOPIC", "PAYLOAD", "CONSUMED BY STEP"), [
             (str(m.id), m.topic, _short(json.dumps(serde.to_jsonable(m.payload))), m.consumed_step or "(pending)")
             for m in messages]))
+    streams = store.streams_of(run_id)
+    if streams:
+        print()
+        print(format_table(("STREAM", "LAST", "STATE"), [
+            (summary.key, summary.last_seq, "closed" if summary.closed else "open") for summary in streams]))
+        print(f"(everystep stream {run_id} KEY prints one)")
 
 
 def _short(text: str, width: int = 60) -> str:

@@ -21,7 +21,8 @@ from typing import Any
 from ..errors import EverystepError
 from . import pooling
 from .base import (
-    LOST, ClaimState, DebounceWindow, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, new_run_id, utcnow,
+    LOST, ClaimState, DebounceWindow, Marker, NewStep, Notifications, RunnerInfo, Store, StepWrite, StreamBounds,
+    StreamItem, StreamSummary, new_run_id, utcnow,
 )
 
 DEFAULT_URL = "sqlite:///everystep.db"
@@ -129,7 +130,7 @@ __all__ = [
     "Notifications",
     "RunnerInfo",
     "Store",
-    "StepWrite",
+    "StepWrite", "StreamBounds", "StreamItem", "StreamSummary",
     "backend_for_connection",
     "close_default_stores",
     "connect",

@@ -19,12 +19,16 @@ FENCE_CHANNEL = "everystep_fenced"
 #: An operator request for a runner (``everystep.relay``); payload: the
 #: runner's name.
 REQUEST_CHANNEL = "everystep_request"
+#: A value was written to a run's stream (``everystep.write_stream``);
+#: payload: the run's id. Only stream readers listen to it.
+STREAM_CHANNEL = "everystep_stream"
 
 #: Placeholder of ``queries/*.sql`` → the channel it stands for.
 PLACEHOLDERS: dict[str, str] = {
     "scheduled_channel": SCHEDULED_CHANNEL,
     "fence_channel": FENCE_CHANNEL,
     "request_channel": REQUEST_CHANNEL,
+    "stream_channel": STREAM_CHANNEL,
 }
 
-__all__ = ["FENCE_CHANNEL", "PLACEHOLDERS", "REQUEST_CHANNEL", "SCHEDULED_CHANNEL"]
+__all__ = ["FENCE_CHANNEL", "PLACEHOLDERS", "REQUEST_CHANNEL", "SCHEDULED_CHANNEL", "STREAM_CHANNEL"]

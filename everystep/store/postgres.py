@@ -322,6 +322,14 @@ class PostgresStore(Store):
             return None
         return _Listening(self._open(self.listen_url), self.sql["listen"])
 
+    def listen_streams(self) -> Notifications | None:
+        """A dedicated connection LISTENing for stream writes (payload: the
+        run's id), the caller's own; None behind a transaction pooler
+        without a ``listen_url`` (stream readers poll)."""
+        if not self.wakes:
+            return None
+        return _Listening(self._open(self.listen_url), self.sql["listen_streams"])
+
 
 def _hot_statements(sql: Mapping[str, str]) -> dict[str, postgres_hot.HotStatement]:
     """The statements ``postgres_hot`` sends, by name; none (all through the

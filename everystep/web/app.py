@@ -5,6 +5,8 @@ Routes::
     GET  /                      runs            GET  /api/runs        ?status&workflow&q&before|after&limit
     GET  /runs/{id}             one run         GET  /api/runs/{id}
                                                 GET  /api/runs/{id}/steps  ?after&limit  (a page of its steps)
+                                                GET  /api/runs/{id}/streams/{key}  ?after  (SSE: its values,
+                                                     Last-Event-ID resumes; everystep.read_stream's)
     GET  /runners               runners         GET  /api/runners
     GET  /blocked               blocked runs    GET  /api/blocked     ?before|after&limit
     GET  /static/…              JS and CSS      GET  /api/meta
@@ -84,6 +86,15 @@ class Routes:
             return _response(body)
         return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
 
+    async def run_stream(self, request: Request) -> Response:
+        opened = await asyncio.to_thread(self.console.open_stream, str(request.path_params["run_id"]),
+                                         str(request.path_params["key"]), request.query_params.get("after"),
+                                         request.headers.get("last-event-id"))
+        if isinstance(opened, Reply):
+            return _response(opened)
+        return StreamingResponse(self.console.stream_body(opened), media_type="text/event-stream",
+                                 headers=STREAM_HEADERS)
+
     async def request(self, request: Request) -> Response:
         return await _off_loop(self.console.request, request.path_params["request_id"])
 
@@ -138,6 +149,7 @@ def create_app(
         Route("/api/runs", functools.partial(shell.view, view="runs")),
         Route("/api/runs/{run_id}", functools.partial(shell.view, view="run")),
         Route("/api/runs/{run_id}/steps", functools.partial(shell.view, view="steps"), methods=["GET"]),
+        Route("/api/runs/{run_id}/streams/{key:path}", shell.run_stream, methods=["GET"]),
         Route("/api/runners", functools.partial(shell.view, view="runners")),
         Route("/api/blocked", functools.partial(shell.view, view="blocked")),
         Route("/api/stream", shell.stream),

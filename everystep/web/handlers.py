@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from .. import streams
 from ..admin import AdminError
 from ..errors import EverystepError, RunNotFound, StoreUnavailable
 from ..store import Store
+from ..stream_reader import StreamReader
 from . import actions
-from .live import Snapshots, Watcher, event_stream
+from .live import Snapshots, Watcher, event_stream, stream_events
 from .views import BadRequest, RunFilter, Views
 
 PAGES = {"runs": "Runs", "run": "Run", "runners": "Runners", "blocked": "Blocked runs"}
@@ -146,6 +148,32 @@ class Console:
             return error(400, exc)
         key = view + "?" + json.dumps(sorted(params.items()))
         return event_stream(self.watcher, self.snapshots, key, compute)
+
+    def open_stream(self, run_id: str, key: str, after: str | None,
+                    last_event_id: str | None) -> StreamReader | Reply:
+        """``GET /api/runs/{id}/streams/{key}``, its blocking part: the run
+        checked and a reader listening, resuming after ``Last-Event-ID``
+        (or ``?after=``); or the refusal. Reads the primary: a stream is
+        live, a replica's delay would hold every value back."""
+        position = last_event_id if last_event_id not in (None, "") else after
+        try:
+            streams.key_checked(key, "a stream")
+            start = 0 if position in (None, "") else int(str(position))
+            if start < 0:
+                raise ValueError
+        except EverystepError as exc:
+            return error(400, exc)
+        except ValueError:
+            return error(400, f"a stream position is a whole number, 0 or more, not {str(position)[:40]!r}")
+        reader = StreamReader(self.store, run_id, key, start)
+        reply = self.answer(reader.open)
+        if reply.status != 200:
+            return reply
+        return reader
+
+    def stream_body(self, reader: StreamReader) -> AsyncGenerator[str, None]:
+        """The SSE body of an opened stream reader (``live.stream_events``)."""
+        return stream_events(reader, lambda: self.watcher.stopped)
 
     def request(self, request_id: str) -> Reply:
         """``GET /api/requests/{id}``: an operator request and its outcome."""

@@ -38,9 +38,11 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from .. import serde
 from ..errors import EverystepError
 from ..store.channels import REQUEST_CHANNEL, SCHEDULED_CHANNEL
 from ..store import Store
+from ..stream_reader import StreamReader
 
 logger = logging.getLogger("everystep.console")
 
@@ -212,4 +214,38 @@ async def event_stream(watcher: Watcher, snapshots: Snapshots, key: str,
         generation = await watcher.wait(generation, timeout=PING)
 
 
-__all__ = ["CHANNELS", "Snapshots", "Watcher", "event_stream"]
+async def stream_events(reader: StreamReader, stopped: Callable[[], bool]) -> AsyncGenerator[str, None]:
+    """The SSE body of one run's stream (``GET /api/runs/<id>/streams/<key>``):
+    each value an event ``value`` whose ``id`` is its position (a browser
+    reconnecting sends it back as ``Last-Event-ID``), then an event ``end``
+    once the stream is closed or its run has ended; pings in between. The
+    reader waits on the loop (PostgreSQL: its LISTEN socket), its reads in
+    a worker thread; it is closed when the client goes away."""
+    try:
+        yield f"retry: {RETRY_MS}\n\n"
+        last_sent = time.monotonic()
+        while not stopped():
+            try:
+                batch = await asyncio.to_thread(reader.fetch)
+            except EverystepError as exc:
+                yield f"event: problem\ndata: {json.dumps({'error': str(exc).splitlines()[0]})}\n\n"
+                await asyncio.sleep(RETRY_MS / 1000)
+                continue
+            for item in batch:
+                data = json.dumps(serde.to_jsonable(item.value), separators=(",", ":"))
+                yield f"id: {item.seq}\nevent: value\ndata: {data}\n\n"
+                last_sent = time.monotonic()
+            if reader.ended:
+                yield f"id: {reader.last_seq}\nevent: end\ndata: {{}}\n\n"
+                return
+            if batch:
+                continue
+            if time.monotonic() - last_sent >= PING:
+                last_sent = time.monotonic()
+                yield ": ping\n\n"
+            await reader.wait_async(PING)
+    finally:
+        reader.close()
+
+
+__all__ = ["CHANNELS", "Snapshots", "Watcher", "event_stream", "stream_events"]

@@ -299,6 +299,7 @@ class Views:
             "children": [run_summary(child) for child in children],
             "events": [event.to_dict() for event in self.store.events(run.id)],
             "messages": [message.to_dict() for message in self.store.messages(run.id)],
+            "streams": [summary.to_dict() for summary in self.store.streams_of(run.id)],
             "send": run.status in CANCELLABLE_STATUSES,
             "steps": history.steps,
             "steps_total": history.total,

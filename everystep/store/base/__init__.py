@@ -40,6 +40,7 @@ over ``core.StoreCore``; ``Store`` composes them, so callers see one class
 ``waits``              messages, events, child runs, and releases that wait for them
 ``continuations``      a run that continues as new: its end and its successor, one write
 ``debounce``           debounced schedules: a key's window folded into one run
+``streams``            values a run writes for readers outside, in order, as rows
 =====================  ==========================================================
 """
 
@@ -59,6 +60,7 @@ from .runners import Runners
 from .runs import Runs
 from .schema import Schema
 from .step_transactions import StepTransactions
+from .streams import StreamBounds, StreamItem, Streams, StreamSummary
 from .waits import Waits
 from .values import (
     LOST, MAX_UUID, MIN_UUID, ClaimState, Marker, NewStep, Notifications, RunnerInfo, StepWrite, id_prefix_range,
@@ -66,13 +68,13 @@ from .values import (
 )
 
 
-class Store(Continuations, Waits, Execution, Debounces, StepTransactions, ConsoleReads, Histories, Runs, Runners,
-            Queues, OperatorRequests, Retention, Cron, Schema, StoreCore):
+class Store(Continuations, Streams, Waits, Execution, Debounces, StepTransactions, ConsoleReads, Histories, Runs,
+            Runners, Queues, OperatorRequests, Retention, Cron, Schema, StoreCore):
     """Base class; see ``postgres.PostgresStore`` and ``sqlite.SQLiteStore``."""
 
 
 __all__ = [
     "LOST", "MAX_IDLE_CONNECTIONS", "MAX_UUID", "MIN_UUID", "ClaimState", "DebounceWindow", "Marker", "NewStep",
-    "Notifications", "Row",
-    "RunnerInfo", "Store", "StoreCore", "StepWrite", "id_prefix_range", "new_run_id", "utcnow",
+    "Notifications", "Row", "RunnerInfo", "Store", "StoreCore", "StepWrite", "StreamBounds", "StreamItem",
+    "StreamSummary", "id_prefix_range", "new_run_id", "utcnow",
 ]

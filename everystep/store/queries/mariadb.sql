@@ -956,6 +956,46 @@ SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
        max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
 FROM everystep_step WHERE workflow_id = %(id)s
 
+-- -- Streams (migration 0019, everystep.streams; see postgres.sql) -----------
+
+-- name: stream_tail
+SELECT (SELECT seq FROM everystep_stream WHERE workflow_id = w.id AND `key` = %(key)s
+        ORDER BY seq DESC LIMIT 1) AS seq,
+       (SELECT CASE WHEN closed AND NOT withdrawn THEN 1 ELSE 0 END FROM everystep_stream
+        WHERE workflow_id = w.id AND `key` = %(key)s ORDER BY seq DESC LIMIT 1) AS closed
+FROM everystep_workflow AS w
+WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
+  AND w.claim_epoch = %(claim_epoch)s
+
+-- name: stream_tail_live
+-- `stream_tail` for a write from a step's code (see postgres.sql).
+SELECT (SELECT seq FROM everystep_stream WHERE workflow_id = w.id AND `key` = %(key)s
+        ORDER BY seq DESC LIMIT 1) AS seq,
+       (SELECT CASE WHEN closed AND NOT withdrawn THEN 1 ELSE 0 END FROM everystep_stream
+        WHERE workflow_id = w.id AND `key` = %(key)s ORDER BY seq DESC LIMIT 1) AS closed
+FROM everystep_workflow AS w
+WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
+  AND w.claim_epoch = %(claim_epoch)s
+
+-- name: stream_withdraw
+UPDATE everystep_stream SET withdrawn = 1, value = NULL
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND attempt IS NOT NULL
+  AND attempt <> %(attempt)s AND NOT withdrawn
+
+-- name: stream_append
+INSERT IGNORE INTO everystep_stream (workflow_id, `key`, seq, value, step_id, attempt, closed, written_at)
+VALUES (%(run_id)s, %(key)s, %(seq)s, %(value)s, %(step_id)s, %(attempt)s, %(closed)s, UTC_TIMESTAMP(6))
+
+-- name: stream_read
+SELECT seq, value, step_id, attempt, closed, written_at FROM everystep_stream
+WHERE workflow_id = %(run_id)s AND `key` = %(key)s AND seq > %(after)s AND NOT withdrawn
+ORDER BY seq LIMIT %(limit)s
+
+-- name: stream_keys
+SELECT `key`, max(seq) AS seq, max(CASE WHEN closed THEN 1 ELSE 0 END) AS closed
+FROM everystep_stream WHERE workflow_id = %(run_id)s AND NOT withdrawn
+GROUP BY `key` ORDER BY `key`
+
 -- -- Debounced scheduling (migration 0020; store/base/debounce.py) --
 
 -- name: debounce_take

@@ -1129,6 +1129,72 @@ SELECT count(cpu_seconds) AS measured, sum(cpu_seconds) AS cpu_seconds,
        max(CASE WHEN cpu_seconds IS NOT NULL THEN coalesce(peak_rss_bytes, 0) END) AS peak_rss_bytes
 FROM everystep_step WHERE workflow_id = %(id)s
 
+-- -- Streams (migration 0019, everystep.streams) ----------------------------
+
+-- name: stream_tail
+-- The last row of stream `key` of run `run_id` (its seq; 1 if it is the
+-- closing marker), read by the execution holding the run's claim: no row
+-- at all when the claim moved on, so a stale execution writes nothing.
+SELECT (SELECT seq FROM everystep_stream WHERE workflow_id = w.id AND key = %(key)s
+        ORDER BY seq DESC LIMIT 1) AS seq,
+       (SELECT CASE WHEN closed AND NOT withdrawn THEN 1 ELSE 0 END FROM everystep_stream
+        WHERE workflow_id = w.id AND key = %(key)s ORDER BY seq DESC LIMIT 1) AS closed
+FROM everystep_workflow AS w
+WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
+  AND w.claim_epoch = %(claim_epoch)s
+
+-- name: stream_tail_live
+-- `stream_tail` for a write from a step's code, whose transaction commits
+-- without waiting for its WAL flush (synchronous_commit off, for this
+-- transaction only): a value of an attempt in flight. WAL is written in
+-- order, so the step's record, flushed at its own commit, makes every value
+-- the step wrote before it durable too; a database crash before that loses
+-- the step's record as well, and the step runs again.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+SELECT (SELECT seq FROM everystep_stream WHERE workflow_id = w.id AND key = %(key)s
+        ORDER BY seq DESC LIMIT 1) AS seq,
+       (SELECT CASE WHEN closed AND NOT withdrawn THEN 1 ELSE 0 END FROM everystep_stream
+        WHERE workflow_id = w.id AND key = %(key)s ORDER BY seq DESC LIMIT 1) AS closed
+FROM everystep_workflow AS w, async_commit
+WHERE w.id = %(run_id)s AND w.status = 'running' AND w.claimed_by = %(claimer)s
+  AND w.claim_epoch = %(claim_epoch)s
+
+-- name: stream_withdraw
+-- An earlier execution's values of step `step_id` (written from inside
+-- it, by an attempt that never recorded), withdrawn before this
+-- execution's first value of that step: their seqs stay taken.
+UPDATE everystep_stream SET withdrawn = true, value = NULL
+WHERE workflow_id = %(run_id)s AND step_id = %(step_id)s AND attempt IS NOT NULL
+  AND attempt <> %(attempt)s AND NOT withdrawn
+
+-- name: stream_append
+-- One value (or the closing marker) at `seq`; nothing when a concurrent
+-- writer took that seq first (the caller reads the tail again). Readers
+-- of the run are woken by the commit.
+WITH added AS (
+    INSERT INTO everystep_stream (workflow_id, key, seq, value, step_id, attempt, closed, written_at)
+    VALUES (%(run_id)s, %(key)s, %(seq)s, %(value)s::json, %(step_id)s, %(attempt)s, %(closed)s, clock_timestamp())
+    ON CONFLICT DO NOTHING
+    RETURNING workflow_id
+)
+SELECT pg_notify('{stream_channel}', workflow_id::text) AS notified FROM added
+
+-- name: stream_read
+SELECT seq, value, step_id, attempt, closed, written_at FROM everystep_stream
+WHERE workflow_id = %(run_id)s AND key = %(key)s AND seq > %(after)s AND NOT withdrawn
+ORDER BY seq LIMIT %(limit)s
+
+-- name: stream_keys
+-- A run's streams: each key's last seq and whether it is closed.
+SELECT key, max(seq) AS seq, max(CASE WHEN closed THEN 1 ELSE 0 END) AS closed
+FROM everystep_stream WHERE workflow_id = %(run_id)s AND NOT withdrawn
+GROUP BY key ORDER BY key
+
+-- name: listen_streams
+LISTEN {stream_channel}
+
 -- -- Debounced scheduling (migration 0020; store/base/debounce.py) --
 
 -- name: debounce_take

@@ -10,7 +10,8 @@
   on one event loop in a daemon thread (``LoopThread``) and the request's
   thread takes its chunks one by one, so each open page holds that thread
   for as long as it is open (hence ``EVERYSTEP["CONSOLE_STREAM"]``: by
-  default WSGI pages poll instead).
+  default WSGI pages poll instead). ``run_stream_response``: a run's
+  stream (``GET api/runs/<id>/streams/<key>``) served the same way.
 - ``secured``: the console's own security headers (its strict
   Content-Security-Policy among them) on every response it makes.
 """
@@ -84,6 +85,21 @@ def stream_response(request: HttpRequest, params: Mapping[str, Any]) -> HttpResp
     return secured(StreamingHttpResponse(content, content_type="text/event-stream", headers=STREAM_HEADERS))
 
 
+def run_stream_response(request: HttpRequest, run_id: str, key: str) -> HttpResponse | StreamingHttpResponse:
+    """A run's stream as server-sent events (``everystep.read_stream``'s),
+    where this server streams."""
+    if not streams(request):
+        return refuse(404, "live updates are off on this server (EVERYSTEP['CONSOLE_STREAM']): read the stream "
+                           "with everystep.read_stream or `everystep stream`")
+    current = console()
+    opened = current.open_stream(run_id, key, request.GET.get("after"), request.headers.get("last-event-id"))
+    if isinstance(opened, Reply):
+        return respond(opened)
+    body = current.stream_body(opened)
+    content: Any = body if is_asgi(request) else loop_thread().iterate(body)
+    return secured(StreamingHttpResponse(content, content_type="text/event-stream", headers=STREAM_HEADERS))
+
+
 class LoopThread:
     """One event loop on a daemon thread, serving streams to WSGI threads."""
 
@@ -128,4 +144,5 @@ def loop_thread() -> LoopThread:
         return _loop_thread
 
 
-__all__ = ["LoopThread", "console", "refuse", "respond", "secured", "stream_response", "streams"]
+__all__ = ["LoopThread", "console", "refuse", "respond", "run_stream_response", "secured", "stream_response",
+           "streams"]

@@ -20,6 +20,7 @@ urlpatterns = [
     path("api/runners", views.view, {"view": "runners"}, name="api-runners"),
     path("api/blocked", views.view, {"view": "blocked"}, name="api-blocked"),
     path("api/stream", views.stream, name="api-stream"),
+    path("api/runs/<str:run_id>/streams/<path:key>", views.run_stream, name="api-run-stream"),
     path("api/requests/<str:request_id>", views.operator_request, name="api-request"),
     path("api/requests/<str:request_id>/expire", views.expire_request, name="api-request-expire"),
     path("api/runs/<str:run_id>/<str:action>", views.run_action, name="api-run-action"),

@@ -107,6 +107,12 @@ def stream(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
 
 @require_GET
 @allowed(VIEW)
+def run_stream(request: HttpRequest, run_id: str, key: str) -> HttpResponse | StreamingHttpResponse:
+    return bridge.run_stream_response(request, run_id, key)
+
+
+@require_GET
+@allowed(VIEW)
 def operator_request(request: HttpRequest, request_id: str) -> HttpResponse:
     return bridge.respond(bridge.console().request(request_id))
 

@@ -9,6 +9,7 @@ import { runAction, resolveForm, commandLine } from "./actions.js";
 import { Live, get, href, mayOperate, runHref } from "./api.js";
 import { h, pretty, replace, seconds, statusBadge, timeCell, when } from "./dom.js";
 import { findNode, nodeKey, renderGraph } from "./graph.js";
+import { StreamLogs } from "./streams.js";
 
 const VERDICT_TEXT = {
   resumes: "resumes with the loaded code", completes: "would complete with the loaded code",
@@ -72,12 +73,13 @@ export function runPage(main, runId) {
   const steps = h("table", { class: "steps" });
   const stepsFoot = h("div", { class: "steps-foot" });
   const family = h("div", { class: "family" });
+  const streamLogs = new StreamLogs(runId);
   const sendBox = h("div", { class: "send-box" });
   const problem = h("p", { class: "problem", role: "alert", hidden: true });
   replace(main, head, problem, verdictBox, uncertainBox, summary,
     h("section", { class: "graph-section" }, h("h2", { text: "Steps" }),
       h("div", { class: "graph-layout" }, graphBox, panel)),
-    details, family, sendBox, h("section", {}, h("h2", { text: "Recorded steps" }), h("div", { class: "table-scroll" }, steps),
+    details, streamLogs.element, family, sendBox, h("section", {}, h("h2", { text: "Recorded steps" }), h("div", { class: "table-scroll" }, steps),
       stepsFoot));
 
   const live = new Live("run", { id: runId }, render, (message) => {
@@ -353,6 +355,7 @@ export function runPage(main, runId) {
     replace(graphBox, renderGraph(data.graph, { selected, onSelect: select }));
     renderPanel();
     renderDetails();
+    streamLogs.update(data.streams);
     renderFamily();
     renderSend();
     renderSteps();

@@ -1,3 +1,0 @@
--- Nothing to do: version 19 is taken by a change made alongside debounced
--- scheduling (0020); this placeholder keeps the versions numbered without a
--- gap until that change's own 0019 replaces it.
