@@ -72,7 +72,9 @@ def test_a_fresh_database_gets_every_file_once(fresh_pg: str) -> None:
         assert set(definitions(fresh_pg)) == {"everystep_claim", "everystep_claim_limited",
                                               "everystep_next_due", "everystep_served_queues",
                                               "everystep_is_run_status", "everystep_is_step_status",
-                                              "everystep_is_request_status"}
+                                              "everystep_is_request_status", "everystep_record_step",
+                                              "everystep_record_step_marked", "everystep_finish_run_with_step",
+                                              "everystep_finish_run_with_step_marked"}
         assert store.migrate() == []
         assert recorded(fresh_pg) == first  # an unchanged file is not applied again
     finally:
