@@ -11,18 +11,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
-import math
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import async_steps, body_calls, client, forks, loops, new_run, registry, resources, sleeps, steps
+from . import async_steps, body_calls, client, durations, forks, loops, new_run, registry, resources, sleeps, steps
 from . import transactional as transactional_steps
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
 from .cron_schedule import CronSchedule
 from .errors import EverystepError
 from .models import Run
-from .new_run import aware, positive_seconds
+from .new_run import aware
 from .queues import Placement
 from .retry import RetryPolicy
 from .store import Store, utcnow
@@ -155,7 +154,7 @@ def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None, c
         raise EverystepError("timezone= applies to a cron schedule: give cron= too")
     schedule = CronSchedule.parse(cron, timezone) if cron is not None else None
     placement = Placement.of(queue, priority)
-    seconds = positive_seconds(timeout, "workflow timeout") if timeout is not None else None
+    seconds = durations.seconds(timeout, "workflow timeout", positive=True) if timeout is not None else None
 
     def decorate(fn: Callable[..., Any]) -> WorkflowFunction:
         qualified = name or registry.qualified_name(fn)
@@ -281,12 +280,7 @@ def sleep(seconds: float | dt.timedelta, everystep_id: str | None = None) -> Non
     until the earliest wake time. Outside a workflow (or inside a step's own
     code) it is ``time.sleep``.
     """
-    if isinstance(seconds, dt.timedelta):
-        seconds = seconds.total_seconds()
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds < 0:
-        raise EverystepError(f"sleep needs a finite number of seconds, 0 or more, not {seconds!r}")
-    sleeps.sleep_until(utcnow() + dt.timedelta(seconds=seconds), everystep_id)
+    sleeps.sleep_until(utcnow() + dt.timedelta(seconds=durations.seconds(seconds, "sleep")), everystep_id)
 
 
 @declare(BodyRule.WAIT, 'Recorded with its wake time; the run is released until then.',

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import body_calls, client, loops, new_run, stream_reader, streams, waits
+from . import body_calls, client, durations, loops, new_run, stream_reader, streams, waits
 from .body_rules import BodyRule, declare
 from .context import recording_context as runner_context
 from .errors import EverystepError
@@ -95,7 +95,7 @@ def get_event(run_id: str, key: str, timeout: float = 0, database: str | Store |
     a timeout it is a durable wait, like ``recv``: the run is released
     until the event is set (which wakes it) or the timeout passes."""
     waits.event_key_checked(key)
-    seconds = waits.finite_seconds(timeout, "get_event timeout")
+    seconds = durations.seconds(timeout, "get_event timeout")
     ctx = body_calls.body_context("get_event", database=database)
     if ctx is None:
         return client.get_event(run_id, key, seconds, database)
@@ -365,7 +365,7 @@ def read_stream(run_id: str, key: str, *, timeout: float | dt.timedelta | None =
     step and which execution of it wrote the value). ``RunNotFound`` at the
     call for an unknown run. On PostgreSQL the reader is woken by each
     write's commit (LISTEN); elsewhere it polls every 20 ms."""
-    seconds = None if timeout is None else waits.finite_seconds(timeout, "read_stream timeout")
+    seconds = None if timeout is None else durations.seconds(timeout, "read_stream timeout")
     streams.key_checked(key, "read_stream")
     return stream_reader.read(client.store_for(database), run_id, key, seconds, _position(after), items)
 
@@ -379,7 +379,7 @@ async def read_stream_async(run_id: str, key: str, *, timeout: float | dt.timede
     await read_stream_async(...)``), whose reads run in worker threads and
     whose waits are on the loop (PostgreSQL's LISTEN socket watched by
     it)."""
-    seconds = None if timeout is None else waits.finite_seconds(timeout, "read_stream timeout")
+    seconds = None if timeout is None else durations.seconds(timeout, "read_stream timeout")
     streams.key_checked(key, "read_stream")
     reader = stream_reader.StreamReader(client.store_for(database), run_id, key, _position(after))
     await asyncio.to_thread(reader.open)

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import registry, serde, versions
+from . import durations, registry, serde, versions
 from .body_rules import BodyRule, declare
 from .errors import EverystepError, WorkflowArgumentsError
 from .models import Run
@@ -78,10 +78,10 @@ class Debounce:
             raise EverystepError(f"debounce key must be a non-empty string, not {self.key!r}")
         if len(self.key) > MAX_DEBOUNCE_KEY:
             raise EverystepError(f"debounce key is longer than {MAX_DEBOUNCE_KEY} characters")
-        period = positive_seconds(self.period, "debounce period")
+        period = durations.seconds(self.period, "debounce period", positive=True)
         if self.max_wait is None:
             return Debounce(self.key, period, None)
-        max_wait = positive_seconds(self.max_wait, "debounce max_wait")
+        max_wait = durations.seconds(self.max_wait, "debounce max_wait", positive=True)
         if max_wait < period:
             raise EverystepError(f"debounce max_wait ({max_wait:g} s) must not be shorter than its period "
                                  f"({period:g} s)")
@@ -234,7 +234,7 @@ def run_deadline(name: str, deadline: dt.datetime | None, timeout: float | dt.ti
         timeout = getattr(registry.get_workflow(name), "timeout", None)
     if timeout is None:
         return None
-    return utcnow() + dt.timedelta(seconds=positive_seconds(timeout, "timeout"))
+    return utcnow() + dt.timedelta(seconds=durations.seconds(timeout, "timeout", positive=True))
 
 
 def not_before(run_at: dt.datetime | None, delay: float | dt.timedelta | None) -> dt.datetime | None:
@@ -245,11 +245,7 @@ def not_before(run_at: dt.datetime | None, delay: float | dt.timedelta | None) -
         return aware(run_at, "run_at")
     if delay is None:
         return None
-    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds < 0:
-        raise EverystepError(f"delay must be a finite number of seconds, 0 or more, not {delay!r}")
-    return utcnow() + dt.timedelta(seconds=seconds)
+    return utcnow() + dt.timedelta(seconds=durations.seconds(delay, "delay"))
 
 
 def aware(when: Any, what: str) -> dt.datetime:
@@ -260,15 +256,6 @@ def aware(when: Any, what: str) -> dt.datetime:
     return when.astimezone(dt.timezone.utc)
 
 
-def positive_seconds(value: float | dt.timedelta, what: str) -> float:
-    """``value`` (seconds or a timedelta) as seconds, refused unless finite and positive."""
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds <= 0:
-        raise EverystepError(f"{what} must be a positive number of seconds, not {value!r}")
-    return float(seconds)
-
-
 __all__ = ["MAX_DEBOUNCE_KEY", "Debounce", "NewRun", "aware", "checked_debounce", "check_arguments", "check_call",
-           "decide", "not_before", "positive_seconds",
+           "decide", "not_before",
            "run_deadline", "schedule", "workflow_placement"]

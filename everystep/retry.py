@@ -21,12 +21,12 @@ line in a table test.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import durations
 from .errors import (
     Cancelled,
     ClaimLost,
@@ -64,10 +64,7 @@ class RetryPolicy:
         argument), or None when ``retries`` is 0."""
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise EverystepError(f"retries must be a whole number of retries, 0 or more, not {retries!r}")
-        for label, value in (("backoff", backoff), ("backoff_max", backoff_max)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise EverystepError(f"{label} must be a finite number of seconds, 0 or more, not {value!r}")
+        backoff, backoff_max = durations.seconds(backoff, "backoff"), durations.seconds(backoff_max, "backoff_max")
         if isinstance(retry_on, type):
             retry_on = (retry_on,)
         if not isinstance(retry_on, tuple) or not retry_on or not all(
@@ -75,7 +72,7 @@ class RetryPolicy:
             raise EverystepError(f"retry_on must be an exception class or a tuple of them, not {retry_on!r}")
         if retries == 0:
             return None
-        return cls(retries, float(backoff), float(backoff_max), bool(jitter), retry_on)
+        return cls(retries, backoff, backoff_max, bool(jitter), retry_on)
 
     def retries_after(self, attempt: int, error: BaseException) -> bool:
         """Whether attempt ``attempt`` (1 for the first), failed with ``error``,

@@ -36,11 +36,10 @@ point.
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import body_calls, recording, serde
+from . import body_calls, durations, recording, serde
 from .context import Context, Execution, recording_context
 from .errors import STORE_FAILURES, ChildFailed, ChildTimeout, EverystepError, RecvTimeout, RunNotFound
 from .models import (
@@ -82,7 +81,7 @@ RECHECK_MAX = 30.0
 def _timeout_at(now: dt.datetime, timeout: float | dt.timedelta | None, what: str) -> dt.datetime | None:
     if timeout is None:
         return None
-    return now + dt.timedelta(seconds=finite_seconds(timeout, f"{what} timeout"))
+    return now + dt.timedelta(seconds=durations.seconds(timeout, f"{what} timeout"))
 
 
 def _workflow_context(call: str) -> Context:
@@ -199,16 +198,6 @@ def event_key_checked(key: Any, call: str = "get_event") -> str:
     if not isinstance(key, str) or not key:
         raise EverystepError(f"{call} needs a key, a non-empty string, not {key!r}")
     return key
-
-
-def finite_seconds(value: Any, what: str) -> float:
-    """``value`` (a number or a timedelta) in seconds, refused (one line)
-    unless finite and 0 or more."""
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds < 0:
-        raise EverystepError(f"{what} must be a finite number of seconds, 0 or more, not {value!r}")
-    return float(seconds)
 
 
 def await_event(ctx: Context, run_id: str, key: str, seconds: float, name: str | None) -> Any:
@@ -408,6 +397,6 @@ def _fail(ex: Execution, step_id: str, step_name: str, args: list[Any], started_
 
 
 __all__ = ["CHILD_STEP", "EVENT_STEP", "RECHECK_MAX", "RECHECK_MIN", "RECV_STEP", "RUN_STEP", "START_STEP",
-           "await_child", "await_event", "child_failed", "event_key_checked", "finite_seconds",
+           "await_child", "await_event", "child_failed", "event_key_checked",
            "message_json", "recv", "set_event", "start_child",
            "wait_for_run"]
