@@ -31,7 +31,7 @@ from .cli import build_parser
 from .store import connect
 from .vocabulary import INVALID_COMMAND
 from .models import (
-    ACTIVE_STATUSES, CANCELLABLE_STATUSES, EXECUTION_ENDS, PRUNABLE_STATUSES, STEP_OPEN_STATUSES, STEP_WAITING,
+    ACTIVE_STATUSES, CANCELLABLE_STATUSES, EXECUTION_ENDS, PRUNABLE_STATUSES, STEP_OPEN_STATUSES, STEP_WAITING_STATUSES,
     TERMINAL_STATUSES, WAITING, RequestStatus, RunStatus, Status, StepStatus,
 )
 
@@ -298,7 +298,7 @@ def _status_table(enum: Iterable[Status], groups: Mapping[str, Sequence[str]]) -
 def statuses_markdown() -> str:
     run_groups = {"active": ACTIVE_STATUSES, "terminal": TERMINAL_STATUSES, "execution end": EXECUTION_ENDS,
                   "prunable": PRUNABLE_STATUSES, "cancellable": CANCELLABLE_STATUSES}
-    step_groups = {"open": STEP_OPEN_STATUSES, "waiting": STEP_WAITING}
+    step_groups = {"open": STEP_OPEN_STATUSES, "waiting": STEP_WAITING_STATUSES}
     return "\n\n".join([
         "## Run statuses\n\nStored in `everystep_workflow.status` (`everystep.models.RunStatus`).",
         _status_table(RunStatus, run_groups),

@@ -31,7 +31,7 @@ from types import FrameType
 from typing import IO, Any
 
 from . import dryrun, registry, serde
-from .models import FAILED, STEP_AWAITING, STEP_DONE, Run, StepRecord
+from .models import FAILED, STEP_WAITING, STEP_DONE, Run, StepRecord
 from .store import Store
 from .waiting import describe_wait
 
@@ -94,7 +94,7 @@ def _outcome(record: StepRecord) -> str:
     if record.status == STEP_DONE:
         text = json.dumps(serde.to_jsonable(record.result))
         return f"done -> {text if len(text) <= 60 else text[:57] + '...'}"
-    if record.status == STEP_AWAITING:
+    if record.status == STEP_WAITING:
         return describe_wait(record)  # the replay stops there, as the run did
     if record.error:
         return f"{record.status}: {record.error.get('type')}: {record.error.get('message')}"

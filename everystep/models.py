@@ -113,14 +113,14 @@ STEP_DONE = StepStatus.DONE
 STEP_FAILED = StepStatus.FAILED
 STEP_RETRYING = StepStatus.RETRYING
 STEP_SLEEPING = StepStatus.SLEEPING
-STEP_AWAITING = StepStatus.WAITING
-#: A step row with this status is waiting (for ``wake_at``, a message or a
+STEP_WAITING = StepStatus.WAITING
+#: A step row with one of these statuses is waiting (for ``wake_at``, a message or a
 #: child run); its outcome is not final.
-STEP_WAITING = (STEP_RETRYING, STEP_SLEEPING, STEP_AWAITING)
+STEP_WAITING_STATUSES = (STEP_RETRYING, STEP_SLEEPING, STEP_WAITING)
 #: A step row with one of these has no final outcome yet, so the step's next
 #: record may overwrite it (``{step_open_statuses}`` in the SQL): an unsafe
 #: step's ``started`` mark, or a wait that ended.
-STEP_OPEN_STATUSES = (STEP_STARTED, *STEP_WAITING)
+STEP_OPEN_STATUSES = (STEP_STARTED, *STEP_WAITING_STATUSES)
 
 
 #: The not-before time of a run that waits with no timeout (a ``recv`` or a

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from . import wait_kinds
 from .models import (
-    ACTIVE_STATUSES, RUNNING, SCHEDULED, STEP_AWAITING, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, STEP_WAITING,
+    ACTIVE_STATUSES, RUNNING, SCHEDULED, STEP_WAITING, STEP_RETRYING, STEP_SLEEPING, STEP_STARTED, STEP_WAITING_STATUSES,
     WAIT_FOREVER, WAITING, Run, StepRecord,
 )
 
@@ -41,7 +41,7 @@ def waiting_for(run: Run, steps: list[StepRecord], now: dt.datetime | None = Non
     if debounce is not None and run.first_claimed_at is None and not steps:
         what = wait_kinds.DEBOUNCE.describe([debounce.key, debounce.calls])
         return f"waiting for {what} until {run.not_before.isoformat()}"
-    waits = [describe_wait(step) for step in steps if step.status == STEP_AWAITING]
+    waits = [describe_wait(step) for step in steps if step.status == STEP_WAITING]
     if waits:
         return " and ".join(waits)
     until = run.not_before.isoformat()
@@ -82,9 +82,9 @@ def ended_wait(run: Run, step: StepRecord) -> str | None:
     by a run that has ended since (cancelled, by an operator or its
     deadline), in words: ``the run ended (cancelled) while waiting for
     child 01a2…``. Nothing will end that wait any more. None for any other step."""
-    if step.status not in STEP_WAITING or run.status in ACTIVE_STATUSES:
+    if step.status not in STEP_WAITING_STATUSES or run.status in ACTIVE_STATUSES:
         return None
-    if step.status == STEP_AWAITING:
+    if step.status == STEP_WAITING:
         what = describe_wait(step)
     elif step.status == STEP_SLEEPING:
         what = "sleeping"

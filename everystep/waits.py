@@ -46,7 +46,7 @@ from .models import (
     ACTIVE_STATUSES,
     COMPLETED,
     CONTINUED,
-    STEP_AWAITING,
+    STEP_WAITING,
     STEP_DONE,
     STEP_FAILED,
     TERMINAL_STATUSES,
@@ -111,7 +111,7 @@ def _enter_wait(ex: Any, ctx: Any, name: str | None, step_name: str, wait_key: s
     step_id = recording.next_step_id(ex, ctx, name)
     recorded = recording.recorded_at(ex, step_id, step_name)
     if recorded is not None:
-        if recorded.status != STEP_AWAITING:
+        if recorded.status != STEP_WAITING:
             return None, recording.replay_outcome(ex, recorded)
         entered = _Entered(step_id, recorded.started_at or utcnow(), recorded.wake_at, False)
         if ex.dry_run:
@@ -142,13 +142,13 @@ def recv(topic: str, timeout: float | dt.timedelta | None = None, name: str | No
     step_id, started_at, deadline, first = entered
     args_json = serde.dumps([topic], "recv")
     done = NewStep(step_id, RECV_STEP, args_json, "{}", started_at, status=STEP_DONE, wake_at=deadline)
-    waiting = NewStep(step_id, RECV_STEP, args_json, "{}", started_at, status=STEP_AWAITING,
+    waiting = NewStep(step_id, RECV_STEP, args_json, "{}", started_at, status=STEP_WAITING,
                       wake_at=deadline) if first else None
     decoded = StepRecord(workflow_id=ex.run.id, step_id=step_id, name=RECV_STEP, status=STEP_DONE, args=[topic],
                          started_at=started_at, wake_at=deadline)
     recording.crash_point(ctx, step_id)
     write = _call(ex, lambda markers: ex.store.take_message(ex.claim, topic, done, waiting, decoded, markers))
-    if write.record.status != STEP_AWAITING:
+    if write.record.status != STEP_WAITING:
         ex.outcomes[step_id] = write.record
         return write.record.result if write.ours else recording.replay_outcome(ex, write.record)
     if deadline is not None and recording.is_due(ex, deadline):
@@ -261,7 +261,7 @@ def _watch(ex: Execution, step_id: str, step_name: str, args: list[Any], started
     ``waiting`` on its first execution; the run released until the
     deadline or its next check (``RECHECK_MIN`` to ``RECHECK_MAX``)."""
     if first:
-        entry = NewStep(step_id, step_name, serde.dumps(args, step_name), "{}", started_at, status=STEP_AWAITING,
+        entry = NewStep(step_id, step_name, serde.dumps(args, step_name), "{}", started_at, status=STEP_WAITING,
                         wake_at=deadline)
         write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, None, markers))
         if not write.ours:
@@ -334,7 +334,7 @@ def await_child(ctx: Context, child_id: str, timeout: float | dt.timedelta | Non
                                   f"step {step_id})"))
     if first:
         entry = NewStep(step_id, CHILD_STEP, serde.dumps([child_id], "child"), "{}", started_at,
-                        status=STEP_AWAITING, wake_at=deadline)
+                        status=STEP_WAITING, wake_at=deadline)
         write = _call(ex, lambda markers: ex.store.record_step(ex.claim, entry, None, markers))
         assert write is not None
         if not write.ours:

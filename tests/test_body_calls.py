@@ -22,7 +22,7 @@ import everystep
 from everystep import BodyCallRefused, EverystepError, SendRefused, admin, dryrun, runner, schedule
 from everystep.body_rules import BodyRule, declaration_of
 from everystep.errors import SimulatedCrash
-from everystep.models import COMPLETED, SCHEDULED, STEP_AWAITING, STEP_DONE, STEP_FAILED, WAIT_FOREVER
+from everystep.models import COMPLETED, SCHEDULED, STEP_WAITING, STEP_DONE, STEP_FAILED, WAIT_FOREVER
 from everystep.runner import Outcome
 from everystep.store import Store
 from tests.apps import body_calls as apps
@@ -171,7 +171,7 @@ def test_get_event_with_a_timeout_waits_holding_a_row_and_the_set_event_wakes_it
     waiting = store.get_run(run.id)
     assert waiting.status == SCHEDULED and not due_now(store, run.id)
     [step] = store.get_steps(run.id)
-    assert (step.name, step.status) == ("everystep.get_event", STEP_AWAITING)
+    assert (step.name, step.status) == ("everystep.get_event", STEP_WAITING)
     assert store.links(run.id).wait_key == f"event:{target.id}:status"
     assert execute_run(store, target.id) == Outcome.COMPLETED  # its set_event ends the wait
     assert due_now(store, run.id)
@@ -219,7 +219,7 @@ def test_wait_in_a_body_is_a_durable_wait_for_the_run_s_end(store: Store) -> Non
     run = schedule(apps.waits_for_run, target.id, None, database=store)
     assert execute_run(store, run.id) == Outcome.RELEASED
     [step] = store.get_steps(run.id)
-    assert (step.name, step.status, step.args) == ("everystep.wait", STEP_AWAITING, [target.id])
+    assert (step.name, step.status, step.args) == ("everystep.wait", STEP_WAITING, [target.id])
     released = store.get_run(run.id)
     assert released.status == SCHEDULED and released.not_before < WAIT_FOREVER  # checked again soon
     assert store.links(run.id).wait_key == f"run:{target.id}"

@@ -18,7 +18,7 @@ import pytest
 
 from everystep import dryrun, patched, schedule, send
 from everystep.errors import SimulatedCrash, WorkflowCodeError
-from everystep.models import COMPLETED, FAILED, STEP_AWAITING, STEP_DONE, Claim, Outcome
+from everystep.models import COMPLETED, FAILED, STEP_WAITING, STEP_DONE, Claim, Outcome
 from everystep.patches import PATCH_STEP, marker_id
 from everystep.store import Marker, NewStep, Store, utcnow
 from tests.apps import patch_v1, patch_v2, patch_v3
@@ -199,7 +199,7 @@ def test_check_deploy_counts_the_branch_a_waiting_run_will_take(store: Store, db
     waiting = [schedule(patch_v1.approved, ORDER, database=store).id for _ in range(3)]
     for run_id in waiting:
         assert execute_run(store, run_id) == Outcome.RELEASED
-        assert store.get_steps(run_id)[-1].status == STEP_AWAITING
+        assert store.get_steps(run_id)[-1].status == STEP_WAITING
     deploy(patch_v2)
     fresh = schedule(patch_v2.approved, ORDER, database=store).id
     assert execute_run(store, fresh) == Outcome.RELEASED  # took the new branch, now waits too

@@ -19,7 +19,7 @@ import everystep
 from everystep import EverystepError, SendRefused, admin, schedule
 from everystep.errors import Cancelled
 from everystep.models import (
-    CANCELLED, COMPLETED, SCHEDULED, STEP_AWAITING, STEP_DONE, STEP_FAILED, WAIT_FOREVER,
+    CANCELLED, COMPLETED, SCHEDULED, STEP_WAITING, STEP_DONE, STEP_FAILED, WAIT_FOREVER,
 )
 from everystep.runner import Outcome
 from everystep.store import Store, utcnow
@@ -37,7 +37,7 @@ def test_recv_waits_holding_a_row_and_the_send_wakes_it(store: Store) -> None:
     waiting = store.get_run(run.id)
     assert waiting.status == SCHEDULED and waiting.not_before == WAIT_FOREVER
     [recv] = store.get_steps(run.id)
-    assert (recv.name, recv.status, recv.args, recv.wake_at) == ("everystep.recv", STEP_AWAITING, ["approved"], None)
+    assert (recv.name, recv.status, recv.args, recv.wake_at) == ("everystep.recv", STEP_WAITING, ["approved"], None)
     assert store.links(run.id).wait_key == "message:approved"
     assert store.claim("other", 10, [apps.approval.name]) == []
     everystep.send(run.id, "approved", {"by": "ada"}, database=store)

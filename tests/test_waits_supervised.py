@@ -21,7 +21,7 @@ import pytest
 
 import everystep
 from everystep import schedule
-from everystep.models import CANCELLED, COMPLETED, SCHEDULED, STEP_AWAITING, STEP_FAILED
+from everystep.models import CANCELLED, COMPLETED, SCHEDULED, STEP_WAITING, STEP_FAILED
 from everystep.store import Store, connect
 from tests.apps import waits as apps
 from tests.support.pgserver import PgServer, start_server
@@ -51,7 +51,7 @@ def test_a_message_before_and_after_recv(db_url, store, supervisors):
     everystep.send(early.id, "approved", "before", database=store)
     late = schedule(apps.approval, "late", database=store)
     waiting(store, late.id)
-    assert store.get_steps(late.id)[0].status == STEP_AWAITING
+    assert store.get_steps(late.id)[0].status == STEP_WAITING
     wait_until(lambda: all_idle(sup), "every child idle while the run waits")
     everystep.send(late.id, "approved", "after", database=store)
     assert wait_run(store, early.id, (COMPLETED,), supervisor=sup).result["decision"] == "before"

@@ -10,7 +10,7 @@ from typing import Any
 from .. import patches, resources, serde
 from ..cliutil import count, format_table, print_json
 from ..context import step_sort_key
-from ..models import STEP_AWAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run, StepRecord
+from ..models import STEP_WAITING, STEP_DONE, STEP_RETRYING, STEP_SLEEPING, Run, StepRecord
 from ..store import Store, step_pages
 from ..waiting import describe_wait, effect_uncertain, ended_wait, waiting_for
 from .command import Command, add_json_flag, add_run_argument
@@ -158,7 +158,7 @@ def _step_row(run: Run, step: StepRecord) -> tuple[str, str, str, str, str, str,
         outcome = outcome if len(outcome) <= 60 else outcome[:57] + "..."
     elif step.status == STEP_SLEEPING:
         outcome = f"until {step.wake_at.isoformat() if step.wake_at else '?'}"
-    elif step.status == STEP_AWAITING:
+    elif step.status == STEP_WAITING:
         outcome = describe_wait(step)
     elif step.status == STEP_RETRYING:
         outcome = (f"{_describe_error(step.error)}; attempt {step.attempt + 1} at "

@@ -42,7 +42,7 @@ from ..graph import analyse, build_graph, recorded_graph
 from ..graph.drawn import Recorded
 from ..graph.plan import Plan
 from ..models import (ACTIVE_STATUSES, BLOCKED, CANCELLABLE_STATUSES, COMPLETED, RUN_FILTERS, RUN_STATUSES, RUNNING,
-                      STEP_DONE, STEP_FAILED, STEP_STARTED, STEP_WAITING, WAIT_FOREVER, Run, StepOutline,
+                      STEP_DONE, STEP_FAILED, STEP_STARTED, STEP_WAITING_STATUSES, WAIT_FOREVER, Run, StepOutline,
                       StepRecord)
 from ..patches import PATCH_STEP
 from ..queues import queue_name
@@ -350,7 +350,7 @@ class Views:
         started = time.monotonic()
         outline = self.store.step_outline(run.id, PATCH_STEP)
         first = [step.step_id for step in outline[:STEPS_PAGE]]
-        waits = [step.step_id for step in outline if step.status in STEP_WAITING]
+        waits = [step.step_id for step in outline if step.status in STEP_WAITING_STATUSES]
         full = self._full(run.id, [*first, *waits])
         copied = self._copied(run)
         graph = self.graph(run, outline, lambda step_ids: self._full(run.id, step_ids))

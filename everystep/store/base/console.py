@@ -102,7 +102,7 @@ class ConsoleReads(Runs):
 
     def steps_of_runs(self, run_ids: Sequence[str], waiting_only: bool = False) -> dict[str, list[StepRecord]]:
         """The recorded steps of several runs in one query, by run id;
-        ``waiting_only``: only the rows still waiting (``models.STEP_WAITING``),
+        ``waiting_only``: only the rows still waiting (``models.STEP_WAITING_STATUSES``),
         which say what a waiting run waits for."""
         found: dict[str, list[StepRecord]] = {checked_run_id(run_id): [] for run_id in run_ids}
         if not found:

@@ -43,7 +43,7 @@ from typing import Any
 
 from ... import serde, wait_kinds
 from ...errors import RunNotFound, SendRefused
-from ...models import ACTIVE_STATUSES, CONTINUED, STEP_AWAITING, Claim, Run, StepRecord, row_fields
+from ...models import ACTIVE_STATUSES, CONTINUED, STEP_WAITING, Claim, Run, StepRecord, row_fields
 from ...wait_kinds import EVENT, MESSAGE
 from . import statements
 from .core import Row
@@ -211,7 +211,7 @@ class Waits(Execution, Debounces):
                 if message is None:
                     if waiting is not None and self._record_in(conn, claim, waiting) is None:
                         raise _NothingWritten
-                    return StepWrite(dataclasses.replace(decoded, status=STEP_AWAITING), ours=True)
+                    return StepWrite(dataclasses.replace(decoded, status=STEP_WAITING), ours=True)
                 payload_json = serde.dumps(self._json(message["payload"]), "message payload")
                 step = dataclasses.replace(done, result_json=payload_json)
                 consumed = conn.execute(self.sql["consume_message"], {

@@ -43,7 +43,7 @@ STEP_COLUMNS = (
 STATUS_SETS: dict[str, tuple[str, ...]] = {
     "active_statuses": models.ACTIVE_STATUSES,
     "step_open_statuses": models.STEP_OPEN_STATUSES,
-    "step_waiting_statuses": models.STEP_WAITING,
+    "step_waiting_statuses": models.STEP_WAITING_STATUSES,
 }
 
 
