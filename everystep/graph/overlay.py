@@ -36,18 +36,6 @@ source: the records alone, with forks and lanes rebuilt from their dotted
 ids.
 
 A long history is summarised, never drawn whole: a loop that ran more than
-``MAX_DRAWN`` times draws its first and last ``KEPT`` iterations and says
-how many ran between them and how they ended (``collapsed``: a count of
-steps by state and by function); a fork with more lanes, or a run of
-records laid out one after another (the records alone, what a walk could
-not place, a dynamic fork's lane), is cut the same way. The walk builds
-each node's record lazily: only the records of the nodes kept are turned
-into JSON, read in full through ``details`` when the walk was given
-outlines (records without arguments, results and errors:
-``Store.step_outline``). Every record still counts once: in a node, in a
-collapsed summary, or in ``unplaced``.
-
-A long history is summarised, never drawn whole: a loop that ran more than
 ``collapse.MAX_DRAWN`` times draws its first and last ``collapse.KEPT`` iterations and says
 how many ran between them and how they ended (``collapsed``: a count of
 steps by state and by function); a fork with more lanes, or a run of
